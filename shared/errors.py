@@ -1,0 +1,88 @@
+"""ShoalError and its kinds: one error vocabulary from the engine to the HTTP edge.
+
+Each kind carries an OpenAI-style `type`, a stable `code` and the HTTP status the gateway
+answers with. The bus adapter turns them into `{"error": {...}}` replies and back, so an error
+raised in the registry or an engine reaches the client unchanged (STYLE.md "Errors").
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class ShoalError(Exception):
+    http_status: ClassVar[int] = 500
+    type: ClassVar[str] = "internal_error"
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code  # type: ignore[misc]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The body of an OpenAI-style error: {"message", "type", "param", "code"}."""
+        return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+
+    @classmethod
+    def from_dict(cls, body: dict[str, Any], status: int | None = None) -> ShoalError:
+        """Rebuild the right kind from an error body (received over the bus)."""
+        kind = _BY_TYPE.get(str(body.get("type", "")), ShoalError)
+        if kind is ShoalError and status is not None:
+            kind = _BY_STATUS.get(status, ShoalError)
+        return kind(str(body.get("message", "unknown error")), param=body.get("param"),
+                    code=body.get("code"))
+
+
+class InvalidRequest(ShoalError):
+    http_status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class Unauthorized(ShoalError):
+    http_status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(ShoalError):
+    http_status = 404
+    type = "not_found_error"
+    code = "not_found"
+
+
+class Conflict(ShoalError):
+    """A stale version or an illegal state transition: nothing was written."""
+
+    http_status = 409
+    type = "conflict_error"
+    code = "conflict"
+
+
+class Overloaded(ShoalError):
+    http_status = 429
+    type = "rate_limit_error"
+    code = "overloaded"
+
+
+class Unavailable(ShoalError):
+    """No instance can serve now, or an engine died mid-request."""
+
+    http_status = 503
+    type = "service_unavailable"
+    code = "unavailable"
+
+
+class Timeout(ShoalError):
+    http_status = 504
+    type = "timeout_error"
+    code = "timeout"
+
+
+_KINDS: list[type[ShoalError]] = [InvalidRequest, Unauthorized, NotFound, Conflict, Overloaded,
+                                  Unavailable, Timeout]
+_BY_TYPE: dict[str, type[ShoalError]] = {k.type: k for k in _KINDS}
+_BY_STATUS: dict[int, type[ShoalError]] = {k.http_status: k for k in _KINDS}

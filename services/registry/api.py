@@ -1,0 +1,140 @@
+"""The registry's bus API: one endpoint per verb on shoal.registry.<resource>.<verb>.
+
+Thin by design: parse (done by RpcService), call the repository, publish the change event after
+the commit, reply. Events are published after the transaction commits, so a consumer never sees
+a change that was rolled back; a publish that fails is logged, and consumers' periodic
+reconciles (the scheduler's, the workers') catch up from the registry's state.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pydantic import BaseModel
+
+from shoal.services.registry.repo.api_keys import ApiKeyRepo
+from shoal.services.registry.repo.instances import InstanceRepo
+from shoal.services.registry.repo.models import ModelRepo
+from shoal.services.registry.repo.workers import WorkerRepo
+from shoal.shared.bus import subjects
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.service import RpcService
+from shoal.shared.schemas.common import Page
+from shoal.shared.schemas.events import (
+    ApiKeyEvent, EventKind, InstanceEvent, ModelEvent, WorkerEvent,
+)
+from shoal.shared.schemas.registry import (
+    ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyVerified, ApiKeyVerify, ById, ByIdOrName,
+    DeleteRequest, Deleted, InstanceCreate, InstanceFilter, InstancePublic, InstanceTransition,
+    ListRequest, ModelCreate, ModelPublic, ModelUpdate, WorkerPublic, WorkerRegister,
+)
+
+log = logging.getLogger(__name__)
+
+
+class RegistryApi:
+    def __init__(self, bus: Bus, models: ModelRepo, workers: WorkerRepo, instances: InstanceRepo,
+                 keys: ApiKeyRepo) -> None:
+        self.bus = bus
+        self.models, self.workers, self.instances, self.keys = models, workers, instances, keys
+
+    async def register(self, svc: RpcService) -> None:
+        endpoints = [
+            ("models", "create", ModelCreate, self.create_model),
+            ("models", "get", ByIdOrName, self.models.get),
+            ("models", "list", ListRequest, self.models.list),
+            ("models", "update", ModelUpdate, self.update_model),
+            ("models", "delete", DeleteRequest, self.delete_model),
+            ("instances", "create", InstanceCreate, self.create_instance),
+            ("instances", "get", ById, self.instances.get),
+            ("instances", "list", InstanceFilter, self.instances.list),
+            ("instances", "transition", InstanceTransition, self.transition_instance),
+            ("instances", "delete", DeleteRequest, self.delete_instance),
+            ("workers", "register", WorkerRegister, self.register_worker),
+            ("workers", "get", ById, self.workers.get),
+            ("workers", "list", ListRequest, self.workers.list),
+            ("workers", "delete", DeleteRequest, self.delete_worker),
+            ("keys", "create", ApiKeyCreate, self.create_key),
+            ("keys", "list", ListRequest, self.keys.list),
+            ("keys", "revoke", ById, self.revoke_key),
+            ("keys", "verify", ApiKeyVerify, self.keys.verify),
+        ]
+        for resource, verb, request_type, handler in endpoints:
+            await svc.endpoint(resource, verb, request_type, handler)
+
+    # ------------------------------------------------------------ models
+    async def create_model(self, req: ModelCreate) -> ModelPublic:
+        model = await self.models.create(req)
+        await self.model_event(EventKind.CREATED, model)
+        return model
+
+    async def update_model(self, req: ModelUpdate) -> ModelPublic:
+        model = await self.models.update(req)
+        await self.model_event(EventKind.UPDATED, model)
+        return model
+
+    async def delete_model(self, req: DeleteRequest) -> Deleted:
+        model, instances = await self.models.delete(req)
+        for instance in instances:
+            await self.instance_event(EventKind.DELETED, instance)
+        await self.model_event(EventKind.DELETED, model)
+        return Deleted(id=model.id)
+
+    # ------------------------------------------------------------ instances
+    async def create_instance(self, req: InstanceCreate) -> InstancePublic:
+        instance = await self.instances.create(req)
+        await self.instance_event(EventKind.CREATED, instance)
+        return instance
+
+    async def transition_instance(self, req: InstanceTransition) -> InstancePublic:
+        instance = await self.instances.transition(req)
+        await self.instance_event(EventKind.UPDATED, instance)
+        return instance
+
+    async def delete_instance(self, req: DeleteRequest) -> Deleted:
+        instance = await self.instances.delete(req)
+        await self.instance_event(EventKind.DELETED, instance)
+        return Deleted(id=instance.id)
+
+    # ------------------------------------------------------------ workers
+    async def register_worker(self, req: WorkerRegister) -> WorkerPublic:
+        worker, created = await self.workers.register(req)
+        await self.worker_event(EventKind.CREATED if created else EventKind.UPDATED, worker)
+        return worker
+
+    async def delete_worker(self, req: DeleteRequest) -> Deleted:
+        worker = await self.workers.delete(req)
+        await self.worker_event(EventKind.DELETED, worker)
+        return Deleted(id=worker.id)
+
+    # ------------------------------------------------------------ api keys
+    async def create_key(self, req: ApiKeyCreate) -> ApiKeyCreated:
+        created = await self.keys.create(req)
+        public = ApiKeyPublic.model_validate(created.model_dump(exclude={"secret"}))
+        await self._emit("keys", public.id, ApiKeyEvent(kind=EventKind.CREATED, id=public.id,
+                                                        version=public.version, data=public))
+        return created
+
+    async def revoke_key(self, req: ById) -> ApiKeyPublic:
+        key = await self.keys.revoke(req)
+        await self._emit("keys", key.id, ApiKeyEvent(kind=EventKind.UPDATED, id=key.id,
+                                                     version=key.version, data=key))
+        return key
+
+    # ------------------------------------------------------------ events
+    async def model_event(self, kind: EventKind, m: ModelPublic) -> None:
+        await self._emit("models", m.id, ModelEvent(kind=kind, id=m.id, version=m.version, data=m))
+
+    async def instance_event(self, kind: EventKind, i: InstancePublic) -> None:
+        await self._emit("instances", i.id, InstanceEvent(kind=kind, id=i.id, version=i.version, data=i))
+
+    async def worker_event(self, kind: EventKind, w: WorkerPublic) -> None:
+        await self._emit("workers", w.id, WorkerEvent(kind=kind, id=w.id, version=w.version, data=w))
+
+    async def _emit(self, resource: str, row_id: str, event: BaseModel) -> None:
+        try:
+            await self.bus.publish_event(subjects.event(resource, row_id), event)
+        except Exception:  # noqa: BLE001 - the change is committed; reconcilers catch up
+            log.exception("could not publish %s event for %s", resource, row_id)
+
+

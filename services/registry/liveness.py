@@ -1,0 +1,58 @@
+"""Worker liveness: record heartbeats, and mark silent workers NOT_READY (instances UNREACHABLE).
+
+Safe with several registries running: every state change is a versioned write, so two monitors
+marking the same worker cannot both succeed, and a lost race is simply retried next tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from nats.aio.msg import Msg
+
+from shoal.services.registry.api import RegistryApi
+from shoal.shared.errors import Conflict
+from shoal.shared.schemas.events import EventKind
+from shoal.shared.schemas.registry import WorkerHeartbeat
+
+log = logging.getLogger(__name__)
+
+
+class Liveness:
+    def __init__(self, api: RegistryApi, timeout_s: float, check_interval_s: float) -> None:
+        self.api = api
+        self.timeout_s = timeout_s
+        self.check_interval_s = check_interval_s
+
+    async def on_heartbeat(self, hb: WorkerHeartbeat, _msg: Msg) -> None:
+        try:
+            changes = await self.api.workers.heartbeat(hb)
+        except Conflict:
+            return  # another registry recorded the comeback first
+        if changes is None:
+            log.info("heartbeat from unknown worker %s (it will register again)", hb.worker_id)
+            return
+        await self._publish(changes)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                changes = await self.api.workers.mark_silent(self.timeout_s)
+                await self._publish(changes)
+            except Conflict:
+                pass
+            except Exception:  # noqa: BLE001 - the monitor must keep running
+                log.exception("liveness check failed")
+            try:
+                await asyncio.wait_for(stop.wait(), self.check_interval_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _publish(self, changes: tuple[list, list]) -> None:
+        workers, instances = changes
+        for worker in workers:
+            log.warning("worker %s is %s", worker.name, worker.state.value)
+            await self.api.worker_event(EventKind.UPDATED, worker)
+        for instance in instances:
+            await self.api.instance_event(EventKind.UPDATED, instance)

@@ -1,0 +1,72 @@
+"""API keys: the secret is shown once at creation; only its SHA-256 is stored.
+
+Secrets carry 256 random bits, so a plain SHA-256 is enough (as for GitHub tokens): there is
+nothing to brute-force, and verification stays one indexed lookup.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from shoal.services.registry.repo.common import get_or_404, unit_of_work
+from shoal.services.registry.repo.convert import api_key_public
+from shoal.shared.db.tables import ApiKeyRow
+from shoal.shared.errors import Conflict
+from shoal.shared.schemas.common import Page, utcnow
+from shoal.shared.schemas.registry import (
+    ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyVerified, ApiKeyVerify, ById, ListRequest,
+)
+
+SECRET_PREFIX = "sk-shoal-"
+
+
+def new_secret() -> str:
+    return SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class ApiKeyRepo:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self.sessions = sessions
+
+    async def create(self, req: ApiKeyCreate) -> ApiKeyCreated:
+        secret = new_secret()
+        async with unit_of_work(self.sessions, f"api key {req.name!r}") as s:
+            row = ApiKeyRow(name=req.name, prefix=secret[: len(SECRET_PREFIX) + 4],
+                            secret_hash=hash_secret(secret), expires_at=req.expires_at)
+            s.add(row)
+            await s.flush()
+            return ApiKeyCreated(**api_key_public(row).model_dump(), secret=secret)
+
+    async def list(self, req: ListRequest) -> Page[ApiKeyPublic]:
+        async with self.sessions() as s:
+            rows = await s.scalars(select(ApiKeyRow).order_by(ApiKeyRow.created_at).limit(req.limit).offset(req.offset))
+            total = await s.scalar(select(func.count()).select_from(ApiKeyRow)) or 0
+            return Page[ApiKeyPublic](items=[api_key_public(r) for r in rows], total=total)
+
+    async def revoke(self, req: ById) -> ApiKeyPublic:
+        async with unit_of_work(self.sessions, f"api key {req.id!r}") as s:
+            row = await get_or_404(s, ApiKeyRow, req.id, "api key")
+            if row.revoked_at is not None:
+                raise Conflict(f"api key {row.name!r} is already revoked", code="already_revoked")
+            row.revoked_at = utcnow()
+            await s.flush()
+            return api_key_public(row)
+
+    async def verify(self, req: ApiKeyVerify) -> ApiKeyVerified:
+        digest = hash_secret(req.secret)
+        async with self.sessions() as s:
+            row = await s.scalar(select(ApiKeyRow).where(ApiKeyRow.secret_hash == digest))
+        if row is None or not hmac.compare_digest(row.secret_hash, digest):
+            return ApiKeyVerified(valid=False)
+        if row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= utcnow()):
+            return ApiKeyVerified(valid=False, key_id=row.id, name=row.name)
+        return ApiKeyVerified(valid=True, key_id=row.id, name=row.name)

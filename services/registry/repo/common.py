@@ -1,0 +1,43 @@
+"""Helpers every repository shares: one unit of work per call, stale writes turned into 409s."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TypeVar
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm.exc import StaleDataError
+
+from shoal.shared.db.base import Base
+from shoal.shared.errors import Conflict, NotFound
+
+RowT = TypeVar("RowT", bound=Base)
+
+
+@contextlib.asynccontextmanager
+async def unit_of_work(sessions: async_sessionmaker[AsyncSession], what: str) -> AsyncIterator[AsyncSession]:
+    """A session in a transaction; a lost optimistic race or a duplicate becomes Conflict."""
+    try:
+        async with sessions() as session, session.begin():
+            yield session
+    except StaleDataError:
+        raise Conflict(f"{what} was changed by someone else; read it again and retry",
+                       code="stale_version") from None
+    except IntegrityError as exc:
+        raise Conflict(f"{what} conflicts with an existing row: {exc.orig}", code="duplicate") from None
+
+
+async def get_or_404(session: AsyncSession, table: type[RowT], row_id: str, what: str) -> RowT:
+    row = await session.get(table, row_id)
+    if row is None:
+        raise NotFound(f"{what} {row_id!r} not found")
+    return row
+
+
+def check_version(row_version: int, expected: int | None, what: str) -> None:
+    """Refuse a write based on a stale read (before touching anything)."""
+    if expected is not None and row_version != expected:
+        raise Conflict(f"{what} is at version {row_version}, not {expected}: read it again and retry",
+                       code="stale_version")

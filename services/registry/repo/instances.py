@@ -1,0 +1,104 @@
+"""Instances: create for a model, read, list, state transitions (the state machine), delete.
+
+A transition names the version it read; an illegal move or a stale version is refused before
+anything is written. SCHEDULED takes a placement; back to PENDING clears it. A transition to the
+same state only updates the message (the scheduler's "why not placed" on PENDING instances).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from shoal.services.registry.repo.common import check_version, get_or_404, unit_of_work
+from shoal.services.registry.repo.convert import instance_public
+from shoal.shared.db.base import new_id
+from shoal.shared.db.tables import InstanceRow, ModelRow, WorkerRow
+from shoal.shared.errors import InvalidRequest, NotFound
+from shoal.shared.schemas.common import Page, utcnow
+from shoal.shared.schemas.registry import (
+    ById, DeleteRequest, InstanceCreate, InstanceFilter, InstancePublic, InstanceTransition,
+)
+from shoal.shared.states import InstanceState, check_transition
+
+
+class InstanceRepo:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self.sessions = sessions
+
+    async def create(self, req: InstanceCreate) -> InstancePublic:
+        async with unit_of_work(self.sessions, "instance") as s:
+            model = await get_or_404(s, ModelRow, req.model_id, "model")
+            row = InstanceRow(
+                id=new_id(), model_id=model.id, model_name=model.name, state=InstanceState.PENDING.value,
+                state_changed_at=utcnow(), restart_count=0,
+            )
+            row.name = f"{model.name}-{row.id[:8]}"
+            s.add(row)
+            await s.flush()
+            return instance_public(row)
+
+    async def get(self, req: ById) -> InstancePublic:
+        async with self.sessions() as s:
+            return instance_public(await get_or_404(s, InstanceRow, req.id, "instance"))
+
+    async def list(self, req: InstanceFilter) -> Page[InstancePublic]:
+        query = select(InstanceRow)
+        if req.model_id:
+            query = query.where(InstanceRow.model_id == req.model_id)
+        if req.worker_id:
+            query = query.where(InstanceRow.worker_id == req.worker_id)
+        if req.state:
+            query = query.where(InstanceRow.state == req.state.value)
+        async with self.sessions() as s:
+            rows = list(await s.scalars(query.order_by(InstanceRow.created_at, InstanceRow.id)))
+            return Page[InstancePublic](items=[instance_public(r) for r in rows], total=len(rows))
+
+    async def transition(self, req: InstanceTransition) -> InstancePublic:
+        async with unit_of_work(self.sessions, f"instance {req.id!r}") as s:
+            row = await get_or_404(s, InstanceRow, req.id, "instance")
+            check_version(row.version, req.version, f"instance {row.name!r}")
+            current = InstanceState(row.state)
+            if req.state is current:
+                if req.placement is not None:
+                    raise InvalidRequest("a placement can only be given when moving to SCHEDULED",
+                                         param="placement")
+            else:
+                check_transition(current, req.state)
+                row.state = req.state.value
+                row.state_changed_at = utcnow()
+                await self._apply_placement(s, row, req)
+            row.state_message = req.state_message
+            if req.restart_count is not None:
+                row.restart_count = req.restart_count
+            await s.flush()
+            return instance_public(row)
+
+    async def delete(self, req: DeleteRequest) -> InstancePublic:
+        async with unit_of_work(self.sessions, f"instance {req.id!r}") as s:
+            row = await get_or_404(s, InstanceRow, req.id, "instance")
+            check_version(row.version, req.version, f"instance {row.name!r}")
+            public = instance_public(row)
+            await s.delete(row)
+            return public
+
+    async def count_by_model(self) -> dict[str, int]:
+        async with self.sessions() as s:
+            rows = await s.execute(select(InstanceRow.model_id, func.count()).group_by(InstanceRow.model_id))
+            return {model_id: count for model_id, count in rows.all()}
+
+    @staticmethod
+    async def _apply_placement(s: AsyncSession, row: InstanceRow, req: InstanceTransition) -> None:
+        if req.state is InstanceState.SCHEDULED and row.worker_id is None or req.placement is not None:
+            if req.state is not InstanceState.SCHEDULED:
+                raise InvalidRequest("a placement can only be given when moving to SCHEDULED",
+                                     param="placement")
+            if req.placement is None:
+                raise InvalidRequest("moving to SCHEDULED needs a placement", param="placement")
+            worker = await s.get(WorkerRow, req.placement.worker_id)
+            if worker is None:
+                raise NotFound(f"worker {req.placement.worker_id!r} not found")
+            row.worker_id, row.worker_name = worker.id, worker.name
+            row.placement = req.placement.model_dump(mode="json")
+        elif req.state is InstanceState.PENDING:
+            row.worker_id = row.worker_name = row.placement = None

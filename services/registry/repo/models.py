@@ -1,0 +1,74 @@
+"""Models: create, read, list, update (replicas and placement settings), delete with instances."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from shoal.services.registry.repo.common import check_version, get_or_404, unit_of_work
+from shoal.services.registry.repo.convert import instance_public, model_public
+from shoal.shared.db.tables import InstanceRow, ModelRow
+from shoal.shared.errors import Conflict, InvalidRequest, NotFound
+from shoal.shared.schemas.common import Page
+from shoal.shared.schemas.registry import (
+    ByIdOrName, DeleteRequest, InstancePublic, ListRequest, ModelCreate, ModelPublic, ModelSpec, ModelUpdate,
+)
+
+
+class ModelRepo:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self.sessions = sessions
+
+    async def create(self, req: ModelCreate) -> ModelPublic:
+        spec = ModelSpec.model_validate(req.model_dump(exclude={"name"}))
+        async with unit_of_work(self.sessions, f"model {req.name!r}") as s:
+            if await s.scalar(select(ModelRow.id).where(ModelRow.name == req.name)):
+                raise Conflict(f"a model named {req.name!r} already exists", code="model_exists")
+            row = ModelRow(name=req.name, spec=spec.model_dump(mode="json"))
+            s.add(row)
+            await s.flush()
+            return model_public(row)
+
+    async def get(self, req: ByIdOrName) -> ModelPublic:
+        async with self.sessions() as s:
+            return model_public(await self._find(s, req))
+
+    async def list(self, req: ListRequest) -> Page[ModelPublic]:
+        async with self.sessions() as s:
+            rows = await s.scalars(select(ModelRow).order_by(ModelRow.name).limit(req.limit).offset(req.offset))
+            total = await s.scalar(select(func.count()).select_from(ModelRow)) or 0
+            return Page[ModelPublic](items=[model_public(r) for r in rows], total=total)
+
+    async def update(self, req: ModelUpdate) -> ModelPublic:
+        async with unit_of_work(self.sessions, f"model {req.id!r}") as s:
+            row = await get_or_404(s, ModelRow, req.id, "model")
+            check_version(row.version, req.version, f"model {row.name!r}")
+            changes = req.model_dump(exclude={"id", "version"}, exclude_unset=True, mode="json")
+            spec = ModelSpec.model_validate({**row.spec, **changes})
+            row.spec = spec.model_dump(mode="json")
+            await s.flush()
+            return model_public(row)
+
+    async def delete(self, req: DeleteRequest) -> tuple[ModelPublic, list[InstancePublic]]:
+        """Delete a model and its instances (workers stop them on the instance events)."""
+        async with unit_of_work(self.sessions, f"model {req.id!r}") as s:
+            row = await get_or_404(s, ModelRow, req.id, "model")
+            check_version(row.version, req.version, f"model {row.name!r}")
+            instances = list(await s.scalars(select(InstanceRow).where(InstanceRow.model_id == row.id)))
+            gone = [instance_public(i) for i in instances]
+            for instance in instances:
+                await s.delete(instance)
+            public = model_public(row)
+            await s.delete(row)
+            return public, gone
+
+    @staticmethod
+    async def _find(s: AsyncSession, req: ByIdOrName) -> ModelRow:
+        if req.id:
+            return await get_or_404(s, ModelRow, req.id, "model")
+        if not req.name:
+            raise InvalidRequest("give a model id or name", param="id")
+        row = await s.scalar(select(ModelRow).where(ModelRow.name == req.name))
+        if row is None:
+            raise NotFound(f"model {req.name!r} not found", code="model_not_found")
+        return row

@@ -1,0 +1,127 @@
+"""Workers: register (idempotent by name), read, list, delete, heartbeats and liveness.
+
+Heartbeats refresh `last_heartbeat_at` and the device status with a plain UPDATE that does not
+bump `version`: they are liveness data owned by the worker alone, and versioning them would make
+every admin write race a heartbeat. State changes (READY <-> NOT_READY) are versioned writes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from shoal.services.registry.repo.common import get_or_404, unit_of_work
+from shoal.services.registry.repo.convert import instance_public, worker_public
+from shoal.shared.db.tables import InstanceRow, WorkerRow
+from shoal.shared.schemas.common import Page, utcnow
+from shoal.shared.schemas.registry import (
+    ById, DeleteRequest, InstancePublic, ListRequest, WorkerHeartbeat, WorkerPublic, WorkerRegister,
+)
+from shoal.shared.states import InstanceState, WorkerState, can_transition
+
+Changes = tuple[list[WorkerPublic], list[InstancePublic]]
+
+
+class WorkerRepo:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self.sessions = sessions
+
+    async def register(self, req: WorkerRegister) -> tuple[WorkerPublic, bool]:
+        """Create the worker, or refresh the one with that name. Returns (worker, created)."""
+        async with unit_of_work(self.sessions, f"worker {req.name!r}") as s:
+            row = await s.scalar(select(WorkerRow).where(WorkerRow.name == req.name))
+            created = row is None
+            if row is None:
+                row = WorkerRow(name=req.name)
+                s.add(row)
+            row.hostname, row.labels, row.simulated = req.hostname, req.labels, req.simulated
+            row.status = req.status.model_dump(mode="json")
+            row.state, row.state_message = WorkerState.READY.value, None
+            row.last_heartbeat_at = utcnow()
+            await s.flush()
+            return worker_public(row), created
+
+    async def get(self, req: ById) -> WorkerPublic:
+        async with self.sessions() as s:
+            return worker_public(await get_or_404(s, WorkerRow, req.id, "worker"))
+
+    async def list(self, req: ListRequest) -> Page[WorkerPublic]:
+        async with self.sessions() as s:
+            rows = await s.scalars(select(WorkerRow).order_by(WorkerRow.name).limit(req.limit).offset(req.offset))
+            total = await s.scalar(select(func.count()).select_from(WorkerRow)) or 0
+            return Page[WorkerPublic](items=[worker_public(r) for r in rows], total=total)
+
+    async def delete(self, req: DeleteRequest) -> WorkerPublic:
+        async with unit_of_work(self.sessions, f"worker {req.id!r}") as s:
+            row = await get_or_404(s, WorkerRow, req.id, "worker")
+            public = worker_public(row)
+            await s.delete(row)
+            return public
+
+    async def heartbeat(self, hb: WorkerHeartbeat) -> Changes | None:
+        """Record a heartbeat. None when the worker is unknown (it must register again)."""
+        async with unit_of_work(self.sessions, f"worker {hb.worker_id!r}") as s:
+            result = await s.execute(
+                update(WorkerRow).where(WorkerRow.id == hb.worker_id)
+                .values(last_heartbeat_at=utcnow(), status=hb.status.model_dump(mode="json"))
+                .returning(WorkerRow.state)
+            )
+            state = result.scalar_one_or_none()
+            if state is None:
+                return None
+            if state != WorkerState.NOT_READY.value:
+                return [], []
+            return await self._came_back(s, hb)
+
+    async def _came_back(self, s: AsyncSession, hb: WorkerHeartbeat) -> Changes:
+        """NOT_READY -> READY; its UNREACHABLE instances resume the state the worker reports."""
+        row = await get_or_404(s, WorkerRow, hb.worker_id, "worker")
+        row.state, row.state_message = WorkerState.READY.value, None
+        instances = await s.scalars(select(InstanceRow).where(
+            InstanceRow.worker_id == row.id, InstanceRow.state == InstanceState.UNREACHABLE.value))
+        changed = []
+        for inst in instances:
+            target = hb.instances.get(inst.id, InstanceState.SCHEDULED)
+            if not can_transition(InstanceState.UNREACHABLE, target):
+                target = InstanceState.SCHEDULED
+            inst.state, inst.state_message, inst.state_changed_at = target.value, None, utcnow()
+            changed.append(inst)
+        await s.flush()
+        return [worker_public(row)], [instance_public(i) for i in changed]
+
+    async def mark_silent(self, timeout_s: float, now: datetime | None = None) -> Changes:
+        """READY workers silent for `timeout_s` -> NOT_READY, their placed instances UNREACHABLE."""
+        now = now or utcnow()
+        cutoff = now - timedelta(seconds=timeout_s)
+        async with unit_of_work(self.sessions, "silent workers") as s:
+            rows = list(await s.scalars(select(WorkerRow).where(
+                WorkerRow.state != WorkerState.NOT_READY.value, WorkerRow.last_heartbeat_at < cutoff)))
+            if not rows:
+                return [], []
+            silent = {r.id: r for r in rows}
+            for row in rows:
+                row.state = WorkerState.NOT_READY.value
+                row.state_message = f"no heartbeat since {row.last_heartbeat_at:%Y-%m-%d %H:%M:%S}Z"
+            placed = await s.scalars(select(InstanceRow).where(
+                InstanceRow.state.notin_([InstanceState.PENDING.value, InstanceState.UNREACHABLE.value])))
+            changed = []
+            for inst in placed:
+                on = _workers_of(inst) & silent.keys()
+                if not on:
+                    continue
+                name = silent[sorted(on)[0]].name
+                inst.state = InstanceState.UNREACHABLE.value
+                inst.state_message = f"worker {name} stopped heartbeating"
+                inst.state_changed_at = now
+                changed.append(inst)
+            await s.flush()
+            return [worker_public(r) for r in rows], [instance_public(i) for i in changed]
+
+
+def _workers_of(inst: InstanceRow) -> set[str]:
+    ids = {inst.worker_id} if inst.worker_id else set()
+    for sub in (inst.placement or {}).get("subordinate_workers", []):
+        ids.add(sub["worker_id"])
+    return ids

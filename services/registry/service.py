@@ -1,0 +1,56 @@
+"""The registry service: the only writer to Postgres, serving shoal.registry.* over NATS micro."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from shoal.services.registry.api import RegistryApi
+from shoal.services.registry.liveness import Liveness
+from shoal.services.registry.repo.api_keys import ApiKeyRepo
+from shoal.services.registry.repo.instances import InstanceRepo
+from shoal.services.registry.repo.models import ModelRepo
+from shoal.services.registry.repo.workers import WorkerRepo
+from shoal.shared.bus import subjects
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.service import RpcService
+from shoal.shared.config import Settings
+from shoal.shared.db.session import make_engine, make_session_factory, run_migrations
+from shoal.shared.errors import Unavailable
+from shoal.shared.schemas.registry import WorkerHeartbeat
+
+log = logging.getLogger(__name__)
+VERSION = "0.1.0"
+
+
+async def run_registry(settings: Settings, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+    """Serve until `stop` is set; `ready` is set once every endpoint is subscribed."""
+    if not settings.database_url:
+        raise Unavailable("no database URL: set SHOAL_DATABASE_URL or start the stack with `shoal up`")
+    engine = make_engine(settings.database_url)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(engine.dispose)
+        await run_migrations(engine)
+        sessions = make_session_factory(engine)
+        bus = await Bus.connect(settings, name="shoal-registry")
+        stack.push_async_callback(bus.close)
+        await bus.ensure_events_stream()
+
+        api = RegistryApi(bus, ModelRepo(sessions), WorkerRepo(sessions), InstanceRepo(sessions), ApiKeyRepo(sessions))
+        svc = RpcService(bus, subjects.REGISTRY_SERVICE, VERSION, subjects.REGISTRY_GROUP,
+                         "Shoal registry: models, workers, instances, API keys")
+        await svc.start()
+        stack.push_async_callback(svc.stop)
+        await api.register(svc)
+
+        liveness = Liveness(api, settings.heartbeat_timeout, settings.heartbeat_check_interval)
+        await bus.subscribe(subjects.HEARTBEATS_ALL, WorkerHeartbeat, liveness.on_heartbeat,
+                            queue=subjects.REGISTRY_SERVICE)
+        monitor = asyncio.create_task(liveness.run(stop), name="liveness")
+        await bus.nc.flush()
+        log.info("registry serving on %s.* (NATS %s)", subjects.REGISTRY_GROUP, settings.nats_url)
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        await monitor

@@ -1,0 +1,108 @@
+"""The worker agent: registers this machine's devices, heartbeats, and (on a real worker) runs
+the engines of the instances placed on it. No torch import here: engines are other processes.
+
+A simulated worker (`--simulate-devices`) registers and heartbeats like a real one but never
+starts an engine; it is marked `simulated` wherever it is shown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from dataclasses import dataclass, field
+
+from shoal.services.worker.devices import detect_devices, parse_simulated
+from shoal.shared.bus import subjects
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.config import Settings
+from shoal.shared.errors import NotFound, ShoalError
+from shoal.shared.schemas.registry import DeviceStatus, WorkerHeartbeat, WorkerPublic, WorkerRegister
+from shoal.shared.states import InstanceState
+
+log = logging.getLogger(__name__)
+VERIFY_EVERY = 4
+"""Every Nth heartbeat, check the registry still knows us (it may have lost its database)."""
+
+
+@dataclass
+class WorkerAgent:
+    settings: Settings
+    bus: Bus
+    name: str = field(default="")
+    worker: WorkerPublic | None = None
+    instance_states: dict[str, InstanceState] = field(default_factory=dict)
+    """What this worker sees of its instances; reported in each heartbeat."""
+
+    def __post_init__(self) -> None:
+        self.name = self.name or self.settings.worker_name or socket.gethostname()
+        self.registry = RegistryClient(self.bus)
+
+    @property
+    def simulated(self) -> bool:
+        return self.settings.simulate_devices is not None
+
+    def devices(self) -> DeviceStatus:
+        if self.settings.simulate_devices is not None:
+            return parse_simulated(self.settings.simulate_devices)
+        return detect_devices()
+
+    async def register(self) -> WorkerPublic:
+        self.worker = await self.registry.register_worker(WorkerRegister(
+            name=self.name, hostname=socket.gethostname(), labels=self.settings.worker_labels,
+            simulated=self.simulated, status=self.devices(),
+        ))
+        log.info("registered worker %s (%s)%s", self.worker.name, self.worker.id,
+                 " [simulated]" if self.simulated else "")
+        return self.worker
+
+    async def heartbeat(self) -> None:
+        assert self.worker is not None
+        await self.bus.publish(subjects.heartbeat(self.worker.id), WorkerHeartbeat(
+            worker_id=self.worker.id, status=self.devices(), instances=dict(self.instance_states)))
+
+    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        await self._register_until_done(stop)
+        if ready is not None:
+            ready.set()
+        beats = 0
+        while not stop.is_set():
+            try:
+                await self.heartbeat()
+                beats += 1
+                if beats % VERIFY_EVERY == 0:
+                    await self._verify_registration()
+            except ShoalError as exc:
+                log.warning("heartbeat failed: %s", exc.message)
+            try:
+                await asyncio.wait_for(stop.wait(), self.settings.heartbeat_interval)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _register_until_done(self, stop: asyncio.Event) -> None:
+        delay = 0.2
+        while not stop.is_set():
+            try:
+                await self.register()
+                return
+            except ShoalError as exc:
+                log.warning("cannot register yet (%s); retrying in %.1fs", exc.message, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _verify_registration(self) -> None:
+        assert self.worker is not None
+        try:
+            await self.registry.get_worker(self.worker.id)
+        except NotFound:
+            log.warning("the registry no longer knows this worker: registering again")
+            await self.register()
+
+
+async def run_worker(settings: Settings, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+    bus = await Bus.connect(settings, name=f"shoal-worker-{settings.worker_name or socket.gethostname()}")
+    try:
+        await WorkerAgent(settings, bus).run(stop, ready)
+    finally:
+        await bus.close()

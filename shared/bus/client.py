@@ -1,0 +1,199 @@
+"""The bus: one NATS connection per process with typed request/reply, publish and JetStream.
+
+Every payload is a pydantic model (shared/schemas); replies that carry `{"error": ...}` and the
+micro error headers are raised back as the ShoalError kind the server raised. Connecting retries
+with back-off until `settings.connect_timeout`, then nats-py reconnects forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig, StorageType, AckPolicy
+from nats.js.errors import BadRequestError, NotFoundError
+from pydantic import BaseModel, ValidationError
+
+from shoal.shared.bus import subjects
+from shoal.shared.config import Settings
+from shoal.shared.errors import InvalidRequest, ShoalError, Timeout, Unavailable
+from shoal.shared.schemas.common import ErrorReply
+from shoal.shared.telemetry import inject_headers
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T", bound=BaseModel)
+ERROR_CODE_HEADER = "Nats-Service-Error-Code"
+ERROR_HEADER = "Nats-Service-Error"
+EVENTS_MAX_AGE_S = 7 * 24 * 3600
+
+
+def encode(payload: BaseModel) -> bytes:
+    return payload.model_dump_json().encode()
+
+
+def decode(data: bytes, model: type[T]) -> T:
+    """Parse a payload; a malformed one is an InvalidRequest naming what is wrong."""
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or None
+        raise InvalidRequest(f"malformed {model.__name__}: {where or 'body'}: {first['msg']}", param=where) from None
+
+
+def raise_for_error(msg: Msg) -> None:
+    """Raise the ShoalError carried by an error reply (micro error headers + ErrorReply body)."""
+    code = (msg.headers or {}).get(ERROR_CODE_HEADER)
+    if code is None:
+        return
+    try:
+        body = ErrorReply.model_validate_json(msg.data).error.model_dump()
+    except ValidationError:
+        body = {"message": (msg.headers or {}).get(ERROR_HEADER, "error"), "type": ""}
+    raise ShoalError.from_dict(body, status=int(code) if code.isdigit() else None)
+
+
+class Bus:
+    def __init__(self, nc: NATS, settings: Settings) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.settings = settings
+
+    @classmethod
+    async def connect(cls, settings: Settings, name: str) -> Bus:
+        if not settings.nats_url:
+            raise Unavailable("no NATS URL: set SHOAL_NATS_URL or start the stack with `shoal up`")
+        servers = [s.strip() for s in settings.nats_url.split(",") if s.strip()]
+        deadline = asyncio.get_running_loop().time() + settings.connect_timeout
+        delay = 0.1
+        while True:
+            try:
+                nc = await nats.connect(
+                    servers, name=name, connect_timeout=2, allow_reconnect=True,
+                    max_reconnect_attempts=-1, reconnect_time_wait=1,
+                    error_cb=_log_error, disconnected_cb=_log_event("disconnected from NATS"),
+                    reconnected_cb=_log_event("reconnected to NATS"),
+                )
+                return cls(nc, settings)
+            except (OSError, NatsTimeout, nats.errors.NoServersError) as exc:
+                if asyncio.get_running_loop().time() + delay > deadline:
+                    raise Unavailable(f"cannot reach NATS at {settings.nats_url}: {exc}") from exc
+                log.info("NATS not reachable yet (%s), retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            try:
+                await self.nc.drain()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                await self.nc.close()
+
+    # ------------------------------------------------------------ request / reply
+    async def request(self, subject: str, payload: BaseModel, reply_type: type[T],
+                      timeout: float | None = None, headers: dict[str, str] | None = None) -> T:
+        """Send a typed request and return the typed reply, or raise the server's error."""
+        try:
+            msg = await self.nc.request(subject, encode(payload),
+                                        timeout=timeout or self.settings.request_timeout,
+                                        headers=inject_headers(headers))
+        except NoRespondersError:
+            raise Unavailable(f"no service answers on {subject}") from None
+        except NatsTimeout:
+            raise Timeout(f"no reply on {subject} within {timeout or self.settings.request_timeout}s") from None
+        raise_for_error(msg)
+        return decode(msg.data, reply_type)
+
+    async def publish(self, subject: str, payload: BaseModel, headers: dict[str, str] | None = None) -> None:
+        await self.nc.publish(subject, encode(payload), headers=inject_headers(headers))
+
+    async def subscribe(self, subject: str, model: type[T], handler: Callable[[T, Msg], Awaitable[None]],
+                        queue: str = "") -> nats.aio.subscription.Subscription:
+        """Subscribe with a typed handler; malformed messages are logged and dropped."""
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                payload = decode(msg.data, model)
+            except InvalidRequest as exc:
+                log.warning("dropping malformed message on %s: %s", msg.subject, exc.message)
+                return
+            try:
+                await handler(payload, msg)
+            except Exception:  # noqa: BLE001 - one bad message must not kill the subscription
+                log.exception("handler for %s failed", msg.subject)
+
+        return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
+
+    # ------------------------------------------------------------ JetStream events
+    async def ensure_events_stream(self) -> None:
+        """Create SHOAL_EVENTS (idempotent; updated when its config drifted)."""
+        config = StreamConfig(name=subjects.EVENTS_STREAM, subjects=[subjects.EVENTS_ALL],
+                              storage=StorageType.FILE, max_age=EVENTS_MAX_AGE_S)
+        try:
+            await self.js.add_stream(config)
+        except BadRequestError:
+            await self.js.update_stream(config)
+
+    async def publish_event(self, subject: str, payload: BaseModel) -> None:
+        await self.js.publish(subject, encode(payload), headers=inject_headers())
+
+    async def consume(self, durable: str, subject: str, handler: Callable[[Msg], Awaitable[None]],
+                      stop: asyncio.Event, batch: int = 64) -> None:
+        """Run a durable pull consumer until `stop` is set: ack after the handler, nak on error.
+
+        Several processes consuming the same durable share the work (each event to one of them).
+        """
+        await self.ensure_events_stream()
+        sub = await self.js.pull_subscribe(
+            subject, durable=durable, stream=subjects.EVENTS_STREAM,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW,
+                                  max_deliver=10, ack_wait=30),
+        )
+        while not stop.is_set():
+            try:
+                msgs = await sub.fetch(batch, timeout=1.0)
+            except NatsTimeout:
+                continue
+            except (NotFoundError, nats.errors.ConnectionClosedError):
+                if stop.is_set():
+                    return
+                raise
+            for msg in msgs:
+                try:
+                    await handler(msg)
+                    await msg.ack()
+                except Exception:  # noqa: BLE001 - redelivered later, with a delay
+                    log.exception("event handler failed for %s", msg.subject)
+                    await msg.nak(delay=1.0)
+
+    async def stream_replies(self, subject: str, payload: BaseModel,
+                             headers: dict[str, str] | None = None) -> AsyncIterator[Msg]:
+        """Publish a request and yield every reply sent to its inbox (streamed replies)."""
+        inbox = self.nc.new_inbox()
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+        sub = await self.nc.subscribe(inbox, cb=queue.put)
+        try:
+            await self.nc.publish(subject, encode(payload), reply=inbox, headers=inject_headers(headers))
+            while True:
+                yield await queue.get()
+        finally:
+            await sub.unsubscribe()
+
+
+def _log_event(text: str) -> Callable[[], Awaitable[None]]:
+    async def callback() -> None:
+        log.warning(text)
+
+    return callback
+
+
+async def _log_error(exc: Exception) -> None:
+    log.warning("NATS error: %s", exc)

@@ -1,0 +1,84 @@
+"""A thin typed layer over nats.micro: `await svc.endpoint(resource, verb, Req, handler)`.
+
+The error policy lives here, in one place (as micro's Endpoint does): a body that does not parse
+is an InvalidRequest (400); a ShoalError becomes `{"error": {...}}` with the micro error headers
+(code = HTTP status); anything else is logged and answered as a 500 — and the service keeps
+serving. Discovery ($SRV.PING/INFO/STATS) comes from nats.micro.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import nats.micro
+from nats.micro.request import Request
+from nats.micro.service import Service
+from opentelemetry import trace
+from pydantic import BaseModel
+
+from shoal.shared.bus.client import ERROR_CODE_HEADER, ERROR_HEADER, Bus, decode
+from shoal.shared.errors import ShoalError
+from shoal.shared.schemas.common import ErrorBody, ErrorReply
+from shoal.shared.telemetry import extract_context, get_tracer
+
+log = logging.getLogger(__name__)
+
+Req = TypeVar("Req", bound=BaseModel)
+Handler = Callable[[Req], Awaitable[BaseModel]]
+
+
+class RpcService:
+    """One micro service; endpoints are served as <group>.<resource>.<verb>."""
+
+    def __init__(self, bus: Bus, name: str, version: str, group: str, description: str = "") -> None:
+        self.bus = bus
+        self.name = name
+        self.version = version
+        self.group = group
+        self.description = description
+        self._service: Service | None = None
+        self._tracer = get_tracer(name)
+
+    async def start(self) -> None:
+        self._service = await nats.micro.add_service(
+            self.bus.nc, name=self.name, version=self.version, description=self.description,
+            queue_group=self.name,
+        )
+
+    async def stop(self) -> None:
+        if self._service is not None:
+            await self._service.stop()
+            self._service = None
+
+    async def endpoint(self, resource: str, verb: str, request_type: type[Req], handler: Handler[Req]) -> None:
+        assert self._service is not None, "start() the service first"
+        group = self._service.add_group(name=f"{self.group}.{resource}")
+        await group.add_endpoint(name=verb, handler=self._wrap(f"{resource}.{verb}", request_type, handler))
+
+    def _wrap(self, name: str, request_type: type[Req], handler: Handler[Req]) -> Callable[[Request], Awaitable[None]]:
+        async def handle(request: Request) -> None:
+            with self._tracer.start_as_current_span(
+                name, context=extract_context(request.headers), kind=trace.SpanKind.SERVER
+            ) as span:
+                try:
+                    reply = await handler(decode(request.data, request_type))
+                except ShoalError as exc:
+                    span.set_attribute("shoal.error", exc.code)
+                    await respond_error(request, exc)
+                    return
+                except Exception as exc:  # noqa: BLE001 - answer, log, keep serving
+                    log.exception("%s failed", name)
+                    span.record_exception(exc)
+                    await respond_error(request, ShoalError(f"internal error in {name}: {type(exc).__name__}"))
+                    return
+                await request.respond(reply.model_dump_json().encode())
+
+        return handle
+
+
+async def respond_error(request: Request, exc: ShoalError) -> None:
+    body = ErrorReply(error=ErrorBody(**exc.to_dict()))
+    await request.respond(body.model_dump_json().encode(),
+                          headers={ERROR_CODE_HEADER: str(exc.http_status), ERROR_HEADER: exc.message[:200]})

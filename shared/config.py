@@ -1,0 +1,56 @@
+"""Settings: every knob of the control plane, read once from SHOAL_* variables at the process edge.
+
+One `Settings` object is built by the CLI (or a test) and passed down; nothing deeper reads the
+environment (STYLE.md "Config objects"). Defaults follow GPUStack's timings where users expect them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SHOAL_", extra="ignore")
+
+    nats_url: str | None = None
+    """NATS server(s), comma separated. None: `shoal up` starts an embedded one; other commands
+    read the URL `shoal up` wrote to <data_dir>/stack.json."""
+    database_url: str | None = None
+    """postgresql+asyncpg://... None: embedded PostgreSQL under <data_dir>/postgres."""
+    data_dir: Path = Path.home() / ".shoal"
+
+    request_timeout: float = 5.0
+    """Seconds a bus request waits for its reply."""
+    connect_timeout: float = 10.0
+    """Seconds to keep trying the first connection to NATS before giving up."""
+
+    heartbeat_interval: float = 30.0
+    """Seconds between a worker's heartbeats (GPUStack: 30 s)."""
+    heartbeat_timeout: float = 150.0
+    """Silence after which a worker is NOT_READY and its instances UNREACHABLE (GPUStack: 150 s)."""
+    heartbeat_check_interval: float = 5.0
+    reschedule_after: float = 300.0
+    """Seconds an instance may stay UNREACHABLE before the scheduler places it elsewhere."""
+
+    worker_name: str | None = None
+    """Defaults to the host name."""
+    worker_labels: dict[str, str] = Field(default_factory=dict)
+    simulate_devices: str | None = None
+    """e.g. "8xH100-80GB" or "2xA10-24GB,1xcpu": a simulated worker for capacity planning."""
+
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = 8000
+    require_api_key: bool = False
+    """When true the gateway refuses requests without a valid API key (401)."""
+
+    log_level: str = "INFO"
+    log_json: bool = False
+    otel_exporter: str = "none"
+    """'none' or 'console': where spans go (an OTLP exporter can be configured by the SDK's env)."""
+
+    @property
+    def stack_file(self) -> Path:
+        return self.data_dir / "stack.json"

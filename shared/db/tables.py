@@ -1,0 +1,66 @@
+"""ORM tables: models, workers, instances, api_keys. They never leave the registry.
+
+JSON columns hold structured fields (labels, device status, placement claim) whose shape is
+defined and validated by the pydantic schemas in shared/schemas/registry.py.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from shoal.shared.db.base import Base, RowMixin
+
+
+class ModelRow(RowMixin, Base):
+    __tablename__ = "models"
+
+    name: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    """ModelSpec as JSON (source, replicas, placement, engine args)."""
+
+
+class WorkerRow(RowMixin, Base):
+    __tablename__ = "workers"
+
+    name: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
+    hostname: Mapped[str] = mapped_column(String(255), nullable=False)
+    labels: Mapped[dict[str, str]] = mapped_column(JSON, nullable=False, default=dict)
+    simulated: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False)
+    state_message: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    """DeviceStatus as JSON; refreshed by heartbeats."""
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class InstanceRow(RowMixin, Base):
+    __tablename__ = "instances"
+
+    name: Mapped[str] = mapped_column(String(96), unique=True, nullable=False)
+    model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
+    model_name: Mapped[str] = mapped_column(String(64), nullable=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False, index=True)
+    state_message: Mapped[str | None] = mapped_column(Text)
+    state_changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    worker_id: Mapped[str | None] = mapped_column(
+        ForeignKey("workers.id", ondelete="SET NULL"), index=True
+    )
+    worker_name: Mapped[str | None] = mapped_column(String(64))
+    placement: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """Placement as JSON (gpu indexes, claim, tp/pp, subordinate workers, warnings)."""
+    restart_count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+
+
+class ApiKeyRow(RowMixin, Base):
+    __tablename__ = "api_keys"
+
+    name: Mapped[str] = mapped_column(String(64), nullable=False)
+    prefix: Mapped[str] = mapped_column(String(16), nullable=False)
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
+    """SHA-256 of the secret; the secret itself is never stored."""
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,71 @@
+"""One logging setup for every service: plain or JSON lines, with request and instance ids.
+
+`log_context(request_id=..., instance_id=...)` binds ids to the current task (contextvars), and
+every record logged inside carries them, so one request can be followed across a service's logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timezone
+
+_CONTEXT: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("shoal_log_context", default={})
+_FIELDS = ("request_id", "instance_id", "worker_id", "model")
+
+
+class _ContextFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in _CONTEXT.get().items():
+            setattr(record, key, value)
+        return True
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        body = {
+            "ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key in _FIELDS:
+            if hasattr(record, key):
+                body[key] = getattr(record, key)
+        if record.exc_info:
+            body["exc"] = self.formatException(record.exc_info)
+        return json.dumps(body)
+
+
+class _TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extra = " ".join(f"{k}={getattr(record, k)}" for k in _FIELDS if hasattr(record, k))
+        return f"{line} [{extra}]" if extra else line
+
+
+def setup_logging(level: str = "INFO", json_lines: bool = False, service: str = "shoal") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_ContextFilter())
+    if json_lines:
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(_TextFormatter(f"%(asctime)s %(levelname)-7s {service} %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("nats", "asyncio", "aiohttp.access", "httpx", "sqlalchemy.engine"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def log_context(**ids: str) -> Iterator[None]:
+    token = _CONTEXT.set({**_CONTEXT.get(), **{k: v for k, v in ids.items() if v is not None}})
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)

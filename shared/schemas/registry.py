@@ -1,0 +1,268 @@
+"""Registry API payloads: models, workers, instances, API keys (create / update / public views).
+
+GPUStack's shape (XCreate / XUpdate / XPublic) without SQLModel: ORM rows never leave the
+registry, these do. Byte sizes are ints in bytes; ids are opaque strings without dots.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+
+from pydantic import Field, field_validator
+
+from shoal.shared.schemas.common import Wire
+from shoal.shared.states import InstanceState, WorkerState
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$"
+
+
+# ---------------------------------------------------------------- devices and workers
+class GpuDevice(Wire):
+    index: int = Field(ge=0)
+    name: str
+    vendor: str = "nvidia"
+    memory_total: int = Field(ge=0)
+    memory_used: int = Field(default=0, ge=0)
+    utilization: float | None = None
+
+
+class DeviceStatus(Wire):
+    """What a worker has: always CPU and RAM, GPUs when present."""
+
+    cpu_cores: int = Field(ge=0)
+    memory_total: int = Field(ge=0)
+    memory_used: int = Field(default=0, ge=0)
+    gpus: list[GpuDevice] = Field(default_factory=list)
+
+
+class WorkerRegister(Wire):
+    name: str = Field(pattern=NAME_PATTERN)
+    hostname: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    simulated: bool = False
+    status: DeviceStatus
+
+
+class WorkerPublic(Wire):
+    id: str
+    name: str
+    hostname: str
+    labels: dict[str, str]
+    simulated: bool
+    state: WorkerState
+    state_message: str | None = None
+    status: DeviceStatus
+    last_heartbeat_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    version: int
+
+
+class WorkerHeartbeat(Wire):
+    """Published on shoal.workers.<worker_id>.heartbeat; the registry records it."""
+
+    worker_id: str
+    status: DeviceStatus
+    instances: dict[str, InstanceState] = Field(default_factory=dict)
+    """The instances this worker runs and the state it sees them in."""
+
+
+# ---------------------------------------------------------------- models
+class PlacementStrategy(str, Enum):
+    BINPACK = "binpack"
+    SPREAD = "spread"
+
+
+class DeviceKind(str, Enum):
+    AUTO = "auto"
+    GPU = "gpu"
+    CPU = "cpu"
+
+
+class ModelSpec(Wire):
+    """Everything a user sets on a model; shared by create and public views."""
+
+    source: str = Field(min_length=1)
+    """A local Hugging Face folder or .gguf file (no hub is reachable)."""
+    replicas: int = Field(default=1, ge=0, le=1024)
+    device: DeviceKind = DeviceKind.AUTO
+    placement_strategy: PlacementStrategy = PlacementStrategy.BINPACK
+    worker_selector: dict[str, str] = Field(default_factory=dict)
+    """Labels a worker must carry."""
+    gpu_selector: list[str] = Field(default_factory=list)
+    """Manual GPU selection: ["worker-name:gpu-index", ...]."""
+    gpu_type: str | None = None
+    """Only GPUs whose name contains this (case-insensitive), e.g. "H100"."""
+    distributed: bool = True
+    """Allow spreading one instance over several workers (pipeline stages)."""
+    tp: int | None = Field(default=None, ge=1)
+    pp: int | None = Field(default=None, ge=1)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
+    max_model_len: int | None = Field(default=None, ge=1)
+    dtype: str = "auto"
+    engine_args: dict[str, int | float | bool | str] = Field(default_factory=dict)
+    """Extra engine settings (max_num_seqs, max_num_batched_tokens, kv_cache_memory, ...)."""
+
+
+class ModelCreate(ModelSpec):
+    name: str = Field(pattern=NAME_PATTERN)
+
+
+class ModelUpdate(Wire):
+    """A partial update; `version` must be the version the caller read (optimistic)."""
+
+    id: str
+    version: int
+    replicas: int | None = Field(default=None, ge=0, le=1024)
+    placement_strategy: PlacementStrategy | None = None
+    worker_selector: dict[str, str] | None = None
+    gpu_selector: list[str] | None = None
+    gpu_type: str | None = None
+    distributed: bool | None = None
+    tp: int | None = Field(default=None, ge=1)
+    pp: int | None = Field(default=None, ge=1)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_model_len: int | None = Field(default=None, ge=1)
+    engine_args: dict[str, int | float | bool | str] | None = None
+
+
+class ModelPublic(ModelSpec):
+    id: str
+    name: str
+    created_at: datetime
+    updated_at: datetime
+    version: int
+
+
+# ---------------------------------------------------------------- instances
+class ResourceClaim(Wire):
+    """What a placed instance takes: bytes per GPU index (VRAM) and RAM."""
+
+    gpu_memory: dict[int, int] = Field(default_factory=dict)
+    ram: int = 0
+
+    @field_validator("gpu_memory", mode="before")
+    @classmethod
+    def _int_keys(cls, value: dict[str | int, int]) -> dict[int, int]:
+        return {int(k): v for k, v in (value or {}).items()}
+
+
+class SubordinateWorker(Wire):
+    """A further worker of a multi-worker instance (pipeline stages)."""
+
+    worker_id: str
+    worker_name: str
+    gpu_indexes: list[int]
+    claim: ResourceClaim
+
+
+class Placement(Wire):
+    worker_id: str
+    gpu_indexes: list[int] = Field(default_factory=list)
+    claim: ResourceClaim = Field(default_factory=ResourceClaim)
+    tp: int = 1
+    pp: int = 1
+    subordinate_workers: list[SubordinateWorker] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+
+
+class InstanceCreate(Wire):
+    model_id: str
+
+
+class InstancePublic(Wire):
+    id: str
+    name: str
+    model_id: str
+    model_name: str
+    state: InstanceState
+    state_message: str | None = None
+    worker_id: str | None = None
+    worker_name: str | None = None
+    gpu_indexes: list[int] = Field(default_factory=list)
+    claim: ResourceClaim = Field(default_factory=ResourceClaim)
+    tp: int = 1
+    pp: int = 1
+    subordinate_workers: list[SubordinateWorker] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    restart_count: int = 0
+    created_at: datetime
+    updated_at: datetime
+    state_changed_at: datetime
+    version: int
+
+
+class InstanceTransition(Wire):
+    """Move an instance to `state`. Moving to SCHEDULED needs `placement`; to PENDING clears it."""
+
+    id: str
+    version: int
+    state: InstanceState
+    state_message: str | None = None
+    placement: Placement | None = None
+    restart_count: int | None = Field(default=None, ge=0)
+
+
+class InstanceFilter(Wire):
+    model_id: str | None = None
+    worker_id: str | None = None
+    state: InstanceState | None = None
+
+
+# ---------------------------------------------------------------- API keys
+class ApiKeyCreate(Wire):
+    name: str = Field(pattern=NAME_PATTERN)
+    expires_at: datetime | None = None
+
+
+class ApiKeyPublic(Wire):
+    id: str
+    name: str
+    prefix: str
+    """The first characters of the secret, to recognise a key; never enough to use it."""
+    created_at: datetime
+    expires_at: datetime | None = None
+    revoked_at: datetime | None = None
+    version: int
+
+
+class ApiKeyCreated(ApiKeyPublic):
+    secret: str
+    """Shown once: only its hash is stored."""
+
+
+class ApiKeyVerify(Wire):
+    secret: str
+
+
+class ApiKeyVerified(Wire):
+    valid: bool
+    key_id: str | None = None
+    name: str | None = None
+
+
+# ---------------------------------------------------------------- generic requests
+class ById(Wire):
+    id: str
+
+
+class ByIdOrName(Wire):
+    id: str | None = None
+    name: str | None = None
+
+
+class DeleteRequest(Wire):
+    id: str
+    version: int | None = None
+    """When given, refused if the row changed since (optimistic)."""
+
+
+class Deleted(Wire):
+    id: str
+    deleted: bool = True
+
+
+class ListRequest(Wire):
+    limit: int = Field(default=1000, ge=1, le=10000)
+    offset: int = Field(default=0, ge=0)

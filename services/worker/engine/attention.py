@@ -1,0 +1,45 @@
+"""AttentionMetadata (one step's KV-cache addressing) and the Attention layer over the paged cache.
+
+The metadata is passed down the forward explicitly (no module-global context, unlike nano-vllm);
+each Attention layer holds its own k/v cache tensors, bound once by kv_cache.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from shoal.kernels import Ops
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] int64, -1 = do not write
+    block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32, context length after this step
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+
+
+class Attention(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 ops: Ops) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = scale
+        self.ops = ops
+        self.k_cache = torch.empty(0)  # [num_blocks, block_size, num_kv_heads, head_dim], bound later
+        self.v_cache = torch.empty(0)
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        assert self.k_cache.numel(), "KV cache not allocated (kv_cache.bind_kv_caches)"
+        self.ops.reshape_and_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        return self.ops.paged_attention(q, self.k_cache, self.v_cache, meta.block_tables,
+                                        meta.seq_lens, meta.query_start_loc, self.scale)

@@ -1,0 +1,13 @@
+"""SiLU-and-mul over the packed gate_up output: silu(gate) * up."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SiluAndMul(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, 2 * inter] -> [n, inter]
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up

@@ -1,0 +1,1 @@
+"""Our own model code for the Llama family; registry.py maps HF architecture names to classes."""

@@ -1,0 +1,64 @@
+"""Tiny random-weight Llama / Mistral / Qwen2 / Qwen3 checkpoints for fast parity tests.
+
+Each is saved with save_pretrained (fp32 safetensors) plus SmolLM2's tokenizer files (the tiny
+vocabulary is a prefix of it), so the engine loads it exactly as it loads a real model.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, PretrainedConfig,
+                          Qwen2Config, Qwen3Config)
+
+ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+VOCAB = 512
+
+_COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+               initializer_range=0.2, rms_norm_eps=1e-6)
+
+
+def tiny_config(arch: str) -> PretrainedConfig:
+    if arch == "llama":  # untied, llama3 rope scaling, biased attention
+        return LlamaConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
+                           tie_word_embeddings=False, attention_bias=True,
+                           rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0,
+                                            "factor": 4.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 64})
+    if arch == "mistral":  # one KV head (GQA 4:1), untied
+        return MistralConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=1,
+                             tie_word_embeddings=False, sliding_window=None)
+    if arch == "qwen2":  # q/k/v bias, tied, linear rope scaling
+        return Qwen2Config(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
+                           tie_word_embeddings=True,
+                           rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
+                                            "factor": 2.0})
+    if arch == "qwen3":  # q/k norms, head_dim (32) != hidden / heads (16), tied
+        return Qwen3Config(**_COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                           tie_word_embeddings=True)
+    raise ValueError(arch)
+
+
+def smollm2_dir() -> Path:
+    from shoal.services.worker.model_prep import prepare_model, smollm2_gguf_path
+
+    return prepare_model(str(smollm2_gguf_path()))
+
+
+def save_tiny_model(arch: str, folder: Path, seed: int = 0) -> Path:
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch), dtype=torch.float32)
+    with torch.no_grad():  # norms at 1.0 would hide a mis-loaded weight: randomise them too
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+    model.save_pretrained(folder)
+    source = smollm2_dir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (source / name).is_file():
+            shutil.copy(source / name, folder / name)
+    return folder

@@ -98,8 +98,10 @@ class RegistryApi:
 
     # ------------------------------------------------------------ workers
     async def register_worker(self, req: WorkerRegister) -> WorkerPublic:
-        worker, created = await self.workers.register(req)
+        worker, created, resumed = await self.workers.register(req)
         await self.worker_event(EventKind.CREATED if created else EventKind.UPDATED, worker)
+        for instance in resumed:
+            await self.instance_event(EventKind.UPDATED, instance)
         return worker
 
     async def delete_worker(self, req: DeleteRequest) -> Deleted:

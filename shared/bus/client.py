@@ -36,7 +36,9 @@ EVENTS_MAX_AGE_S = 7 * 24 * 3600
 
 
 def encode(payload: BaseModel) -> bytes:
-    return payload.model_dump_json().encode()
+    """Only the fields that were set travel: the receiver fills defaults, and a partial update
+    (ModelUpdate) can tell "leave as is" from "set to null"."""
+    return payload.model_dump_json(exclude_unset=True).encode()
 
 
 def decode(data: bytes, model: type[T]) -> T:

@@ -48,10 +48,34 @@ async def running_registry(settings: Settings) -> AsyncIterator[asyncio.Task[Non
         await asyncio.wait_for(task, 15)
 
 
+class RegistryHandle:
+    """The session's registry; `restart()` stops it and starts a fresh one on the same database."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._cm: contextlib.AbstractAsyncContextManager[asyncio.Task[None]] | None = None
+
+    async def start(self) -> None:
+        self._cm = running_registry(self.settings)
+        await self._cm.__aenter__()
+
+    async def stop(self) -> None:
+        assert self._cm is not None
+        cm, self._cm = self._cm, None
+        await cm.__aexit__(None, None, None)
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+
 @pytest.fixture(scope="session")
-async def registry(settings: Settings) -> AsyncIterator[None]:
-    async with running_registry(settings):
-        yield
+async def registry(settings: Settings) -> AsyncIterator[RegistryHandle]:
+    handle = RegistryHandle(settings)
+    await handle.start()
+    yield handle
+    if handle._cm is not None:
+        await handle.stop()
 
 
 @pytest.fixture(scope="session")

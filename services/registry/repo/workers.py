@@ -28,8 +28,12 @@ class WorkerRepo:
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self.sessions = sessions
 
-    async def register(self, req: WorkerRegister) -> tuple[WorkerPublic, bool]:
-        """Create the worker, or refresh the one with that name. Returns (worker, created)."""
+    async def register(self, req: WorkerRegister) -> tuple[WorkerPublic, bool, list[InstancePublic]]:
+        """Create the worker, or refresh the one with that name.
+
+        Returns (worker, created, instances that left UNREACHABLE). A worker that registers
+        again has just (re)started and runs no engine yet: its instances go back to SCHEDULED.
+        """
         async with unit_of_work(self.sessions, f"worker {req.name!r}") as s:
             row = await s.scalar(select(WorkerRow).where(WorkerRow.name == req.name))
             created = row is None
@@ -41,7 +45,8 @@ class WorkerRepo:
             row.state, row.state_message = WorkerState.READY.value, None
             row.last_heartbeat_at = utcnow()
             await s.flush()
-            return worker_public(row), created
+            changed = [] if created else await self._resume_instances(s, row.id, {})
+            return worker_public(row), created, changed
 
     async def get(self, req: ById) -> WorkerPublic:
         async with self.sessions() as s:
@@ -79,17 +84,24 @@ class WorkerRepo:
         """NOT_READY -> READY; its UNREACHABLE instances resume the state the worker reports."""
         row = await get_or_404(s, WorkerRow, hb.worker_id, "worker")
         row.state, row.state_message = WorkerState.READY.value, None
-        instances = await s.scalars(select(InstanceRow).where(
-            InstanceRow.worker_id == row.id, InstanceRow.state == InstanceState.UNREACHABLE.value))
-        changed = []
+        changed = await self._resume_instances(s, row.id, hb.instances)
+        await s.flush()
+        return [worker_public(row)], changed
+
+    @staticmethod
+    async def _resume_instances(s: AsyncSession, worker_id: str,
+                                reported: dict[str, InstanceState]) -> list[InstancePublic]:
+        """UNREACHABLE instances of a worker that is back take the state it reports, else
+        SCHEDULED (the worker will start them)."""
+        instances = list(await s.scalars(select(InstanceRow).where(
+            InstanceRow.worker_id == worker_id, InstanceRow.state == InstanceState.UNREACHABLE.value)))
         for inst in instances:
-            target = hb.instances.get(inst.id, InstanceState.SCHEDULED)
+            target = reported.get(inst.id, InstanceState.SCHEDULED)
             if not can_transition(InstanceState.UNREACHABLE, target):
                 target = InstanceState.SCHEDULED
             inst.state, inst.state_message, inst.state_changed_at = target.value, None, utcnow()
-            changed.append(inst)
         await s.flush()
-        return [worker_public(row)], [instance_public(i) for i in changed]
+        return [instance_public(i) for i in instances]
 
     async def mark_silent(self, timeout_s: float, now: datetime | None = None) -> Changes:
         """READY workers silent for `timeout_s` -> NOT_READY, their placed instances UNREACHABLE."""

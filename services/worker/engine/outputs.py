@@ -80,7 +80,8 @@ class RunnerOutput:
     """seq_id -> logprob of the sampled token (only when sampling_params.logprobs is set)."""
     prompt_logprobs: dict[int, list[TokenLogprob | None]] = field(default_factory=dict)
     """seq_id -> this chunk's part of the prompt's logprobs. The logits at position p predict
-    prompt token p + 1, so a chunk [a, b) yields entries for prompt tokens a + 1 .. min(b,
-    prompt_len - 1), preceded by None when a == 0 (token 0 has no prefix). Concatenated over
-    the chunks: [None, lp(1), ..., lp(prompt_len - 1)]. The scheduler never serves a request
+    prompt token p + 1; token b belongs to the next chunk, so the runner keeps the last
+    position's logprobs until then: a chunk [a, b) yields entries for prompt tokens max(a, 1) ..
+    min(b, prompt_len) - 1, preceded by None when a == 0 (token 0 has no prefix). Concatenated
+    over the chunks: [None, lp(1), ..., lp(prompt_len - 1)]. The scheduler never serves a request
     that wants prompt logprobs from the prefix cache (nothing would compute those positions)."""

@@ -73,7 +73,7 @@ class FakeRunner:
                 assert self.kv.get(slot) == ctx[pos], f"seq {s.seq_id}: wrong KV at {pos}"
             if s.want_prompt_logprobs:
                 lps: list[TokenLogprob | None] = [None] if s.start_pos == 0 else []
-                for pos in range(s.start_pos + 1, min(end, s.prompt_len - 1) + 1):
+                for pos in range(max(s.start_pos, 1), min(end, s.prompt_len)):
                     lps.append(TokenLogprob(mine[pos], -float(pos), 1))
                 prompt_lps[s.seq_id] = lps
             if s.is_sampling:

@@ -1,0 +1,133 @@
+"""ModelClaim: weights + KV cache of one full-length sequence + activations, per device kind.
+
+The engine's dtype rule decides the bytes: 'auto' is bfloat16 on GPU and float32 on CPU (as
+`EngineConfig` says), so a GGUF model claims its dequantised size, not its file size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from shoal.services.scheduler.claim.profile import ModelProfile, ModelShape
+from shoal.services.scheduler.units import GIB, MIB, fmt_bytes
+from shoal.shared.errors import InvalidRequest
+from shoal.shared.schemas.registry import DeviceKind, ModelSpec
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+GPU_RUNTIME_OVERHEAD = 512 * MIB
+"""CUDA context, cuBLAS workspace and graph pool of one engine process, per GPU."""
+CPU_RUNTIME_OVERHEAD = 256 * MIB
+"""Python, torch and tokenizer of one engine process."""
+CPU_DEFAULT_KV_POOL = 1 * GIB
+"""The engine's KV pool on CPU when `kv_cache_memory` is not set (EngineConfig)."""
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+DEFAULT_MAX_NUM_SEQS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ModelClaim:
+    """What one instance of a model needs on one device kind, with its parts (bytes)."""
+
+    device: str
+    """'gpu' or 'cpu'."""
+    dtype: str
+    max_model_len: int
+    num_params: int
+    weights: int
+    kv_cache: int
+    """At least one sequence of max_model_len tokens."""
+    activations: int
+    """Per process (so per GPU): batch activations, logits and runtime overhead."""
+    shape: ModelShape
+    gpu_memory_utilization: float = 0.9
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.activations
+
+    @property
+    def claims_gpu_fraction(self) -> bool:
+        """An LLM instance takes gpu_memory_utilization of each GPU it uses, as vLLM does."""
+        return self.device == "gpu" and self.shape.is_causal_lm
+
+    def per_gpu(self, num_gpus: int) -> int:
+        """Bytes each of `num_gpus` GPUs must hold: weights and KV split evenly (TP x PP)."""
+        return math.ceil((self.weights + self.kv_cache) / num_gpus) + self.activations
+
+    def valid_tp(self, tp: int) -> bool:
+        """vLLM shards attention by heads: TP must divide the attention and the KV heads."""
+        return self.shape.num_attention_heads % tp == 0 and self.shape.num_kv_heads % tp == 0
+
+    def kv_bytes_per_token(self) -> int:
+        s = self.shape
+        return s.num_layers * 2 * s.num_kv_heads * s.head_dim * DTYPE_BYTES[self.dtype]
+
+    def describe(self) -> str:
+        """One sentence with the parts, for users ('shoal models deploy --dry-run')."""
+        s = self.shape
+        where = "GPU memory" if self.device == "gpu" else "RAM"
+        one_seq = self.kv_bytes_per_token() * self.max_model_len
+        seq = (f"one {self.max_model_len}-token sequence: {s.num_layers} layers x 2 x "
+               f"{s.num_kv_heads} KV heads x {s.head_dim} x {DTYPE_BYTES[self.dtype]} bytes")
+        if not self.kv_cache:
+            kv = "no KV cache (encoder)"
+        elif self.kv_cache > one_seq:
+            kv = f"KV cache {fmt_bytes(self.kv_cache)} (the engine's pool; {seq} = {fmt_bytes(one_seq)})"
+        else:
+            kv = f"KV cache {fmt_bytes(self.kv_cache)} ({seq})"
+        return (f"The model needs {fmt_bytes(self.total)} of {where}: weights "
+                f"{fmt_bytes(self.weights)} ({self.num_params / 1e6:.1f}M parameters in "
+                f"{self.dtype}) + {kv} + activations {fmt_bytes(self.activations)}.")
+
+
+def resolve_dtype(spec_dtype: str, device: str) -> str:
+    if spec_dtype in ("auto", "", None):
+        return "bfloat16" if device == "gpu" else "float32"
+    if spec_dtype not in DTYPE_BYTES:
+        raise InvalidRequest(f"dtype must be auto, float32, float16 or bfloat16, got {spec_dtype!r}",
+                             param="dtype")
+    return spec_dtype
+
+
+def _engine_int(spec: ModelSpec, key: str, default: int) -> int:
+    value = spec.engine_args.get(key)
+    if value is None or isinstance(value, bool):
+        return default
+    return int(value)
+
+
+def compute_claim(profile: ModelProfile, spec: ModelSpec, device: str) -> ModelClaim:
+    """The claim of one instance of `profile` deployed with `spec` on 'gpu' or 'cpu'."""
+    if device not in ("gpu", "cpu"):
+        raise ValueError(f"device must be 'gpu' or 'cpu', got {device!r}")
+    shape = profile.shape
+    dtype = resolve_dtype(spec.dtype, device)
+    dtype_bytes = DTYPE_BYTES[dtype]
+    max_model_len = spec.max_model_len or shape.max_position_embeddings
+    weights = profile.num_params * dtype_bytes
+    kv_cache = 0
+    if shape.is_causal_lm:
+        kv_cache = (shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * max_model_len
+                    * dtype_bytes)
+        pool = _engine_int(spec, "kv_cache_memory", CPU_DEFAULT_KV_POOL if device == "cpu" else 0)
+        kv_cache = max(kv_cache, pool)
+    tokens = _engine_int(spec, "max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    seqs = _engine_int(spec, "max_num_seqs", DEFAULT_MAX_NUM_SEQS)
+    width = (4 * shape.hidden_size + 2 * shape.intermediate_size
+             + (shape.num_attention_heads + 2 * shape.num_kv_heads) * shape.head_dim)
+    activations = tokens * width * dtype_bytes + seqs * shape.vocab_size * 4
+    activations += GPU_RUNTIME_OVERHEAD if device == "gpu" else CPU_RUNTIME_OVERHEAD
+    return ModelClaim(device=device, dtype=dtype, max_model_len=max_model_len,
+                      num_params=profile.num_params, weights=weights, kv_cache=kv_cache,
+                      activations=activations, shape=shape,
+                      gpu_memory_utilization=spec.gpu_memory_utilization)
+
+
+def device_kinds(spec: ModelSpec) -> tuple[str, ...]:
+    """Which claims a model needs: its device, or both for 'auto'."""
+    if spec.device is DeviceKind.GPU:
+        return ("gpu",)
+    if spec.device is DeviceKind.CPU:
+        return ("cpu",)
+    return ("gpu", "cpu")

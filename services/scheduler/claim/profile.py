@@ -1,0 +1,68 @@
+"""ModelProfile: a model's shape and weight size, read from its files without loading any weight.
+
+Dispatches on the source: a .gguf file (GGUF metadata + tensor element counts), a Hugging Face
+folder with *.safetensors (8-byte length + JSON header of each file), or config.json alone
+(parameter count estimated from the shape). Pure Python: no network, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoal.shared.errors import InvalidRequest, NotFound
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """What the claim and the tensor-parallel rule need from a model's configuration."""
+
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    is_causal_lm: bool = True
+    """False for encoders (embedding models): no KV cache, and the claim is not a GPU fraction."""
+
+    def __post_init__(self) -> None:
+        if self.num_layers < 1 or self.num_attention_heads < 1 or self.num_kv_heads < 1:
+            raise InvalidRequest(f"model shape has no layers or heads: {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    """A model as the scheduler sees it: shape, element count and the dtype of its files."""
+
+    source: str
+    format: str
+    """'gguf', 'safetensors' or 'config' (parameter count estimated from the shape)."""
+    shape: ModelShape
+    num_params: int
+    """Weight elements as the engine holds them (GGUF: dequantised, so one element = one value)."""
+    file_bytes: int
+    """Bytes of weights on disk (quantised for GGUF; 0 when estimated from config.json)."""
+    checkpoint_dtype: str
+    """The dtype the weights are stored in ('bfloat16', 'float32', 'q4_1', ...)."""
+
+
+def read_profile(source: str | Path) -> ModelProfile:
+    """Read a model's profile from a .gguf file or a Hugging Face folder; nothing is loaded."""
+    path = Path(source).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        from shoal.services.scheduler.claim.gguf_profile import read_gguf_profile
+
+        return read_gguf_profile(path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise NotFound(f"{path} has no config.json: not a Hugging Face model folder")
+        from shoal.services.scheduler.claim.hf_profile import read_hf_profile
+
+        return read_hf_profile(path)
+    if path.exists():
+        raise InvalidRequest(f"{path} is neither a model folder nor a .gguf file")
+    raise NotFound(f"model source {path} does not exist (no hub is reachable: use a local path)")

@@ -1,0 +1,80 @@
+"""Entry points of the pure policy: `plan_placement` (the dry run) and `Planner` (the service's).
+
+`plan_placement(model, workers, instances)` is what `shoal models deploy --dry-run` calls: it
+reads the model's files (headers only), builds the fleet index and returns a PlacementResult.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from shoal.services.scheduler.claim import ModelProfile, compute_claim, read_profile
+from shoal.services.scheduler.claim.model_claim import device_kinds
+from shoal.services.scheduler.policies.base import PlacementRequest
+from shoal.services.scheduler.policies.fleet import FleetIndex
+from shoal.services.scheduler.policies.pipeline import PlacementResult, SchedulingPipeline
+from shoal.shared.schemas.registry import InstancePublic, ModelSpec, WorkerPublic
+
+
+def build_request(model: ModelSpec, profile: ModelProfile) -> PlacementRequest:
+    kinds = device_kinds(model)
+    return PlacementRequest(
+        model=model,
+        gpu_claim=compute_claim(profile, model, "gpu") if "gpu" in kinds else None,
+        cpu_claim=compute_claim(profile, model, "cpu") if "cpu" in kinds else None,
+        model_name=getattr(model, "name", "the model"),
+    )
+
+
+class ProfileCache:
+    """Profiles by (path, size, mtime): a GGUF header takes seconds to parse, so parse it once."""
+
+    def __init__(self) -> None:
+        self._profiles: dict[tuple[str, int, int], ModelProfile] = {}
+
+    def get(self, source: str) -> ModelProfile:
+        path = Path(source).expanduser()
+        try:
+            stat = os.stat(path / "config.json" if path.is_dir() else path)
+            key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+        except OSError:
+            return read_profile(path)  # raises NotFound with a clear message
+        profile = self._profiles.get(key)
+        if profile is None:
+            profile = self._profiles[key] = read_profile(path)
+        return profile
+
+
+class Planner:
+    """One fleet snapshot, placed into incrementally: place() then commit() what was accepted."""
+
+    def __init__(self, workers: Iterable[WorkerPublic], instances: Iterable[InstancePublic] = (),
+                 profiles: ProfileCache | None = None,
+                 pipeline: SchedulingPipeline | None = None) -> None:
+        self.index = FleetIndex(workers, instances)
+        self.profiles = profiles or ProfileCache()
+        self.pipeline = pipeline or SchedulingPipeline()
+
+    def place(self, model: ModelSpec, profile: ModelProfile | None = None) -> PlacementResult:
+        request = build_request(model, profile or self.profiles.get(model.source))
+        return self.pipeline.place(self.index, request)
+
+    def place_request(self, request: PlacementRequest) -> PlacementResult:
+        return self.pipeline.place(self.index, request)
+
+    def commit(self, result: PlacementResult) -> None:
+        """Count an accepted placement, so the next decision sees it."""
+        if result.placement is not None:
+            self.index.apply(result.placement)
+
+
+def plan_placement(model: ModelSpec, workers: Iterable[WorkerPublic],
+                   instances: Iterable[InstancePublic] = (), *,
+                   profile: ModelProfile | None = None) -> PlacementResult:
+    """Where one more instance of `model` would go now, or why it cannot (nothing is written).
+
+    `result.placement` is a Placement or None; `result.describe()` is the text to print.
+    """
+    return Planner(workers, instances).place(model, profile)

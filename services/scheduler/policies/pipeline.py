@@ -1,0 +1,136 @@
+"""The placement pipeline: filter -> select (first non-empty wins) -> score -> pick, with reasons.
+
+`SchedulingPipeline.place(index, request)` decides one instance; it does not change the index:
+the caller applies the placement (`index.apply`) once the registry accepted it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shoal.services.scheduler.claim import ModelClaim
+from shoal.services.scheduler.policies.base import (
+    Candidate,
+    CandidateScorer,
+    CandidateSelector,
+    PlacementRequest,
+    WorkerFilter,
+)
+from shoal.services.scheduler.policies.filters import GpuTypeFilter, LabelFilter, StatusFilter
+from shoal.services.scheduler.policies.fleet import FleetIndex
+from shoal.services.scheduler.policies.scorers import BinpackScorer, SpreadScorer
+from shoal.services.scheduler.policies.selectors import (
+    CpuSelector,
+    ManualGpuSelector,
+    MultiGpuSelector,
+    MultiWorkerSelector,
+    SingleGpuSelector,
+)
+from shoal.shared.schemas.registry import DeviceKind, Placement
+
+
+@dataclass(slots=True)
+class PlacementResult:
+    """A placement, or why there is none (`messages`, plain sentences with numbers)."""
+
+    placement: Placement | None
+    candidate: Candidate | None
+    claim: ModelClaim | None
+    """The claim the decision used (GPU or CPU)."""
+    messages: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.placement is not None
+
+    @property
+    def reason(self) -> str:
+        """The PENDING message: what the model needs, then why nothing fits."""
+        parts = [self.claim.describe()] if self.claim is not None else []
+        return " ".join(parts + self.messages)
+
+    def describe(self) -> str:
+        if self.candidate is None:
+            return "No placement. " + self.reason
+        text = f"Placement: {self.candidate.to_log_string()}."
+        if self.claim is not None:
+            text += " " + self.claim.describe()
+        for warning in self.candidate.warnings:
+            text += " " + warning
+        return text
+
+
+class SchedulingPipeline:
+    def __init__(self) -> None:
+        self.filters: list[WorkerFilter] = [StatusFilter(), LabelFilter()]
+        self.gpu_filters: list[WorkerFilter] = [GpuTypeFilter()]
+        self.manual: CandidateSelector = ManualGpuSelector()
+        self.gpu_selectors: list[CandidateSelector] = [
+            SingleGpuSelector(), MultiGpuSelector(), MultiWorkerSelector()]
+        self.cpu_selector: CandidateSelector = CpuSelector()
+        self.scorers: dict[bool, CandidateScorer] = {False: BinpackScorer(), True: SpreadScorer()}
+
+    def place(self, index: FleetIndex, request: PlacementRequest) -> PlacementResult:
+        messages: list[str] = []
+        workers = index.workers
+        for f in self.filters:
+            workers, notes = f.filter(workers, request)
+            messages += notes
+        use_gpu = self._use_gpu(request, workers)
+        claim = request.gpu_claim if use_gpu else request.cpu_claim
+        if claim is None:
+            return PlacementResult(None, None, None, messages + ["The model has no claim for "
+                                                                 "this device."])
+        if use_gpu:
+            for f in self.gpu_filters:
+                workers, notes = f.filter(workers, request)
+                messages += notes
+            invalid = self._invalid_parallelism(request, claim)
+            if invalid:
+                return PlacementResult(None, None, claim, messages + [invalid])
+        if not workers:
+            messages.append("No worker is eligible.")
+            return PlacementResult(None, None, claim, messages)
+        allowed = None if len(workers) == len(index.workers) else {w.id for w in workers}
+        if not use_gpu:
+            selectors = [self.cpu_selector]
+        elif request.model.gpu_selector:
+            selectors = [self.manual]
+        else:
+            selectors = self.gpu_selectors
+        for selector in selectors:
+            candidates, notes = selector.select(index, request, allowed)
+            messages += notes
+            if candidates:
+                best = self.pick(candidates, request)
+                return PlacementResult(best.to_placement(), best, claim, messages)
+        return PlacementResult(None, None, claim, messages)
+
+    def pick(self, candidates: list[Candidate], request: PlacementRequest) -> Candidate:
+        scorer = self.scorers[request.spread]
+        for c in candidates:
+            c.score = scorer.score(c)
+        return min(candidates, key=Candidate.sort_key)
+
+    @staticmethod
+    def _use_gpu(request: PlacementRequest, workers: list) -> bool:
+        device = request.model.device
+        if device is DeviceKind.CPU:
+            return False
+        if device is DeviceKind.GPU or request.model.gpu_selector or request.model.gpu_type:
+            return True
+        return any(w.gpus for w in workers)
+
+    @staticmethod
+    def _invalid_parallelism(request: PlacementRequest, claim: ModelClaim) -> str | None:
+        fixed = request.fixed_parallelism()
+        if fixed is None:
+            return None
+        tp, pp = fixed
+        s = claim.shape
+        if not claim.valid_tp(tp):
+            return (f"tp={tp} cannot work: the tensor-parallel size must divide the "
+                    f"{s.num_attention_heads} attention heads and {s.num_kv_heads} KV heads.")
+        if pp > s.num_layers:
+            return f"pp={pp} cannot work: the model has only {s.num_layers} layers."
+        return None

@@ -1,0 +1,225 @@
+"""EngineCore: one engine instance, synchronous. A step is schedule -> runner.execute ->
+update (STYLE.md "One step, three calls"), then detokenization, stop strings and the
+RequestOutputs of the requests that changed. The async and offline front ends wrap it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from shoal.services.worker.engine.config import EngineConfig
+from shoal.services.worker.engine.detokenizer import IncrementalDetokenizer
+from shoal.services.worker.engine.outputs import RunnerOutput, SchedulerOutput
+from shoal.services.worker.engine.request_output import (CompletionOutput, EngineStats,
+                                                         RequestMetrics, RequestOutput,
+                                                         RequestOutputKind)
+from shoal.services.worker.engine.sampling_params import SamplingParams
+from shoal.services.worker.engine.scheduler import Scheduler
+from shoal.services.worker.engine.sequence import Sequence, SequenceStatus
+from shoal.shared.errors import InvalidRequest
+
+
+class Runner(Protocol):
+    """What EngineCore needs of the model runner (model_runner.ModelRunner, or a test fake)."""
+
+    max_model_len: int
+    num_kv_blocks: int
+    eos_token_ids: frozenset[int]
+    vocab_size: int
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput: ...
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+@dataclass(slots=True)
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    detoks: list[IncrementalDetokenizer]
+    kind: RequestOutputKind
+    arrival_time: float
+    num_decoded: list[int] = field(default_factory=list)
+    """Per child: output tokens handed to its detokenizer."""
+    num_sent: list[int] = field(default_factory=list)
+    """Per child: output tokens already sent (delta mode)."""
+    sent_finished: list[bool] = field(default_factory=list)
+    sent_prompt_logprobs: bool = False
+    has_first_token: bool = False
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, *, runner: Runner | None = None,
+                 tokenizer: Any = None) -> None:
+        model_dir: Path | None = None
+        if runner is None:
+            from shoal.services.worker.engine.model_runner import ModelRunner
+            from shoal.services.worker.model_prep import prepare_model
+
+            model_dir = prepare_model(config.model, Path(config.cache_dir) if config.cache_dir else None)
+            runner = ModelRunner(config, model_dir)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(config.tokenizer or model_dir or config.model)
+        self.config = config
+        self.model_dir = model_dir
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.scheduler = Scheduler(config, runner.num_kv_blocks, runner.max_model_len,
+                                   frozenset(runner.eos_token_ids))
+        self._requests: dict[str, _Request] = {}
+        self._next_seq_id = 0
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler.max_model_len
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise InvalidRequest for a request that could never run (read-only: thread-safe)."""
+        vocab = self.runner.vocab_size
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt_token_ids):
+            raise InvalidRequest(f"prompt token ids must be integers in [0, {vocab})", param="prompt")
+        self.scheduler.check_request(len(prompt_token_ids), params)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    arrival_time: float | None = None, *, prompt: str | None = None,
+                    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> None:
+        if request_id in self._requests:
+            raise InvalidRequest(f"request id {request_id!r} is already in use", param="request_id")
+        prompt_token_ids = list(prompt_token_ids)
+        self.check_request(prompt_token_ids, params)
+        arrival = time.time() if arrival_time is None else arrival_time
+        seqs = []
+        for i in range(params.n):
+            seqs.append(Sequence(self._next_seq_id, request_id, list(prompt_token_ids),
+                                 len(prompt_token_ids), params, index=i, arrival_time=arrival))
+            self._next_seq_id += 1
+        self.scheduler.add(seqs)
+        detoks = [IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params) for _ in seqs]
+        self._requests[request_id] = _Request(
+            request_id, prompt, prompt_token_ids, params, seqs, detoks, output_kind, arrival,
+            num_decoded=[0] * params.n, num_sent=[0] * params.n, sent_finished=[False] * params.n)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Abort a request wherever it is; returns its final output (finish_reason "abort")."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return None
+        self.scheduler.abort(request_id)
+        for detok in req.detoks:
+            detok.finish()
+        del self._requests[request_id]
+        return self._make_output(req, force=True)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        run = (self.runner.execute(out) if out.scheduled or out.finished_seq_ids
+               else RunnerOutput({}))
+        changed = self.scheduler.update(out, run)
+        touched: dict[str, _Request] = {}
+        for seq in changed:
+            req = self._requests.get(seq.request_id)
+            if req is None:
+                continue
+            touched[req.request_id] = req
+            self._detokenize(req, seq)
+        outputs = []
+        for req in touched.values():
+            if not req.has_first_token and any(s.first_token_time for s in req.seqs):
+                req.has_first_token = True
+                self._num_prompt_tokens += len(req.prompt_token_ids)
+            output = self._make_output(req)
+            if output is not None:
+                outputs.append(output)
+            if all(s.is_finished for s in req.seqs):
+                del self._requests[req.request_id]
+        return outputs
+
+    def stats(self) -> EngineStats:
+        bm = self.scheduler.block_manager
+        return EngineStats(
+            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+            kv_cache_usage=bm.usage, num_preemptions=self.scheduler.num_preemptions,
+            prefix_cache_queries=bm.num_prefix_queries, prefix_cache_hits=bm.num_prefix_hits,
+            prompt_tokens=self._num_prompt_tokens, generation_tokens=self._num_generation_tokens)
+
+    def _detokenize(self, req: _Request, seq: Sequence) -> None:
+        detok = req.detoks[seq.index]
+        output_ids = seq.output_token_ids
+        end = len(output_ids)
+        stopped_by_token = (seq.status is SequenceStatus.FINISHED_STOPPED
+                            and not isinstance(seq.stop_reason, str))
+        if stopped_by_token and not req.params.include_stop_str_in_output:
+            end -= 1  # the EOS / stop token is not part of the text
+        new_ids = output_ids[req.num_decoded[seq.index]:end]
+        self._num_generation_tokens += len(output_ids) - req.num_decoded[seq.index]
+        req.num_decoded[seq.index] = len(output_ids)
+        stop = detok.update(new_ids, check_stop=seq.num_output_tokens > req.params.min_tokens)
+        if stop is not None:
+            if seq.is_finished:  # finished by length in the same step: the stop string wins
+                seq.status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, stop
+            else:
+                self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED, stop)
+        if seq.is_finished:
+            detok.finish()
+
+    def _make_output(self, req: _Request, force: bool = False) -> RequestOutput | None:
+        finished = all(s.is_finished for s in req.seqs)
+        if req.kind is RequestOutputKind.FINAL_ONLY and not finished and not force:
+            return None
+        delta = req.kind is RequestOutputKind.DELTA
+        want_logprobs = req.params.logprobs is not None
+        completions = []
+        for i, (seq, detok) in enumerate(zip(req.seqs, req.detoks)):
+            start = req.num_sent[i] if delta else 0
+            token_ids = seq.output_token_ids[start:]
+            text = detok.take_delta() if delta else detok.releasable_text
+            newly_finished = seq.is_finished and not req.sent_finished[i]
+            if delta and not token_ids and not text and not newly_finished:
+                continue
+            req.num_sent[i] = seq.num_output_tokens
+            req.sent_finished[i] = seq.is_finished
+            completions.append(CompletionOutput(
+                index=i, text=text, token_ids=token_ids,
+                cumulative_logprob=seq.cumulative_logprob if want_logprobs else None,
+                logprobs=seq.logprobs[start:] if want_logprobs else None,
+                finish_reason=seq.status.finish_reason, stop_reason=seq.stop_reason))
+        return RequestOutput(
+            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
+            prompt_logprobs=self._prompt_logprobs(req, delta), outputs=completions,
+            finished=finished, num_cached_tokens=req.seqs[0].num_cached_tokens,
+            metrics=self._metrics(req, finished))
+
+    def _prompt_logprobs(self, req: _Request, delta: bool) -> list[Any] | None:
+        first = req.seqs[0]
+        if req.params.prompt_logprobs is None or first.wants_prompt_logprobs:
+            return None  # not asked for, or not all computed yet
+        if delta and req.sent_prompt_logprobs:
+            return None
+        req.sent_prompt_logprobs = True
+        return list(first.prompt_logprobs)
+
+    def _metrics(self, req: _Request, finished: bool) -> RequestMetrics:
+        seqs = req.seqs
+        scheduled = [s.first_scheduled_time for s in seqs if s.first_scheduled_time is not None]
+        first_tokens = [s.first_token_time for s in seqs if s.first_token_time is not None]
+        return RequestMetrics(
+            arrival_time=req.arrival_time,
+            first_scheduled_time=min(scheduled) if scheduled else None,
+            first_token_time=min(first_tokens) if first_tokens else None,
+            last_token_time=time.time() if first_tokens else None,
+            finished_time=time.time() if finished else None)

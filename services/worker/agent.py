@@ -87,7 +87,8 @@ class WorkerAgent:
                 await self.register()
                 return
             except ShoalError as exc:
-                log.warning("cannot register yet (%s); retrying in %.1fs", exc.message, delay)
+                level = logging.INFO if delay < 2 else logging.WARNING  # the registry may be starting
+                log.log(level, "cannot register yet (%s); retrying in %.1fs", exc.message, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 

@@ -66,6 +66,7 @@ def raise_for_error(msg: Msg) -> None:
 class Bus:
     def __init__(self, nc: NATS, settings: Settings) -> None:
         self.nc = nc
+        self.closing = False
         self.js: JetStreamContext = nc.jetstream()
         self.settings = settings
 
@@ -78,13 +79,15 @@ class Bus:
         delay = 0.1
         while True:
             try:
+                holder: list[Bus] = []
                 nc = await nats.connect(
                     servers, name=name, connect_timeout=2, allow_reconnect=True,
-                    max_reconnect_attempts=-1, reconnect_time_wait=1,
-                    error_cb=_log_error, disconnected_cb=_log_event("disconnected from NATS"),
-                    reconnected_cb=_log_event("reconnected to NATS"),
+                    max_reconnect_attempts=-1, reconnect_time_wait=1, error_cb=_log_error,
+                    disconnected_cb=_log_event(holder, "disconnected from NATS"),
+                    reconnected_cb=_log_event(holder, "reconnected to NATS"),
                 )
-                return cls(nc, settings)
+                holder.append(cls(nc, settings))
+                return holder[0]
             except (OSError, NatsTimeout, nats.errors.NoServersError) as exc:
                 if asyncio.get_running_loop().time() + delay > deadline:
                     raise Unavailable(f"cannot reach NATS at {settings.nats_url}: {exc}") from exc
@@ -93,6 +96,7 @@ class Bus:
                 delay = min(delay * 2, 2.0)
 
     async def close(self) -> None:
+        self.closing = True
         if not self.nc.is_closed:
             try:
                 await self.nc.drain()
@@ -190,9 +194,10 @@ class Bus:
             await sub.unsubscribe()
 
 
-def _log_event(text: str) -> Callable[[], Awaitable[None]]:
+def _log_event(holder: list[Bus], text: str) -> Callable[[], Awaitable[None]]:
     async def callback() -> None:
-        log.warning(text)
+        if not (holder and holder[0].closing):
+            log.warning(text)
 
     return callback
 

@@ -1,0 +1,83 @@
+"""The `shoal` command: run the stack or one service, and manage models, instances, workers, keys.
+
+Services: `shoal up` (everything, embedded servers when no URLs are set), `shoal registry`,
+`shoal worker`. Resources talk to the registry over NATS and print tables (`--json` for JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from shoal.shared.errors import ShoalError
+
+SERVICES = ["registry", "worker"]
+"""What `shoal up` starts, in order (stopped in reverse)."""
+
+
+def _labels(pairs: Sequence[str]) -> dict[str, str]:
+    labels = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"shoal: a label must be KEY=VALUE, got {pair!r}")
+        labels[key] = value
+    return labels
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shoal", description=__doc__.split("\n")[0])
+    parser.add_argument("--data-dir", type=Path, help="where `shoal up` keeps its files (default ~/.shoal)")
+    parser.add_argument("--nats-url", help="NATS server (default: SHOAL_NATS_URL or the running stack)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start the whole local stack in the foreground")
+    up.add_argument("--simulate-devices", help="run the local worker as a simulated one")
+    sub.add_parser("registry", help="run the registry service")
+    worker = sub.add_parser("worker", help="run a worker agent on this machine")
+    worker.add_argument("--name", help="worker name (default: host name)")
+    worker.add_argument("--simulate-devices", help='e.g. "8xH100-80GB" or "2xA10-24GB,1xcpu"')
+    worker.add_argument("--label", action="append", default=[], help="KEY=VALUE, repeatable")
+
+    for resource, verbs in (("models", ("list", "get", "deploy", "update", "delete")),
+                            ("instances", ("list", "get")), ("workers", ("list", "get")),
+                            ("keys", ("create", "list", "revoke"))):
+        res = sub.add_parser(resource, help=f"manage {resource}")
+        res_sub = res.add_subparsers(dest="verb", required=True)
+        for verb in verbs:
+            p = res_sub.add_parser(verb)
+            p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+            if verb in ("get", "update", "delete", "revoke") or (resource, verb) in (("models", "deploy"), ("keys", "create")):
+                p.add_argument("target", help="name or id")
+            if (resource, verb) == ("models", "deploy"):
+                p.add_argument("--source", required=True, help="local HF folder or .gguf file")
+                p.add_argument("--replicas", type=int, default=1)
+                p.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto")
+                p.add_argument("--placement", choices=["binpack", "spread"], default="binpack")
+                p.add_argument("--worker-selector", action="append", default=[], help="KEY=VALUE")
+                p.add_argument("--gpu-selector", action="append", default=[], help="WORKER:GPU_INDEX")
+                p.add_argument("--gpu-type")
+                p.add_argument("--tp", type=int)
+                p.add_argument("--pp", type=int)
+                p.add_argument("--max-model-len", type=int)
+                p.add_argument("--no-distributed", action="store_true", help="never span several workers")
+            if (resource, verb) == ("models", "update"):
+                p.add_argument("--replicas", type=int)
+            if (resource, verb) == ("instances", "list"):
+                p.add_argument("--model", help="only this model's instances (name)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from shoal.cli import commands  # deferred: keeps `shoal --help` instant
+
+    try:
+        return commands.dispatch(args)
+    except ShoalError as exc:
+        print(f"shoal: {exc.message}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `shoal ... | head`
+        return 0

@@ -1,0 +1,111 @@
+"""What each `shoal` command does (argument parsing is in __init__.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+from shoal.cli import SERVICES, _labels
+from shoal.cli.resources import emit, instances_table, keys_table, models_table, run, workers_table
+from shoal.cli.runner import resolve_settings, run_service
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.config import Settings
+from shoal.shared.errors import NotFound
+from shoal.shared.schemas.registry import (
+    ApiKeyCreate, DeleteRequest, InstanceFilter, ModelCreate, ModelPublic, ModelUpdate,
+)
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    overrides: dict[str, object] = {"data_dir": args.data_dir, "nats_url": args.nats_url}
+    if args.command == "up":
+        from shoal.cli.stack import up
+
+        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+        extra = {"worker": ["--simulate-devices", args.simulate_devices]} if args.simulate_devices else {}
+        return up(settings, SERVICES, extra)
+    if args.command == "registry":
+        from shoal.services.registry.service import run_registry
+
+        return run_service("registry", run_registry, resolve_settings(**overrides))
+    if args.command == "worker":
+        from shoal.services.worker.agent import run_worker
+
+        settings = resolve_settings(**overrides, worker_name=args.name, simulate_devices=args.simulate_devices,
+                                    worker_labels=_labels(args.label) or None)
+        return run_service("worker", run_worker, settings)
+    settings = resolve_settings(**overrides)
+    return RESOURCES[args.command](settings, args)
+
+
+async def _model(client: RegistryClient, target: str) -> ModelPublic:
+    try:
+        return await client.get_model(name=target)
+    except NotFound:
+        return await client.get_model(id=target)
+
+
+def models_cmd(settings: Settings, args: argparse.Namespace) -> int:
+    if args.verb == "list":
+        emit(run(settings, lambda c: c.list_models()), args.json, models_table)
+    elif args.verb == "get":
+        emit(run(settings, lambda c: _model(c, args.target)), args.json, models_table)
+    elif args.verb == "deploy":
+        req = ModelCreate(
+            name=args.target, source=args.source, replicas=args.replicas, device=args.device,
+            placement_strategy=args.placement, worker_selector=_labels(args.worker_selector),
+            gpu_selector=args.gpu_selector, gpu_type=args.gpu_type, tp=args.tp, pp=args.pp,
+            max_model_len=args.max_model_len, distributed=not args.no_distributed,
+        )
+        emit(run(settings, lambda c: c.create_model(req)), args.json, models_table)
+    elif args.verb == "update":
+        async def update(c: RegistryClient) -> ModelPublic:
+            model = await _model(c, args.target)
+            changes = {"replicas": args.replicas} if args.replicas is not None else {}
+            return await c.update_model(ModelUpdate(id=model.id, version=model.version, **changes))
+
+        emit(run(settings, update), args.json, models_table)
+    elif args.verb == "delete":
+        async def delete(c: RegistryClient) -> None:
+            model = await _model(c, args.target)
+            await c.delete_model(DeleteRequest(id=model.id))
+
+        run(settings, delete)
+        print(f"deleted model {args.target}")
+    return 0
+
+
+def instances_cmd(settings: Settings, args: argparse.Namespace) -> int:
+    if args.verb == "list":
+        async def list_(c: RegistryClient):  # noqa: ANN202
+            model_id = (await _model(c, args.model)).id if args.model else None
+            return await c.list_instances(InstanceFilter(model_id=model_id))
+
+        emit(run(settings, list_), args.json, instances_table)
+    else:
+        emit(run(settings, lambda c: c.get_instance(args.target)), args.json, instances_table)
+    return 0
+
+
+def workers_cmd(settings: Settings, args: argparse.Namespace) -> int:
+    if args.verb == "list":
+        emit(run(settings, lambda c: c.list_workers()), args.json, workers_table)
+    else:
+        emit(run(settings, lambda c: c.get_worker(args.target)), args.json, workers_table)
+    return 0
+
+
+def keys_cmd(settings: Settings, args: argparse.Namespace) -> int:
+    if args.verb == "create":
+        created = run(settings, lambda c: c.create_key(ApiKeyCreate(name=args.target)))
+        if args.json:
+            emit(created, True, keys_table)
+        else:
+            print(f"API key {created.name} ({created.id}) created. Its secret is shown once:\n\n    {created.secret}\n")
+    elif args.verb == "list":
+        emit(run(settings, lambda c: c.list_keys()), args.json, keys_table)
+    else:
+        emit(run(settings, lambda c: c.revoke_key(args.target)), args.json, keys_table)
+    return 0
+
+
+RESOURCES = {"models": models_cmd, "instances": instances_cmd, "workers": workers_cmd, "keys": keys_cmd}

@@ -16,3 +16,12 @@ def fmt_bytes(num_bytes: int | float) -> str:
 
 def fmt_pct(fraction: float) -> str:
     return f"{fraction * 100:.0f}%"
+
+
+def fmt_count(num: int, noun: str) -> str:
+    """'1 GPU', '3 GPUs'."""
+    return f"{num} {noun}" if num == 1 else f"{num} {noun}s"
+
+
+def fmt_params(num_params: int) -> str:
+    return f"{num_params / 1e9:.1f}B" if num_params >= 1e9 else f"{num_params / 1e6:.1f}M"

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from shoal.services.scheduler.claim.profile import ModelProfile, ModelShape
-from shoal.services.scheduler.units import GIB, MIB, fmt_bytes
+from shoal.services.scheduler.units import GIB, MIB, fmt_bytes, fmt_params
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.registry import DeviceKind, ModelSpec
 
@@ -77,7 +77,7 @@ class ModelClaim:
         else:
             kv = f"KV cache {fmt_bytes(self.kv_cache)} ({seq})"
         return (f"The model needs {fmt_bytes(self.total)} of {where}: weights "
-                f"{fmt_bytes(self.weights)} ({self.num_params / 1e6:.1f}M parameters in "
+                f"{fmt_bytes(self.weights)} ({fmt_params(self.num_params)} parameters in "
                 f"{self.dtype}) + {kv} + activations {fmt_bytes(self.activations)}.")
 
 

@@ -51,14 +51,19 @@ class MultiGpuSelector:
         assert claim is not None
         s = claim.shape
         if not shapes:
-            return (f"No multi-GPU split is possible: the tensor-parallel size must divide the "
-                    f"{s.num_attention_heads} attention heads and {s.num_kv_heads} KV heads, "
-                    f"and no worker has that many GPUs.")
+            sizes = [str(n) for n in valid_tp_sizes(request, 1 << 16)] or ["none"]
+            most = max((len(w.gpus) for w in index.workers), default=0)
+            return (f"No multi-GPU split on one worker is possible: the tensor-parallel size must "
+                    f"divide the {s.num_attention_heads} attention heads and {s.num_kv_heads} KV "
+                    f"heads (sizes: {', '.join(sizes)}), and the largest worker has "
+                    f"{most} GPUs.")
         best: tuple[int, int, str, int, int, int] | None = None  # shortfall, n, name, tp, pp, cap
+        most = 0
         for slot in index.workers:
             if allowed is not None and slot.id not in allowed:
                 continue
             caps = capacities(slot, request)
+            most = max(most, len(caps))
             for tp, pp in shapes:
                 n = tp * pp
                 if len(caps) < n:
@@ -67,11 +72,14 @@ class MultiGpuSelector:
                 key = (short, n, slot.name, tp, pp, caps[n - 1])
                 if best is None or key < best:
                     best = key
-        sizes = ", ".join(str(tp * pp) for tp, pp in shapes)
         if best is None:
-            return (f"No worker has {sizes} qualifying GPUs (the GPU counts whose tensor-parallel "
-                    f"size divides the {s.num_attention_heads} attention heads and "
-                    f"{s.num_kv_heads} KV heads).")
+            sizes = [str(tp * pp) for tp, pp in shapes]
+            wanted = sizes[0] if len(sizes) == 1 else ", ".join(sizes[:-1]) + " or " + sizes[-1]
+            why = ("" if request.fixed_parallelism() else
+                   f" (the counts whose tensor-parallel size divides the "
+                   f"{s.num_attention_heads} attention heads and {s.num_kv_heads} KV heads)")
+            return (f"A multi-GPU split on one worker needs {wanted} qualifying GPUs{why}; "
+                    f"the most any eligible worker has is {most}.")
         short, n, name, tp, pp, cap = best
         return (f"The best multi-GPU worker is {name} with {n} qualifying GPUs (TP={tp}, PP={pp}): "
                 f"each offers {fmt_bytes(cap)}, but the model needs {fmt_bytes(claim.per_gpu(n))} "

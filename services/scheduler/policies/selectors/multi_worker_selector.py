@@ -15,7 +15,7 @@ from shoal.services.scheduler.policies.selectors.common import (
     pick_gpus,
     valid_tp_sizes,
 )
-from shoal.services.scheduler.units import fmt_bytes
+from shoal.services.scheduler.units import fmt_bytes, fmt_count
 
 
 class MultiWorkerSelector:
@@ -31,8 +31,8 @@ class MultiWorkerSelector:
                 if (allowed is None or s.id in allowed)}
         caps = {wid: c for wid, c in caps.items() if c}
         if len(caps) < 2:
-            return [], [f"Only {len(caps)} eligible worker has a qualifying GPU: no multi-worker "
-                        "combination exists."]
+            who = "No eligible worker has" if not caps else "Only 1 eligible worker has"
+            return [], [f"{who} a qualifying GPU: no multi-worker combination exists."]
         fixed = request.fixed_parallelism()
         if fixed is not None:
             sizes = [fixed[0]] if fixed[1] >= 2 else []
@@ -114,12 +114,12 @@ class MultiWorkerSelector:
         assert claim is not None
         ranked = sorted((x for c in caps.values() for x in c), reverse=True)
         everything = len(ranked)
-        head = (f"Across {len(caps)} workers, {everything} GPUs qualify")
+        head = f"Across {len(caps)} workers, {fmt_count(everything, 'GPU')} qualify"
         if shortfall is None:
             text = f"{head}, too few for any even split of workers x GPUs."
         else:
             short, n, k, g = shortfall
-            text = (f"{head}. The best multi-worker combination is {k} workers x {g} GPUs "
+            text = (f"{head}. The best multi-worker combination is {k} workers x {fmt_count(g, 'GPU')} "
                     f"(TP={g}, PP={k}): its weakest GPU offers "
                     f"{fmt_bytes(claim.per_gpu(n) - short)}, but the model needs "
                     f"{fmt_bytes(claim.per_gpu(n))} per GPU on {n} GPUs, {fmt_bytes(short)} short.")

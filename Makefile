@@ -42,3 +42,11 @@ bench: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# Validate compose.yaml without a Docker engine: pip's docker-compose 1.29.2 in its own venv.
+compose-check:
+	test -x .venv-compose/bin/docker-compose || ( $(PYTHON) -m venv .venv-compose && \
+	  .venv-compose/bin/pip install -q "cython<3" wheel setuptools && \
+	  .venv-compose/bin/pip install -q --no-build-isolation "pyyaml==5.4.1" && \
+	  .venv-compose/bin/pip install -q docker-compose==1.29.2 )
+	.venv-compose/bin/docker-compose -f compose.yaml config -q && echo "compose.yaml is valid"

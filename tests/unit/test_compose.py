@@ -1,0 +1,30 @@
+"""compose.yaml: the official images with health checks, services built from infra/Dockerfile.
+
+No Docker engine runs on the build machines; `docker-compose config` (pip's docker-compose
+1.29.2) validated the file once by hand (see README). This test keeps its shape from drifting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_compose_file_shape() -> None:
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    services = compose["services"]
+    assert services["nats"]["image"].startswith("nats:") and "-js" in services["nats"]["command"]
+    assert services["postgres"]["image"].startswith("postgres:")
+    for name in ("nats", "postgres"):
+        assert services[name]["healthcheck"]["test"], name
+    assert services["registry"]["build"]["dockerfile"] == "infra/Dockerfile"
+    assert services["registry"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert services["registry"]["depends_on"]["nats"]["condition"] == "service_healthy"
+    env = services["registry"]["environment"]
+    assert env["SHOAL_NATS_URL"].startswith("nats://nats:")
+    assert env["SHOAL_DATABASE_URL"].startswith("postgresql+asyncpg://")
+    assert services["worker"]["command"][0] == "worker"
+    assert (ROOT / services["registry"]["build"]["dockerfile"]).exists()

@@ -93,7 +93,16 @@ def _prefix_hashes(tokens: list[int]) -> list[int]:
 
 
 class CharTokenizer:
-    """decode(ids) = one lowercase letter per id; 'special' id EOS decodes to '<eos>'."""
+    """decode(ids) = one lowercase letter per id; 'special' id EOS decodes to '<eos>'.
+    encode maps letters back (a -> 26, ..., z -> 51); a toy chat template joins messages."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [26 + ord(c) - ord("a") for c in text if "a" <= c <= "z"]
+
+    def apply_chat_template(self, conversation: list[dict], tokenize: bool = False,
+                            add_generation_prompt: bool = True, chat_template: str | None = None) -> str:
+        text = "".join(f"{m['role']}{m['content']}" for m in conversation)
+        return text + ("assistant" if add_generation_prompt else "")
 
     def decode(self, token_ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         out = []

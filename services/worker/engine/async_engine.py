@@ -1,0 +1,177 @@
+"""AsyncEngine: an EngineCore stepped on its own thread, so the model never blocks the
+asyncio loop that serves streams and heartbeats. Requests and aborts cross over as commands;
+outputs come back through loop.call_soon_threadsafe into one asyncio.Queue per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from shoal.services.worker.engine.config import EngineConfig
+from shoal.services.worker.engine.engine_core import EngineCore
+from shoal.services.worker.engine.request_output import (EngineStats, RequestOutput,
+                                                         RequestOutputKind)
+from shoal.services.worker.engine.sampling_params import SamplingParams
+from shoal.shared.errors import InvalidRequest, ShoalError, Unavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[RequestOutput | BaseException]
+
+
+@dataclass(slots=True)
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float | None
+    prompt: str | None
+    output_kind: RequestOutputKind
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig | None = None, *, core: EngineCore | None = None) -> None:
+        if core is None:
+            if config is None:
+                raise ValueError("AsyncEngine needs an EngineConfig or an EngineCore")
+            core = EngineCore(config)
+        self.core = core
+        self._lock = threading.Lock()
+        self._commands: list[_Add | str] = []  # _Add, or a request id to abort
+        self._wakeup = threading.Event()
+        self._streams: dict[str, _Stream] = {}
+        self._stats = core.stats()
+        self._error: BaseException | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="shoal-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and self._error is None
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.core.tokenizer
+
+    def stats(self) -> EngineStats:
+        """The snapshot taken after the latest step (cheap; never waits for the engine)."""
+        return self._stats
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    arrival_time: float | None = None, *, prompt: str | None = None,
+                    output_kind: RequestOutputKind = RequestOutputKind.DELTA) -> None:
+        """Queue a request (InvalidRequest at once if it could never run). Its outputs go to
+        the stream opened by generate(); most callers want generate() itself."""
+        self._check_alive()
+        self.core.check_request(list(prompt_token_ids), params)
+        self._send(_Add(request_id, list(prompt_token_ids), params, arrival_time, prompt, output_kind))
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                       arrival_time: float | None = None, *, prompt: str | None = None,
+                       output_kind: RequestOutputKind = RequestOutputKind.DELTA
+                       ) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs (deltas by default) until it finishes. Stopping the
+        iteration early, or cancelling the task, aborts the request."""
+        if request_id in self._streams:
+            raise InvalidRequest(f"request id {request_id!r} is already in use", param="request_id")
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        self._streams[request_id] = stream
+        finished = False
+        try:
+            self.add_request(request_id, prompt_token_ids, params, arrival_time, prompt=prompt,
+                             output_kind=output_kind)
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if self._streams.get(request_id) is stream:
+                del self._streams[request_id]
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request wherever it is; its stream (if any) ends with finish_reason "abort"."""
+        if self._error is None and not self._stopping:
+            self._send(request_id)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the step loop and fail the streams still open."""
+        self._stopping = True
+        self._wakeup.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self._fail_all(Unavailable("the engine is shutting down"))
+
+    def _send(self, command: _Add | str) -> None:
+        with self._lock:
+            self._commands.append(command)
+        self._wakeup.set()
+
+    def _check_alive(self) -> None:
+        if self._error is not None:
+            raise Unavailable(f"the engine failed: {self._error}")
+        if self._stopping:
+            raise Unavailable("the engine is shutting down")
+
+    # The engine thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._apply_commands()
+                if not self.core.has_unfinished():
+                    self._wakeup.wait()
+                    self._wakeup.clear()
+                    continue
+                outputs = self.core.step()
+                self._stats = self.core.stats()  # before delivery: a reader sees them together
+                for output in outputs:
+                    self._deliver(output.request_id, output)
+        except BaseException as exc:  # fail every stream instead of leaving it hanging
+            log.exception("engine step loop failed")
+            self._error = exc
+            error = Unavailable(f"the engine failed: {exc!r}")
+            error.__cause__ = exc
+            self._fail_all(error)
+
+    def _apply_commands(self) -> None:
+        with self._lock:
+            commands, self._commands = self._commands, []
+        for command in commands:
+            if isinstance(command, str):
+                output = self.core.abort(command)
+                if output is not None:
+                    self._deliver(command, output)
+                continue
+            try:
+                self.core.add_request(command.request_id, command.prompt_token_ids, command.params,
+                                      command.arrival_time, prompt=command.prompt,
+                                      output_kind=command.output_kind)
+            except ShoalError as exc:  # e.g. a duplicate id that slipped past add_request
+                self._deliver(command.request_id, exc)
+        self._stats = self.core.stats()
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None and not stream.loop.is_closed():
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for request_id in list(self._streams):
+            self._deliver(request_id, error)

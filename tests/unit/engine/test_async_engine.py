@@ -1,0 +1,189 @@
+"""AsyncEngine over a fake runner: the event loop stays responsive while the engine steps on
+its own thread, streams carry deltas, cancel / early exit / abort() end requests, and a step
+failure fails every open stream instead of hanging it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from engine_helpers import CharTokenizer, FakeRunner
+from shoal.services.worker.engine.async_engine import AsyncEngine
+from shoal.services.worker.engine.config import EngineConfig
+from shoal.services.worker.engine.engine_core import EngineCore
+from shoal.services.worker.engine.sampling_params import SamplingParams
+from shoal.shared.errors import InvalidRequest, Unavailable
+
+
+def make_engine(step_seconds: float = 0.0, **cfg) -> tuple[AsyncEngine, FakeRunner]:
+    runner = FakeRunner(num_kv_blocks=64, block_size=4)
+    if step_seconds:
+        runner.hook = lambda out: time.sleep(step_seconds)  # a 'model' that takes time
+    core = EngineCore(EngineConfig(model="fake", block_size=4, **cfg), runner=runner,
+                      tokenizer=CharTokenizer())
+    return AsyncEngine(core=core), runner
+
+
+async def wait_until(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_streams_deltas_that_add_up_to_the_offline_result():
+    engine, _ = make_engine()
+    try:
+        chunks = [o async for o in engine.generate("r", [1, 2, 3], SamplingParams(max_tokens=6))]
+        assert chunks[-1].finished and chunks[-1].outputs[0].finish_reason == "length"
+        tokens = sum((c.outputs[0].token_ids for c in chunks), [])
+        assert len(tokens) == 6
+        assert "".join(c.outputs[0].text for c in chunks) == CharTokenizer().decode(tokens)
+        assert engine.stats().generation_tokens == 6
+    finally:
+        engine.shutdown()
+
+
+async def test_event_loop_keeps_ticking_while_the_engine_steps():
+    engine, runner = make_engine(step_seconds=0.02)
+    step_threads: set[int] = set()
+    sleep = runner.hook
+    runner.hook = lambda out: (step_threads.add(threading.get_ident()), sleep(out))
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.005)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    try:
+        start = time.monotonic()
+        async for _ in engine.generate("r", [1, 2, 3], SamplingParams(max_tokens=15)):
+            pass
+        elapsed = time.monotonic() - start
+        assert elapsed >= 15 * 0.02
+        assert ticks >= elapsed / 0.005 / 3  # the loop was free most of the time
+        assert threading.get_ident() not in step_threads and len(step_threads) == 1
+    finally:
+        task.cancel()
+        engine.shutdown()
+
+
+async def test_cancelling_the_consumer_aborts_the_request():
+    engine, runner = make_engine(step_seconds=0.01)
+    got_one = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in engine.generate("r", [1, 2, 3], SamplingParams(max_tokens=200)):
+            got_one.set()
+
+    task = asyncio.create_task(consume())
+    try:
+        await asyncio.wait_for(got_one.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await wait_until(lambda: not engine.core.has_unfinished())
+        assert engine.core.scheduler.block_manager.num_free_blocks == 64
+        assert len(runner.steps) < 200
+    finally:
+        engine.shutdown()
+
+
+async def test_leaving_the_loop_early_aborts_the_request():
+    engine, _ = make_engine(step_seconds=0.005)
+    try:
+        stream = engine.generate("r", [1, 2, 3], SamplingParams(max_tokens=200))
+        async for _ in stream:
+            break
+        await stream.aclose()
+        await wait_until(lambda: not engine.core.has_unfinished())
+        assert engine.stats().num_running == 0
+    finally:
+        engine.shutdown()
+
+
+async def test_abort_ends_the_stream_with_finish_reason_abort():
+    engine, _ = make_engine(step_seconds=0.005)
+    try:
+        outputs = []
+        async for output in engine.generate("r", [1, 2, 3], SamplingParams(max_tokens=200)):
+            outputs.append(output)
+            if len(outputs) == 2:
+                engine.abort("r")
+        assert outputs[-1].finished and outputs[-1].outputs[0].finish_reason == "abort"
+        assert len(outputs) < 100
+    finally:
+        engine.shutdown()
+
+
+async def test_many_concurrent_streams():
+    engine, _ = make_engine()
+    try:
+        async def one(i: int) -> int:
+            n = 0
+            async for output in engine.generate(f"r{i}", [i + 1, i + 2], SamplingParams(max_tokens=5 + i)):
+                n += len(output.outputs[0].token_ids) if output.outputs else 0
+            return n
+        assert await asyncio.gather(*(one(i) for i in range(8))) == [5 + i for i in range(8)]
+    finally:
+        engine.shutdown()
+
+
+async def test_invalid_and_duplicate_requests_are_refused():
+    engine, _ = make_engine(step_seconds=0.005)
+    try:
+        with pytest.raises(InvalidRequest):
+            async for _ in engine.generate("bad", [1] * 600, SamplingParams()):
+                pass
+        stream = engine.generate("dup", [1, 2], SamplingParams(max_tokens=50))
+        await stream.__anext__()
+        with pytest.raises(InvalidRequest):
+            async for _ in engine.generate("dup", [1, 2], SamplingParams()):
+                pass
+        await stream.aclose()
+    finally:
+        engine.shutdown()
+
+
+async def test_a_failing_step_fails_every_open_stream():
+    engine, runner = make_engine()
+    started = threading.Event()
+
+    def explode(out) -> None:
+        if started.is_set():
+            raise RuntimeError("CUDA error: device-side assert")
+
+    runner.hook = explode
+
+    async def consume(i: int):
+        async for output in engine.generate(f"r{i}", [1, 2, i + 3], SamplingParams(max_tokens=200)):
+            started.set()
+
+    results = await asyncio.wait_for(
+        asyncio.gather(*(consume(i) for i in range(3)), return_exceptions=True), 5)
+    assert all(isinstance(r, Unavailable) for r in results), results
+    assert "device-side assert" in str(results[0])
+    assert not engine.is_running
+    with pytest.raises(Unavailable):
+        engine.add_request("late", [1], SamplingParams())
+    engine.shutdown()
+
+
+async def test_shutdown_fails_open_streams():
+    engine, _ = make_engine(step_seconds=0.01)
+
+    async def consume():
+        async for _ in engine.generate("r", [1, 2], SamplingParams(max_tokens=200)):
+            pass
+
+    task = asyncio.create_task(consume())
+    await wait_until(lambda: engine.stats().num_running == 1)
+    await asyncio.to_thread(engine.shutdown)
+    with pytest.raises(Unavailable):
+        await asyncio.wait_for(task, 5)

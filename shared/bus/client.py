@@ -36,9 +36,10 @@ EVENTS_MAX_AGE_S = 7 * 24 * 3600
 
 
 def encode(payload: BaseModel) -> bytes:
-    """Only the fields that were set travel: the receiver fills defaults, and a partial update
-    (ModelUpdate) can tell "leave as is" from "set to null"."""
-    return payload.model_dump_json(exclude_unset=True).encode()
+    """A partial update (a model with `partial = True`, e.g. ModelUpdate) sends only the fields
+    that were set, so the receiver can tell "leave as is" from "set to null"."""
+    partial = bool(getattr(payload, "partial", False))
+    return payload.model_dump_json(exclude_unset=partial).encode()
 
 
 def decode(data: bytes, model: type[T]) -> T:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import Enum
+from typing import ClassVar
 
 from pydantic import Field, field_validator
 
@@ -111,6 +112,8 @@ class ModelCreate(ModelSpec):
 
 class ModelUpdate(Wire):
     """A partial update; `version` must be the version the caller read (optimistic)."""
+
+    partial: ClassVar[bool] = True
 
     id: str
     version: int

@@ -1,0 +1,183 @@
+"""Inference over the bus: requests on shoal.infer.<instance_id> (or the model's queue group),
+replies streamed to the request's inbox.
+
+A generate request is answered by `InferChunk`s (seq 0, 1, 2, ...) and one final `InferEnd`
+(finish reasons and usage) or `InferError`; the receiver checks `seq` so a gap or a dead engine is
+detected, never silently truncated. The engine tokenizes and applies chat templates, so a gateway
+needs no model files. Tokenize / detokenize get one reply each.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field
+
+from shoal.shared.schemas.common import ErrorBody, Wire
+
+
+class SamplingOptions(Wire):
+    """SamplingParams on the wire (the engine validates them again: InvalidRequest -> 400)."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+
+class ChatMessage(Wire):
+    role: str
+    content: str | None = None
+    name: str | None = None
+
+
+class GenerateRequest(Wire):
+    op: Literal["generate"] = "generate"
+    request_id: str = Field(min_length=1, max_length=128)
+    model: str
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    messages: list[ChatMessage] | None = None
+    """Chat: rendered with the model's chat template by the engine."""
+    add_generation_prompt: bool = True
+    sampling: SamplingOptions = Field(default_factory=SamplingOptions)
+
+
+class TokenizeRequest(Wire):
+    op: Literal["tokenize"] = "tokenize"
+    model: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(Wire):
+    op: Literal["detokenize"] = "detokenize"
+    model: str
+    tokens: list[int]
+
+
+InferRequest = Annotated[Union[GenerateRequest, TokenizeRequest, DetokenizeRequest], Field(discriminator="op")]
+
+
+class InferRequestEnvelope(Wire):
+    request: InferRequest
+
+
+class TopLogprob(Wire):
+    token_id: int
+    token: str
+    logprob: float
+
+
+class TokenLogprobWire(Wire):
+    token_id: int
+    token: str
+    logprob: float
+    top: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceDelta(Wire):
+    index: int
+    text: str = ""
+    token_ids: list[int] = Field(default_factory=list)
+    logprobs: list[TokenLogprobWire] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class Usage(Wire):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class InferChunk(Wire):
+    type: Literal["chunk"] = "chunk"
+    request_id: str
+    seq: int
+    choices: list[ChoiceDelta]
+    prompt_token_ids: list[int] | None = None
+    """Sent with seq 0 (for echo / prompt logprobs)."""
+    prompt_logprobs: list[TokenLogprobWire | None] | None = None
+
+
+class InferEnd(Wire):
+    type: Literal["end"] = "end"
+    request_id: str
+    seq: int
+    usage: Usage
+    finish_reasons: dict[int, str] = Field(default_factory=dict)
+    instance_id: str
+    ttft_s: float | None = None
+    """Engine-side time to first token (queue + prefill), for metrics."""
+    queue_s: float | None = None
+
+
+class InferError(Wire):
+    type: Literal["error"] = "error"
+    request_id: str
+    seq: int
+    error: ErrorBody
+    status: int
+
+
+InferReply = Annotated[Union[InferChunk, InferEnd, InferError], Field(discriminator="type")]
+
+
+class InferReplyEnvelope(Wire):
+    reply: InferReply
+
+
+class TokenizeReply(Wire):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeReply(Wire):
+    prompt: str
+
+
+class AbortRequest(Wire):
+    """Published on shoal.abort.<instance_id>: the client went away."""
+
+    request_id: str
+
+
+class EngineLoad(Wire):
+    """Published on shoal.load.<instance_id> a few times a second, for routing and /metrics."""
+
+    instance_id: str
+    model_name: str
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    max_num_seqs: int
+    max_model_len: int
+    # cumulative counters (the gateway exports them under vLLM's names)
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    draining: bool = False

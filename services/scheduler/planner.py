@@ -56,13 +56,23 @@ class Planner:
         self.index = FleetIndex(workers, instances)
         self.profiles = profiles or ProfileCache()
         self.pipeline = pipeline or SchedulingPipeline()
+        self._misses: dict[str, tuple[int, PlacementResult]] = {}
+        """Requests that did not fit, by model spec: claims only grow between releases, so the
+        same request cannot fit until something is released (saves the O(W*G) explanation)."""
 
     def place(self, model: ModelSpec, profile: ModelProfile | None = None) -> PlacementResult:
         request = build_request(model, profile or self.profiles.get(model.source))
-        return self.pipeline.place(self.index, request)
+        return self.place_request(request)
 
     def place_request(self, request: PlacementRequest) -> PlacementResult:
-        return self.pipeline.place(self.index, request)
+        key = request.model.model_dump_json()
+        miss = self._misses.get(key)
+        if miss is not None and miss[0] == self.index.num_releases:
+            return miss[1]
+        result = self.pipeline.place(self.index, request)
+        if not result.ok:
+            self._misses[key] = (self.index.num_releases, result)
+        return result
 
     def commit(self, result: PlacementResult) -> None:
         """Count an accepted placement, so the next decision sees it."""

@@ -124,10 +124,16 @@ class WorkerFilter(Protocol):
 
 
 class CandidateSelector(Protocol):
+    """`select` is the hot path (stops at the first fit in scorer order); `explain` gives the
+    numbers of why nothing fits, and runs only when every selector came back empty."""
+
     name: str
 
     def select(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None
-               ) -> tuple[list[Candidate], list[str]]: ...
+               ) -> list[Candidate]: ...
+
+    def explain(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None
+                ) -> list[str]: ...
 
 
 class CandidateScorer(Protocol):

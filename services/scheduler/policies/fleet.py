@@ -109,6 +109,12 @@ class FleetIndex:
         self.by_id: dict[str, WorkerSlot] = {s.id: s for s in self.workers}
         self.by_name: dict[str, WorkerSlot] = {s.name: s for s in self.workers}
         self._orders: dict[tuple[str, bool], _Order] = {}
+        self.num_releases = 0
+        """Bumped whenever a claim is removed: until then a request that did not fit cannot fit."""
+        self.max_gpus_per_worker = max((len(s.gpus) for s in self.workers), default=0)
+        self.filtered: dict[tuple[object, ...], tuple[list[WorkerSlot], set[str] | None,
+                                                      list[str]]] = {}
+        """Filter results per request signature: states and labels are fixed in a snapshot."""
         for instance in instances:
             self.account(instance)
 
@@ -131,6 +137,8 @@ class FleetIndex:
         slot = self.by_id.get(worker_id)
         if slot is None:
             return  # a deleted worker: nothing of ours to account
+        if sign < 0:
+            self.num_releases += 1
         for index, num_bytes in gpu_memory.items():
             gpu = slot.by_index.get(index)
             if gpu is not None:

@@ -17,7 +17,7 @@ from shoal.services.scheduler.policies.base import (
     WorkerFilter,
 )
 from shoal.services.scheduler.policies.filters import GpuTypeFilter, LabelFilter, StatusFilter
-from shoal.services.scheduler.policies.fleet import FleetIndex
+from shoal.services.scheduler.policies.fleet import FleetIndex, WorkerSlot
 from shoal.services.scheduler.policies.scorers import BinpackScorer, SpreadScorer
 from shoal.services.scheduler.policies.selectors import (
     CpuSelector,
@@ -71,27 +71,19 @@ class SchedulingPipeline:
         self.scorers: dict[bool, CandidateScorer] = {False: BinpackScorer(), True: SpreadScorer()}
 
     def place(self, index: FleetIndex, request: PlacementRequest) -> PlacementResult:
-        messages: list[str] = []
-        workers = index.workers
-        for f in self.filters:
-            workers, notes = f.filter(workers, request)
-            messages += notes
-        use_gpu = self._use_gpu(request, workers)
+        use_gpu, workers, allowed, notes = self.eligible(index, request)
+        messages = list(notes)
         claim = request.gpu_claim if use_gpu else request.cpu_claim
         if claim is None:
             return PlacementResult(None, None, None, messages + ["The model has no claim for "
                                                                  "this device."])
         if use_gpu:
-            for f in self.gpu_filters:
-                workers, notes = f.filter(workers, request)
-                messages += notes
             invalid = self._invalid_parallelism(request, claim)
             if invalid:
                 return PlacementResult(None, None, claim, messages + [invalid])
         if not workers:
             messages.append("No worker is eligible.")
             return PlacementResult(None, None, claim, messages)
-        allowed = None if len(workers) == len(index.workers) else {w.id for w in workers}
         if not use_gpu:
             selectors = [self.cpu_selector]
         elif request.model.gpu_selector:
@@ -99,12 +91,39 @@ class SchedulingPipeline:
         else:
             selectors = self.gpu_selectors
         for selector in selectors:
-            candidates, notes = selector.select(index, request, allowed)
-            messages += notes
+            candidates = selector.select(index, request, allowed)
             if candidates:
                 best = self.pick(candidates, request)
                 return PlacementResult(best.to_placement(), best, claim, messages)
+        for selector in selectors:
+            messages += selector.explain(index, request, allowed)
         return PlacementResult(None, None, claim, messages)
+
+    def eligible(self, index: FleetIndex, request: PlacementRequest
+                 ) -> tuple[bool, list[WorkerSlot], set[str] | None, list[str]]:
+        """Run the filters once per request signature and snapshot (then O(1) per placement).
+
+        Returns whether to place on GPUs, the eligible workers, their ids (None = all) and the
+        filters' messages.
+        """
+        model = request.model
+        key = (model.device, tuple(sorted(model.worker_selector.items())), model.gpu_type,
+               bool(model.gpu_selector))
+        cached = index.filtered.get(key)
+        if cached is None:
+            messages: list[str] = []
+            workers = index.workers
+            for f in self.filters:
+                workers, notes = f.filter(workers, request)
+                messages += notes
+            if self._use_gpu(request, workers):
+                for f in self.gpu_filters:
+                    workers, notes = f.filter(workers, request)
+                    messages += notes
+            allowed = None if len(workers) == len(index.workers) else {w.id for w in workers}
+            cached = index.filtered[key] = (workers, allowed, messages)
+        workers, allowed, messages = cached
+        return self._use_gpu(request, workers), workers, allowed, messages
 
     def pick(self, candidates: list[Candidate], request: PlacementRequest) -> Candidate:
         scorer = self.scorers[request.spread]
@@ -113,7 +132,7 @@ class SchedulingPipeline:
         return min(candidates, key=Candidate.sort_key)
 
     @staticmethod
-    def _use_gpu(request: PlacementRequest, workers: list) -> bool:
+    def _use_gpu(request: PlacementRequest, workers: list[WorkerSlot]) -> bool:
         device = request.model.device
         if device is DeviceKind.CPU:
             return False

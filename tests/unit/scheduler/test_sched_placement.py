@@ -181,3 +181,15 @@ def test_incremental_accounting_matches_a_rebuild() -> None:
     planner.index.account(accepted[0], sign=-1)  # an instance deleted: its GPU is free again
     r = planner.place(spec(), SMALL)
     assert (r.placement.worker_id, r.placement.gpu_indexes) == ("wid-a", [0])
+
+
+def test_a_miss_is_remembered_until_something_is_released() -> None:
+    big = profile(120)  # ~224 GiB: four 80 GB GPUs
+    planner = Planner([worker("a", 4)])
+    first = planner.place(spec(), SMALL)
+    planner.commit(first)
+    miss = planner.place(spec(), big)
+    assert not miss.ok and planner.place(spec(), big) is miss  # answered from the miss cache
+    planner.index.account(placed(first.placement), sign=-1)
+    again = planner.place(spec(), big)
+    assert again is not miss and again.ok and again.placement.tp == 4

@@ -14,22 +14,26 @@ class CpuSelector:
     name = "CPU"
 
     def select(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None
-               ) -> tuple[list[Candidate], list[str]]:
+               ) -> list[Candidate]:
         claim = request.cpu_claim
         assert claim is not None
         need = claim.total
-        best = None
         for slot in index.ordered("ram", request.spread):
             if allowed is not None and slot.id not in allowed:
                 continue
             if slot.ram_allocatable >= need:
-                return [Candidate(worker=slot, gpu_indexes=[], ram_claim=need,
-                                  selector=self.name)], []
-            if best is None or slot.ram_allocatable > best.ram_allocatable:
-                best = slot
-        if best is None:
-            return [], ["No eligible worker for a CPU instance."]
-        return [], [
+                return [Candidate(worker=slot, gpu_indexes=[], ram_claim=need, selector=self.name)]
+        return []
+
+    def explain(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None
+                ) -> list[str]:
+        assert request.cpu_claim is not None
+        need = request.cpu_claim.total
+        eligible = [s for s in index.workers if allowed is None or s.id in allowed]
+        if not eligible:
+            return ["No eligible worker for a CPU instance."]
+        best = max(eligible, key=lambda s: (s.ram_allocatable, s.name))
+        return [
             f"No worker has the {fmt_bytes(need)} of RAM the model needs on CPU unclaimed: the "
             f"largest is {best.name} with {fmt_bytes(best.ram_allocatable)} unclaimed of "
             f"{fmt_bytes(best.ram_total)} ({fmt_pct(best.ram_fullness())} claimed), "

@@ -44,22 +44,31 @@ class ManualGpuSelector:
         return [(s, sorted(g, key=lambda x: x.index)) for s, g in groups.values()], errors
 
     def select(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None
-               ) -> tuple[list[Candidate], list[str]]:
+               ) -> list[Candidate]:
+        candidate, _ = self.decide(index, request, allowed)
+        return [] if candidate is None else [candidate]
+
+    def explain(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None
+                ) -> list[str]:
+        return self.decide(index, request, allowed)[1]
+
+    def decide(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None
+               ) -> tuple[Candidate | None, list[str]]:
         claim = request.gpu_claim
         assert claim is not None
         groups, errors = self.parse(index, request, allowed)
         if errors or not groups:
-            return [], errors or ["The GPU selection is empty."]
+            return None, errors or ["The GPU selection is empty."]
         n = sum(len(g) for _, g in groups)
         counts = {len(g) for _, g in groups}
         if len(groups) > 1 and not request.model.distributed:
-            return [], [f"The selected GPUs span {len(groups)} workers but the model does not "
+            return None, [f"The selected GPUs span {len(groups)} workers but the model does not "
                         "allow distribution (distributed=false)."]
         fixed = request.fixed_parallelism()
         if fixed is not None:
             tp, pp = fixed
             if tp * pp != n:
-                return [], [f"tp={tp} x pp={pp} needs {tp * pp} GPUs but {n} are selected."]
+                return None, [f"tp={tp} x pp={pp} needs {tp * pp} GPUs but {n} are selected."]
         elif len(counts) == 1 and claim.valid_tp(counts.pop()):
             tp, pp = len(groups[0][1]), len(groups)
         else:
@@ -82,4 +91,4 @@ class ManualGpuSelector:
         (main, gpus), stages = groups[0], groups[1:]
         candidate = gpu_candidate(main, gpus, request, need, tp, pp, self.name, stages)
         candidate.warnings = warnings
-        return [candidate], []
+        return candidate, []

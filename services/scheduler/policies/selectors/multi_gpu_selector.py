@@ -25,11 +25,10 @@ class MultiGpuSelector:
         fixed = request.fixed_parallelism()
         if fixed is not None:
             return [fixed] if fixed[0] * fixed[1] >= 2 else []
-        most = max((len(s.gpus) for s in index.workers), default=0)
-        return [(n, 1) for n in valid_tp_sizes(request, most)]
+        return [(n, 1) for n in valid_tp_sizes(request, index.max_gpus_per_worker)]
 
     def select(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None
-               ) -> tuple[list[Candidate], list[str]]:
+               ) -> list[Candidate]:
         claim = request.gpu_claim
         assert claim is not None
         shapes = self.shapes(index, request)
@@ -42,8 +41,12 @@ class MultiGpuSelector:
                     continue
                 gpus = pick_gpus(slot, request, need, n)
                 if gpus:
-                    return [gpu_candidate(slot, gpus, request, need, tp, pp, self.name)], []
-        return [], [self.why_not(index, request, allowed, shapes)]
+                    return [gpu_candidate(slot, gpus, request, need, tp, pp, self.name)]
+        return []
+
+    def explain(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None
+                ) -> list[str]:
+        return [self.why_not(index, request, allowed, self.shapes(index, request))]
 
     def why_not(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None,
                 shapes: list[tuple[int, int]]) -> str:

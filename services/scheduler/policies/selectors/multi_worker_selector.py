@@ -7,6 +7,8 @@ any GPUs across workers with TP=1 and PP=all GPUs. O(W log W) per TP size on thi
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from shoal.services.scheduler.policies.base import Candidate, PlacementRequest
 from shoal.services.scheduler.policies.fleet import FleetIndex, GpuSlot, WorkerSlot
 from shoal.services.scheduler.policies.selectors.common import (
@@ -18,28 +20,40 @@ from shoal.services.scheduler.policies.selectors.common import (
 from shoal.services.scheduler.units import fmt_bytes, fmt_count
 
 
+@dataclass(slots=True)
+class _Search:
+    note: str | None = None
+    caps: dict[str, list[int]] = field(default_factory=dict)
+    even: tuple[int, int, int] | None = None
+    """(GPUs in all, workers, GPUs per worker) of the best even split."""
+    shortfall: tuple[int, int, int, int] | None = None
+    """(bytes short per GPU, GPUs, workers, GPUs per worker) of the nearest miss."""
+
+
 class MultiWorkerSelector:
     name = "multi-worker"
 
-    def select(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None
-               ) -> tuple[list[Candidate], list[str]]:
+    def search(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None
+               ) -> _Search:
+        """Capacities per worker, the best even split (n, k, g) and the smallest shortfall."""
         claim = request.gpu_claim
         assert claim is not None
+        found = _Search()
         if not request.model.distributed:
-            return [], ["Distribution across workers is off for this model (distributed=false)."]
+            found.note = "Distribution across workers is off for this model (distributed=false)."
+            return found
         caps = {s.id: capacities(s, request) for s in index.workers
                 if (allowed is None or s.id in allowed)}
-        caps = {wid: c for wid, c in caps.items() if c}
+        found.caps = caps = {wid: c for wid, c in caps.items() if c}
         if len(caps) < 2:
             who = "No eligible worker has" if not caps else "Only 1 eligible worker has"
-            return [], [f"{who} a qualifying GPU: no multi-worker combination exists."]
+            found.note = f"{who} a qualifying GPU: no multi-worker combination exists."
+            return found
         fixed = request.fixed_parallelism()
         if fixed is not None:
             sizes = [fixed[0]] if fixed[1] >= 2 else []
         else:
             sizes = [1, *valid_tp_sizes(request, max(len(c) for c in caps.values()))]
-        best_even: tuple[int, int, int] | None = None  # (n, k, g)
-        shortfall: tuple[int, int, int, int] | None = None  # (short, n, k, g)
         for g in sizes:
             ranked = sorted((c[g - 1] for c in caps.values() if len(c) >= g), reverse=True)
             ks = [fixed[1]] if fixed is not None else range(2, min(len(ranked),
@@ -49,19 +63,32 @@ class MultiWorkerSelector:
                     continue
                 need = claim.per_gpu(g * k)
                 if ranked[k - 1] >= need:
-                    if best_even is None or (g * k, k) < best_even[:2]:
-                        best_even = (g * k, k, g)
+                    if found.even is None or (g * k, k) < found.even[:2]:
+                        found.even = (g * k, k, g)
                     break
                 key = (need - ranked[k - 1], g * k, k, g)
-                shortfall = key if shortfall is None or key < shortfall else shortfall
-        if best_even is not None:
-            n, k, g = best_even
-            return [self._even(index, request, allowed, caps, n, k, g)], []
-        if fixed is None:
-            uneven = self._uneven(index, request, allowed, caps)
+                if found.shortfall is None or key < found.shortfall:
+                    found.shortfall = key
+        return found
+
+    def select(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None
+               ) -> list[Candidate]:
+        found = self.search(index, request, allowed)
+        if found.even is not None:
+            n, k, g = found.even
+            return [self._even(index, request, allowed, found.caps, n, k, g)]
+        if found.note is None and request.fixed_parallelism() is None:
+            uneven = self._uneven(index, request, allowed, found.caps)
             if uneven is not None:
-                return [uneven], []
-        return [], [self.why_not(request, caps, shortfall)]
+                return [uneven]
+        return []
+
+    def explain(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None
+                ) -> list[str]:
+        found = self.search(index, request, allowed)
+        if found.note is not None:
+            return [found.note]
+        return [self.why_not(request, found.caps, found.shortfall)]
 
     def _even(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None,
               caps: dict[str, list[int]], n: int, k: int, g: int) -> Candidate:

@@ -20,20 +20,28 @@ class SingleGpuSelector:
     name = "single GPU"
 
     def select(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None
-               ) -> tuple[list[Candidate], list[str]]:
+               ) -> list[Candidate]:
         claim = request.gpu_claim
         assert claim is not None
         fixed = request.fixed_parallelism()
         if fixed is not None and fixed != (1, 1):
-            return [], []
+            return []
         need = claim.per_gpu(1)
         for slot in index.ordered("gpu", request.spread):
             if slot.max_gpu_allocatable < need or (allowed is not None and slot.id not in allowed):
                 continue
             gpus = pick_gpus(slot, request, need, 1)
             if gpus:
-                return [gpu_candidate(slot, gpus, request, need, 1, 1, self.name)], []
-        return [], [self.why_not(index, request, allowed, need)]
+                return [gpu_candidate(slot, gpus, request, need, 1, 1, self.name)]
+        return []
+
+    def explain(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None
+                ) -> list[str]:
+        fixed = request.fixed_parallelism()
+        if fixed is not None and fixed != (1, 1):
+            return []
+        assert request.gpu_claim is not None
+        return [self.why_not(index, request, allowed, request.gpu_claim.per_gpu(1))]
 
     def why_not(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None,
                 need: int) -> str:

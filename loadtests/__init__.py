@@ -1,0 +1,1 @@
+"""Load tests and benchmarks (serving client, scheduler placement); run as modules."""

@@ -1,0 +1,156 @@
+"""What one reconcile pass must do, decided from the registry's lists: pure, so unit-tested.
+
+Replica counts (create / delete), rescheduling (UNREACHABLE past the grace period, ERROR after an
+exponential back-off, instances on removed workers, GPUs claimed twice by racing schedulers) and
+the PENDING instances to place, oldest first. The service executes the plan through the registry.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from shoal.shared.config import Settings
+from shoal.shared.schemas.registry import InstancePublic, ModelPublic, WorkerPublic
+from shoal.shared.states import PLACED_STATES, InstanceState
+
+_S = InstanceState
+DELETE_FIRST = {_S.PENDING: 0, _S.ERROR: 1, _S.UNREACHABLE: 2, _S.SCHEDULED: 3,
+                _S.DOWNLOADING: 4, _S.STARTING: 5, _S.RUNNING: 6}
+"""When a model has too many instances, those that serve nothing go first."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    interval: float = 5.0
+    """Seconds between periodic reconciles (events trigger one sooner)."""
+    reschedule_after: float = 300.0
+    """Seconds an instance stays UNREACHABLE before it is placed elsewhere (GPUStack: 300 s)."""
+    error_backoff: float = 10.0
+    """First wait before an ERROR instance is rescheduled; doubles with each attempt."""
+    error_backoff_max: float = 600.0
+    debounce: float = 0.05
+    """Seconds to gather a burst of events into one reconcile."""
+    durable: str = "shoal-scheduler"
+    """JetStream durable consumer name, shared by every scheduler replica."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SchedulerConfig:
+        """Built at the entry point; optional scheduler_* settings override the defaults."""
+        return cls(
+            interval=float(getattr(settings, "scheduler_interval", cls.interval)),
+            reschedule_after=settings.reschedule_after,
+            error_backoff=float(getattr(settings, "scheduler_error_backoff", cls.error_backoff)),
+            error_backoff_max=float(getattr(settings, "scheduler_error_backoff_max",
+                                            cls.error_backoff_max)),
+        )
+
+    def backoff(self, restart_count: int) -> float:
+        return min(self.error_backoff * 2.0 ** min(restart_count, 30), self.error_backoff_max)
+
+
+@dataclass(slots=True)
+class Unschedule:
+    instance: InstancePublic
+    message: str
+    restart_count: int | None = None
+
+
+@dataclass(slots=True)
+class PassPlan:
+    create: list[ModelPublic] = field(default_factory=list)
+    """One entry per instance to create."""
+    delete: list[InstancePublic] = field(default_factory=list)
+    unschedule: list[Unschedule] = field(default_factory=list)
+    pending: list[InstancePublic] = field(default_factory=list)
+    """PENDING instances to place, oldest first."""
+
+
+def _age(instance: InstancePublic, now: datetime) -> float:
+    return (now - instance.state_changed_at).total_seconds()
+
+
+def plan_pass(models: list[ModelPublic], workers: list[WorkerPublic],
+              instances: list[InstancePublic], now: datetime, config: SchedulerConfig) -> PassPlan:
+    plan = PassPlan()
+    by_model: dict[str, list[InstancePublic]] = defaultdict(list)
+    for inst in instances:
+        by_model[inst.model_id].append(inst)
+    gone: set[str] = set()
+    for model in sorted(models, key=lambda m: (m.created_at, m.id)):
+        mine = by_model.get(model.id, [])
+        if len(mine) < model.replicas:
+            plan.create += [model] * (model.replicas - len(mine))
+        elif len(mine) > model.replicas:
+            ranked = sorted(mine, key=lambda i: (DELETE_FIRST[i.state], -i.created_at.timestamp(),
+                                                 i.id), )
+            extra = ranked[: len(mine) - model.replicas]
+            plan.delete += extra
+            gone |= {i.id for i in extra}
+    known_models = {m.id for m in models}
+    worker_ids = {w.id for w in workers}
+    for inst in instances:
+        if inst.id in gone or inst.model_id not in known_models:
+            continue
+        if inst.state is _S.UNREACHABLE and _age(inst, now) >= config.reschedule_after:
+            plan.unschedule.append(Unschedule(inst, (
+                f"Rescheduled: worker {inst.worker_name} stopped heartbeating and the instance was "
+                f"unreachable for {_age(inst, now):.0f} s (reschedule_after "
+                f"{config.reschedule_after:g} s).")))
+        elif inst.state is _S.ERROR and _age(inst, now) >= config.backoff(inst.restart_count):
+            plan.unschedule.append(Unschedule(inst, (
+                f"Rescheduled after an error (attempt {inst.restart_count + 1}, waited "
+                f"{config.backoff(inst.restart_count):g} s): {inst.state_message or 'no message'}"),
+                restart_count=inst.restart_count + 1))
+        elif inst.state in PLACED_STATES and inst.worker_id and inst.worker_id not in worker_ids:
+            plan.unschedule.append(Unschedule(inst, (
+                f"Rescheduled: worker {inst.worker_name} was removed from the registry.")))
+        elif inst.state is _S.PENDING:
+            plan.pending.append(inst)
+    taken = {u.instance.id for u in plan.unschedule}
+    for inst, message in double_claims(workers, instances):
+        if inst.id not in taken and inst.id not in gone:
+            plan.unschedule.append(Unschedule(inst, message))
+            taken.add(inst.id)
+    plan.pending.sort(key=lambda i: (i.created_at, i.id))
+    return plan
+
+
+def double_claims(workers: list[WorkerPublic], instances: list[InstancePublic]
+                  ) -> list[tuple[InstancePublic, str]]:
+    """Instances to unschedule because their GPU is claimed past its size.
+
+    Two schedulers placing different instances at once can both pick one GPU (each write is
+    valid on its own row). The newest automatic placement that has not started yet goes back to
+    PENDING; manual selections (placed with an overcommit warning) are left as the user chose.
+    """
+    totals = {(w.id, g.index): g.memory_total for w in workers for g in w.status.gpus}
+    names = {w.id: w.name for w in workers}
+    users: dict[tuple[str, int], list[tuple[InstancePublic, int]]] = defaultdict(list)
+    for inst in instances:
+        if inst.state not in PLACED_STATES or inst.worker_id is None:
+            continue
+        parts = [(inst.worker_id, inst.claim.gpu_memory)]
+        parts += [(s.worker_id, s.claim.gpu_memory) for s in inst.subordinate_workers]
+        for worker_id, gpu_memory in parts:
+            for index, num_bytes in gpu_memory.items():
+                users[(worker_id, index)].append((inst, num_bytes))
+    out: list[tuple[InstancePublic, str]] = []
+    chosen: set[str] = set()
+    for (worker_id, index), claims in sorted(users.items()):
+        total = totals.get((worker_id, index))
+        used = sum(b for _, b in claims)
+        if total is None or used <= total:
+            continue
+        movable = [(i, b) for i, b in claims if not i.warnings and i.state in (
+            _S.SCHEDULED, _S.DOWNLOADING) and i.id not in chosen]
+        movable.sort(key=lambda ib: (ib[0].state_changed_at, ib[0].id), reverse=True)
+        for inst, num_bytes in movable:
+            if used <= total:
+                break
+            used -= num_bytes
+            chosen.add(inst.id)
+            out.append((inst, f"Rescheduled: GPU {index} of worker {names.get(worker_id)} was "
+                              "claimed by two placements at once (concurrent schedulers)."))
+    return out

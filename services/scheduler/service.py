@@ -1,0 +1,219 @@
+"""The scheduler service: registry events (JetStream durable consumer) + a periodic reconcile.
+
+Every decision is written through the registry's API with the version it read, so two replicas
+cannot both place one instance: the second write is refused (Conflict) and simply dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from nats.aio.msg import Msg
+
+from shoal.services.scheduler.claim import ModelProfile
+from shoal.services.scheduler.planner import Planner, ProfileCache, build_request
+from shoal.services.scheduler.policies.base import PlacementRequest
+from shoal.services.scheduler.reconcile import PassPlan, SchedulerConfig, plan_pass
+from shoal.shared.bus import subjects
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.config import Settings
+from shoal.shared.errors import Conflict, NotFound, ShoalError
+from shoal.shared.schemas.common import utcnow
+from shoal.shared.schemas.registry import (
+    DeleteRequest,
+    InstanceCreate,
+    InstancePublic,
+    InstanceTransition,
+    ModelPublic,
+)
+from shoal.shared.states import InstanceState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PassStats:
+    created: int = 0
+    deleted: int = 0
+    unscheduled: int = 0
+    scheduled: int = 0
+    pending: int = 0
+    conflicts: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+
+class SchedulerService:
+    def __init__(self, registry: RegistryClient, config: SchedulerConfig,
+                 profiles: ProfileCache | None = None) -> None:
+        self.registry = registry
+        self.config = config
+        self.profiles = profiles or ProfileCache()
+        self.kick = asyncio.Event()
+        self.lock = asyncio.Lock()
+        self.passes = 0
+
+    # ------------------------------------------------------------ loop
+    async def run(self, bus: Bus, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        consumer = asyncio.create_task(self._consume(bus, stop), name="scheduler-events")
+        try:
+            if ready is not None:
+                ready.set()
+            while not stop.is_set():
+                try:
+                    await self.reconcile()
+                except ShoalError as exc:
+                    log.warning("reconcile failed: %s", exc.message)
+                except Exception:  # noqa: BLE001 - the loop must survive one bad pass
+                    log.exception("reconcile failed")
+                await self._wait(stop)
+        finally:
+            stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(consumer, 5)
+
+    async def _consume(self, bus: Bus, stop: asyncio.Event) -> None:
+        """The durable consumer; restarted after a failure (the periodic reconcile goes on)."""
+        while not stop.is_set():
+            try:
+                await bus.consume(self.config.durable, subjects.EVENTS_ALL, self.on_event, stop)
+            except Exception as exc:  # noqa: BLE001 - NATS went away: retry, reconcile meanwhile
+                log.warning("event consumer stopped (%s); retrying", exc)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+
+    async def on_event(self, _msg: Msg) -> None:
+        self.kick.set()
+
+    async def _wait(self, stop: asyncio.Event) -> None:
+        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.kick.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=self.config.interval,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+        if self.kick.is_set():
+            await asyncio.sleep(self.config.debounce)  # gather a burst of events into one pass
+            self.kick.clear()
+
+    # ------------------------------------------------------------ one pass
+    async def reconcile(self) -> PassStats:
+        async with self.lock:
+            self.passes += 1
+            models = await self.registry.list_models()
+            workers = await self.registry.list_workers()
+            instances = await self.registry.list_instances()
+            plan = plan_pass(models, workers, instances, utcnow(), self.config)
+            stats = PassStats()
+            current = {i.id: i for i in instances}
+            await self._execute(plan, current, stats)
+            models_by_id = {m.id: m for m in models}
+            planner = Planner(workers, current.values(), self.profiles)
+            requests: dict[str, PlacementRequest | str] = {}
+            pending = sorted((i for i in current.values() if i.state is InstanceState.PENDING),
+                             key=lambda i: (i.created_at, i.id))
+            for inst in pending:
+                model = models_by_id.get(inst.model_id)
+                if model is None:
+                    continue
+                if model.id not in requests:
+                    requests[model.id] = await self._request(model)
+                outcome = await self.place(inst, model, requests[model.id], planner)
+                stats.outcomes[outcome] += 1
+            stats.scheduled = stats.outcomes["scheduled"]
+            stats.pending = stats.outcomes["pending"] + stats.outcomes["unchanged"]
+            stats.conflicts += stats.outcomes["conflict"]
+            if stats.created or stats.deleted or stats.unscheduled or stats.scheduled:
+                log.info("reconcile: %d created, %d deleted, %d rescheduled, %d scheduled, "
+                         "%d pending, %d conflicts", stats.created, stats.deleted,
+                         stats.unscheduled, stats.scheduled, stats.pending, stats.conflicts)
+            return stats
+
+    async def _execute(self, plan: PassPlan, current: dict[str, InstancePublic],
+                       stats: PassStats) -> None:
+        for inst in plan.delete:
+            if await self._write(self.registry.delete_instance(
+                    DeleteRequest(id=inst.id, version=inst.version)), stats) is not None:
+                current.pop(inst.id, None)
+                stats.deleted += 1
+        for model in plan.create:
+            created = await self._write(self.registry.create_instance(
+                InstanceCreate(model_id=model.id)), stats)
+            if created is not None:
+                current[created.id] = created
+                stats.created += 1
+        for u in plan.unschedule:
+            moved = await self._write(self.registry.transition_instance(InstanceTransition(
+                id=u.instance.id, version=u.instance.version, state=InstanceState.PENDING,
+                state_message=u.message, restart_count=u.restart_count)), stats)
+            if moved is not None:
+                log.info("instance %s back to PENDING: %s", moved.name, u.message)
+                current[moved.id] = moved
+                stats.unscheduled += 1
+
+    async def _write(self, call, stats: PassStats):  # noqa: ANN001, ANN202 - any registry call
+        """Run one registry write; a stale version or a vanished row means someone else acted."""
+        try:
+            return await call
+        except (Conflict, NotFound) as exc:
+            stats.conflicts += 1
+            log.info("registry refused a write (%s); the next pass re-reads", exc.message)
+            return None
+
+    async def _request(self, model: ModelPublic) -> PlacementRequest | str:
+        """The model's placement request, or why it cannot be sized (kept as its message)."""
+        try:
+            profile: ModelProfile = await asyncio.to_thread(self.profiles.get, model.source)
+            return build_request(model, profile)
+        except ShoalError as exc:
+            return f"Cannot size the model from {model.source}: {exc.message}"
+
+    async def place(self, inst: InstancePublic, model: ModelPublic,
+                    request: PlacementRequest | str, planner: Planner) -> str:
+        """Place one PENDING instance: 'scheduled', 'pending', 'unchanged' or 'conflict'."""
+        if isinstance(request, str):
+            return await self._keep_pending(inst, request)
+        result = planner.place_request(request)
+        if result.placement is None:
+            return await self._keep_pending(inst, result.reason)
+        try:
+            placed = await self.registry.transition_instance(InstanceTransition(
+                id=inst.id, version=inst.version, state=InstanceState.SCHEDULED,
+                placement=result.placement, state_message=" ".join(result.placement.warnings)
+                or None))
+        except (Conflict, NotFound) as exc:
+            log.info("instance %s was changed by someone else (%s): not placed", inst.name,
+                     exc.message)
+            return "conflict"
+        planner.commit(result)
+        log.info("scheduled %s: %s", placed.name, result.candidate.to_log_string()
+                 if result.candidate else result.placement)
+        return "scheduled"
+
+    async def _keep_pending(self, inst: InstancePublic, reason: str) -> str:
+        if inst.state_message == reason:
+            return "unchanged"
+        try:
+            await self.registry.transition_instance(InstanceTransition(
+                id=inst.id, version=inst.version, state=InstanceState.PENDING,
+                state_message=reason))
+        except (Conflict, NotFound):
+            return "conflict"
+        log.info("instance %s stays PENDING: %s", inst.name, reason)
+        return "pending"
+
+
+async def run_scheduler(settings: Settings, stop: asyncio.Event,
+                        ready: asyncio.Event | None = None) -> None:
+    """Serve until `stop` is set (the shape of run_registry / run_worker, for `shoal up`)."""
+    bus = await Bus.connect(settings, name="shoal-scheduler")
+    try:
+        service = SchedulerService(RegistryClient(bus), SchedulerConfig.from_settings(settings))
+        await service.run(bus, stop, ready)
+    finally:
+        await bus.close()

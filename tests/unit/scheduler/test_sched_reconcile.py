@@ -1,0 +1,71 @@
+"""One reconcile pass decided from the registry's lists: replicas, rescheduling, double claims."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sched_fleet import GIB, NOW, claimed_gpu, worker
+
+from shoal.services.scheduler.reconcile import SchedulerConfig, plan_pass
+from shoal.shared.schemas.registry import ModelPublic, ResourceClaim
+from shoal.shared.states import InstanceState
+
+CONFIG = SchedulerConfig(reschedule_after=300, error_backoff=10, error_backoff_max=60)
+
+
+def model(mid: str, replicas: int) -> ModelPublic:
+    return ModelPublic(id=mid, name=mid, source="/m", replicas=replicas, created_at=NOW,
+                       updated_at=NOW, version=1)
+
+
+def inst(mid: str, state: InstanceState, age_s: float = 0, created_s: float = 0, **kw: object):
+    i = claimed_gpu("wid-a", 0, GIB, state=state)
+    return i.model_copy(update={"model_id": mid, "state_changed_at": NOW - timedelta(seconds=age_s),
+                                "created_at": NOW + timedelta(seconds=created_s), **kw})
+
+
+def test_replicas_are_created_and_extras_deleted_idle_first() -> None:
+    running = inst("m2", InstanceState.RUNNING, created_s=1)
+    pending = inst("m2", InstanceState.PENDING, created_s=0)
+    newer = inst("m2", InstanceState.RUNNING, created_s=5)
+    plan = plan_pass([model("m1", 2), model("m2", 1)], [worker("a", 1)],
+                     [running, pending, newer], NOW, CONFIG)
+    assert [m.id for m in plan.create] == ["m1", "m1"]
+    assert plan.delete == [pending, newer]  # PENDING first, then the newest RUNNING
+    assert plan.pending == []
+
+
+def test_unreachable_rescheduled_after_grace_period() -> None:
+    fresh = inst("m", InstanceState.UNREACHABLE, age_s=100, worker_name="a")
+    stale = inst("m", InstanceState.UNREACHABLE, age_s=301, worker_name="a")
+    plan = plan_pass([model("m", 2)], [worker("a", 1)], [fresh, stale], NOW, CONFIG)
+    assert [u.instance for u in plan.unschedule] == [stale]
+    assert "worker a stopped heartbeating" in plan.unschedule[0].message
+
+
+def test_error_backoff_doubles_and_caps() -> None:
+    assert [CONFIG.backoff(n) for n in range(5)] == [10, 20, 40, 60, 60]
+    early = inst("m", InstanceState.ERROR, age_s=15, restart_count=1, state_message="oom")
+    due = inst("m", InstanceState.ERROR, age_s=25, restart_count=1, state_message="oom")
+    plan = plan_pass([model("m", 2)], [worker("a", 1)], [early, due], NOW, CONFIG)
+    assert [u.instance for u in plan.unschedule] == [due]
+    assert plan.unschedule[0].restart_count == 2 and "oom" in plan.unschedule[0].message
+
+
+def test_removed_worker_and_pending_order() -> None:
+    orphan = inst("m", InstanceState.RUNNING, worker_id="wid-gone", worker_name="gone")
+    p2 = inst("m", InstanceState.PENDING, created_s=2)
+    p1 = inst("m", InstanceState.PENDING, created_s=1)
+    plan = plan_pass([model("m", 3)], [worker("a", 1)], [orphan, p2, p1], NOW, CONFIG)
+    assert [u.instance for u in plan.unschedule] == [orphan]
+    assert plan.pending == [p1, p2]
+
+
+def test_a_gpu_claimed_twice_sends_the_newest_back() -> None:
+    first = inst("m", InstanceState.RUNNING, age_s=50)
+    first = first.model_copy(update={"claim": ResourceClaim(gpu_memory={0: 72 * GIB})})
+    racer = inst("m", InstanceState.SCHEDULED, age_s=1)
+    racer = racer.model_copy(update={"claim": ResourceClaim(gpu_memory={0: 72 * GIB})})
+    plan = plan_pass([model("m", 2)], [worker("a", 1)], [first, racer], NOW, CONFIG)
+    assert [u.instance.id for u in plan.unschedule] == [racer.id]
+    assert "claimed by two placements at once" in plan.unschedule[0].message

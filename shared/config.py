@@ -41,10 +41,33 @@ class Settings(BaseSettings):
     simulate_devices: str | None = None
     """e.g. "8xH100-80GB" or "2xA10-24GB,1xcpu": a simulated worker for capacity planning."""
 
+    drain_timeout: float = 30.0
+    """Seconds an engine being stopped lets in-flight requests finish before aborting them."""
+    model_cache_dir: Path | None = None
+    """Converted models (GGUF -> safetensors); default ~/.cache/shoal/models."""
+    engine_restart_max_backoff: float = 300.0
+    """Crashed engines restart after 2, 4, 8, ... seconds, at most this long."""
+
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8000
     require_api_key: bool = False
     """When true the gateway refuses requests without a valid API key (401)."""
+    gateway_max_outstanding: int = 1024
+    """Inference requests one gateway holds at once; beyond it new ones get 429 (bounded memory)."""
+    gateway_engine_dead_after: float = 3.0
+    """Seconds without a load message after which an engine counts as dead: its streams fail and
+    the router avoids it until it publishes again."""
+    gateway_accept_timeout: float = 10.0
+    """Seconds to wait for an engine to accept a request (its seq-0 chunk) before trying another."""
+    gateway_stream_idle_timeout: float = 300.0
+    """Seconds a started stream may go without any message before it is failed (a backstop)."""
+    gateway_max_attempts: int = 3
+    """Instances tried for a request that has not started yet."""
+    gateway_instance_refresh: float = 10.0
+    """Seconds between full reloads of the RUNNING instances from the registry (events fill in)."""
+    gateway_key_cache_ttl: float = 10.0
+    """Seconds a verified API key is trusted before the registry is asked again."""
+    gateway_max_body_bytes: int = 32 * 1024 * 1024
 
     log_level: str = "INFO"
     log_json: bool = False

@@ -1,5 +1,6 @@
 """The worker agent: registers this machine's devices, heartbeats, and (on a real worker) runs
-the engines of the instances placed on it. No torch import here: engines are other processes.
+the engines of the instances placed on it through the Supervisor. No torch import here: engines
+are other processes.
 
 A simulated worker (`--simulate-devices`) registers and heartbeats like a real one but never
 starts an engine; it is marked `simulated` wherever it is shown.
@@ -13,13 +14,13 @@ import socket
 from dataclasses import dataclass, field
 
 from shoal.services.worker.devices import detect_devices, parse_simulated
+from shoal.services.worker.supervisor import Supervisor
 from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.errors import NotFound, ShoalError
 from shoal.shared.schemas.registry import DeviceStatus, WorkerHeartbeat, WorkerPublic, WorkerRegister
-from shoal.shared.states import InstanceState
 
 log = logging.getLogger(__name__)
 VERIFY_EVERY = 4
@@ -32,8 +33,8 @@ class WorkerAgent:
     bus: Bus
     name: str = field(default="")
     worker: WorkerPublic | None = None
-    instance_states: dict[str, InstanceState] = field(default_factory=dict)
-    """What this worker sees of its instances; reported in each heartbeat."""
+    supervisor: Supervisor | None = None
+    """Runs the engines of the instances placed here (real workers only)."""
 
     def __post_init__(self) -> None:
         self.name = self.name or self.settings.worker_name or socket.gethostname()
@@ -59,13 +60,25 @@ class WorkerAgent:
 
     async def heartbeat(self) -> None:
         assert self.worker is not None
+        instances = self.supervisor.instance_states() if self.supervisor is not None else {}
         await self.bus.publish(subjects.heartbeat(self.worker.id), WorkerHeartbeat(
-            worker_id=self.worker.id, status=self.devices(), instances=dict(self.instance_states)))
+            worker_id=self.worker.id, status=self.devices(), instances=instances))
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         await self._register_until_done(stop)
+        supervisor: asyncio.Task[None] | None = None
+        if not self.simulated and self.worker is not None:
+            self.supervisor = Supervisor(self.settings, self.bus, self.worker.id)
+            supervisor = asyncio.create_task(self.supervisor.run(stop), name="supervisor")
         if ready is not None:
             ready.set()
+        try:
+            await self._heartbeat_forever(stop)
+        finally:
+            if supervisor is not None:
+                await supervisor
+
+    async def _heartbeat_forever(self, stop: asyncio.Event) -> None:
         beats = 0
         while not stop.is_set():
             try:

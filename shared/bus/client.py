@@ -64,6 +64,14 @@ def raise_for_error(msg: Msg) -> None:
     raise ShoalError.from_dict(body, status=int(code) if code.isdigit() else None)
 
 
+def error_body(exc: ShoalError) -> bytes:
+    return ErrorReply.model_validate({"error": exc.to_dict()}).model_dump_json().encode()
+
+
+def error_headers(exc: ShoalError) -> dict[str, str]:
+    return {ERROR_CODE_HEADER: str(exc.http_status), ERROR_HEADER: exc.message[:200]}
+
+
 class Bus:
     def __init__(self, nc: NATS, settings: Settings) -> None:
         self.nc = nc
@@ -138,6 +146,11 @@ class Bus:
                 log.exception("handler for %s failed", msg.subject)
 
         return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
+
+    async def respond_error(self, msg: Msg, exc: ShoalError) -> None:
+        """Answer a plain (non-micro) request with the same error format the registry uses."""
+        if msg.reply:
+            await self.nc.publish(msg.reply, error_body(exc), headers=error_headers(exc))
 
     # ------------------------------------------------------------ JetStream events
     async def ensure_events_stream(self) -> None:

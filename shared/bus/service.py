@@ -18,9 +18,8 @@ from nats.micro.service import Service
 from opentelemetry import trace
 from pydantic import BaseModel
 
-from shoal.shared.bus.client import ERROR_CODE_HEADER, ERROR_HEADER, Bus, decode
+from shoal.shared.bus.client import Bus, decode, error_body, error_headers
 from shoal.shared.errors import ShoalError
-from shoal.shared.schemas.common import ErrorBody, ErrorReply
 from shoal.shared.telemetry import extract_context, get_tracer
 
 log = logging.getLogger(__name__)
@@ -79,6 +78,4 @@ class RpcService:
 
 
 async def respond_error(request: Request, exc: ShoalError) -> None:
-    body = ErrorReply(error=ErrorBody(**exc.to_dict()))
-    await request.respond(body.model_dump_json().encode(),
-                          headers={ERROR_CODE_HEADER: str(exc.http_status), ERROR_HEADER: exc.message[:200]})
+    await request.respond(error_body(exc), headers=error_headers(exc))

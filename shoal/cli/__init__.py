@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start the whole local stack in the foreground")
     up.add_argument("--simulate-devices", help="run the local worker as a simulated one")
     sub.add_parser("registry", help="run the registry service")
+    engine = sub.add_parser("engine", help="run one engine instance (started by a worker)")
+    engine.add_argument("--instance-id", required=True)
     worker = sub.add_parser("worker", help="run a worker agent on this machine")
     worker.add_argument("--name", help="worker name (default: host name)")
     worker.add_argument("--simulate-devices", help='e.g. "8xH100-80GB" or "2xA10-24GB,1xcpu"')

@@ -27,6 +27,12 @@ def dispatch(args: argparse.Namespace) -> int:
         from shoal.services.registry.service import run_registry
 
         return run_service("registry", run_registry, resolve_settings(**overrides))
+    if args.command == "engine":
+        from functools import partial
+
+        from shoal.services.worker.engine_process import run_engine
+
+        return run_service("engine", partial(run_engine, instance_id=args.instance_id), resolve_settings(**overrides))
     if args.command == "worker":
         from shoal.services.worker.agent import run_worker
 

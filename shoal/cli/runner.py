@@ -6,7 +6,6 @@ SIGINT/SIGTERM set a stop event (nats.py micro's example shape); the service dra
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import signal
 from collections.abc import Awaitable, Callable
 
@@ -16,7 +15,6 @@ from shoal.shared.logging import setup_logging
 from shoal.shared.telemetry import setup_tracing
 
 ServiceMain = Callable[[Settings, asyncio.Event], Awaitable[None]]
-PR_SET_PDEATHSIG = 1
 
 
 def resolve_settings(**overrides: object) -> Settings:
@@ -41,11 +39,3 @@ def run_service(name: str, main: ServiceMain, settings: Settings) -> int:
 
     asyncio.run(serve())
     return 0
-
-
-def die_with_parent() -> None:
-    """preexec_fn: the child gets SIGTERM when its parent dies (Linux), so nothing is orphaned."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass

@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from shoal.cli.runner import die_with_parent
+from shoal.shared.process import die_with_parent
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings

@@ -1,0 +1,164 @@
+"""Runs one engine process per instance placed on this worker, and keeps it that way.
+
+Reconciles on instance events and every few seconds: starts an engine for each instance placed
+here, restarts a crashed one with exponential back-off (reporting ERROR with the tail of its
+log), and stops (drains) engines whose instance was deleted, scaled down or moved away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nats.aio.msg import Msg
+
+from shoal.shared.process import die_with_parent
+from shoal.shared.bus import subjects
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.config import Settings
+from shoal.shared.errors import ShoalError
+from shoal.shared.schemas.events import InstanceEvent
+from shoal.shared.schemas.registry import InstanceFilter, InstancePublic, InstanceTransition
+from shoal.shared.states import InstanceState, can_transition
+
+log = logging.getLogger(__name__)
+RECONCILE_EVERY_S = 3.0
+SERVED_STATES = frozenset({InstanceState.SCHEDULED, InstanceState.DOWNLOADING, InstanceState.STARTING,
+                           InstanceState.RUNNING, InstanceState.ERROR, InstanceState.UNREACHABLE})
+
+
+@dataclass
+class EngineProcess:
+    instance_id: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    started_at: float
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = 8) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, bus: Bus, worker_id: str) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.registry = RegistryClient(bus)
+        self.worker_id = worker_id
+        self.engines: dict[str, EngineProcess] = {}
+        self.next_start: dict[str, float] = {}
+        self.states: dict[str, InstanceState] = {}
+        self._wake = asyncio.Event()
+
+    def instance_states(self) -> dict[str, InstanceState]:
+        """For the heartbeat: the instances whose engine runs here, in their last known state."""
+        return {i: self.states[i] for i, e in self.engines.items() if e.alive and i in self.states}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        sub = await self.bus.nc.subscribe(subjects.events_of("instances"), cb=self._on_event)
+        try:
+            while not stop.is_set():
+                try:
+                    await self.reconcile()
+                except ShoalError as exc:
+                    log.warning("reconcile failed: %s", exc.message)
+                self._wake.clear()
+                waiters = [asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())]
+                await asyncio.wait(waiters, timeout=RECONCILE_EVERY_S, return_when=asyncio.FIRST_COMPLETED)
+                for waiter in waiters:
+                    waiter.cancel()
+        finally:
+            await sub.unsubscribe()
+            await asyncio.to_thread(self.stop_all)
+
+    async def _on_event(self, msg: Msg) -> None:
+        try:
+            event = InstanceEvent.model_validate_json(msg.data)
+        except ValueError:
+            return
+        if event.data.worker_id == self.worker_id or event.id in self.engines:
+            self._wake.set()
+
+    async def reconcile(self) -> None:
+        mine = {i.id: i for i in await self.registry.list_instances(InstanceFilter(worker_id=self.worker_id))
+                if i.state in SERVED_STATES}
+        self.states = {i: inst.state for i, inst in mine.items()}
+        for instance_id in [i for i in self.engines if i not in mine]:
+            log.info("instance %s is no longer here: stopping its engine", instance_id)
+            engine = self.engines.pop(instance_id)
+            asyncio.get_running_loop().run_in_executor(None, self._stop, engine)
+        now = time.monotonic()
+        for instance_id, instance in mine.items():
+            engine = self.engines.get(instance_id)
+            if engine is not None and engine.alive:
+                continue
+            if engine is not None:  # it crashed
+                del self.engines[instance_id]
+                await self._report_crash(instance, engine)
+                self.next_start[instance_id] = now + self._backoff(instance.restart_count + 1)
+            if now >= self.next_start.get(instance_id, 0.0):
+                self.engines[instance_id] = self._spawn(instance)
+
+    def _backoff(self, restarts: int) -> float:
+        return min(self.settings.engine_restart_max_backoff, 2.0 ** min(restarts, 16))
+
+    def _spawn(self, instance: InstancePublic) -> EngineProcess:
+        logs = self.settings.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / f"engine-{instance.name}.log"
+        env = dict(os.environ)
+        env.update(SHOAL_NATS_URL=str(self.settings.nats_url))
+        if instance.gpu_indexes:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, instance.gpu_indexes))
+        with open(log_path, "ab") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "shoal", "engine", "--instance-id", instance.id],
+                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                preexec_fn=die_with_parent)
+        log.info("started engine for %s (pid %d, log %s)", instance.name, process.pid, log_path)
+        return EngineProcess(instance.id, process, log_path, time.monotonic())
+
+    async def _report_crash(self, instance: InstancePublic, engine: EngineProcess) -> None:
+        code = engine.process.returncode
+        log.warning("engine of %s exited with %s", instance.name, code)
+        fresh = await self.registry.get_instance(instance.id)
+        if fresh.state is InstanceState.ERROR:  # the engine reported its own error already
+            message = fresh.state_message or f"engine exited with {code}"
+        else:
+            message = f"engine exited with {code}: {engine.log_tail()}"[-2000:]
+        if fresh.state is InstanceState.ERROR or can_transition(fresh.state, InstanceState.ERROR):
+            await self.registry.transition_instance(InstanceTransition(
+                id=fresh.id, version=fresh.version, state=InstanceState.ERROR, state_message=message,
+                restart_count=fresh.restart_count + 1))
+
+    def _stop(self, engine: EngineProcess) -> None:
+        if not engine.alive:
+            return
+        engine.process.send_signal(signal.SIGTERM)
+        try:
+            engine.process.wait(self.settings.drain_timeout + 10)
+        except subprocess.TimeoutExpired:
+            engine.process.kill()
+            engine.process.wait()
+
+    def stop_all(self) -> None:
+        for engine in self.engines.values():
+            if engine.alive:
+                engine.process.send_signal(signal.SIGTERM)
+        for engine in list(self.engines.values()):
+            self._stop(engine)
+        self.engines.clear()

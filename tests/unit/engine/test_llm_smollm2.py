@@ -1,0 +1,60 @@
+"""The engine core end to end on the real SmolLM2-135M (GGUF, converted once and cached):
+the chat answer, and greedy tokens unchanged by batching, prefix-cache hits and preemption."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.services.worker.engine.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, there was a"]
+
+
+@pytest.fixture(scope="module")
+def gguf() -> str:
+    from shoal.services.worker.model_prep import smollm2_gguf_path
+
+    try:
+        return str(smollm2_gguf_path())
+    except Exception as exc:
+        pytest.skip(f"SmolLM2 is not available: {exc}")
+
+
+@pytest.fixture(scope="module")
+def llm(gguf):
+    from shoal.services.worker.engine.llm import LLM
+
+    return LLM(gguf, num_kv_blocks=128, max_num_batched_tokens=64, num_threads=2)
+
+
+def test_chat_answers_paris(llm):
+    out = llm.chat(QUESTION, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)[0]
+    assert "Paris" in out.outputs[0].text
+    assert out.outputs[0].finish_reason == "stop"
+
+
+def test_greedy_tokens_do_not_depend_on_batching_or_the_prefix_cache(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    alone = [llm.generate(p, greedy, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]
+    hits_before = llm.engine.stats().prefix_cache_hits
+    batched = llm.generate(PROMPTS, greedy, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in batched] == alone
+    long_prompt = " ".join(PROMPTS) * 3  # > 1 block: the repeat is served from the cache
+    first = llm.generate(long_prompt, greedy, use_tqdm=False)[0]
+    again = llm.generate(long_prompt, greedy, use_tqdm=False)[0]
+    assert again.num_cached_tokens >= 16 and llm.engine.stats().prefix_cache_hits > hits_before
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
+
+
+def test_preemption_under_a_tiny_pool_keeps_greedy_tokens(gguf, llm):
+    from shoal.services.worker.engine.llm import LLM
+
+    greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
+    tiny = LLM(gguf, num_kv_blocks=4, block_size=16, enable_prefix_caching=False, num_threads=2)
+    outputs = tiny.generate(PROMPTS, greedy, use_tqdm=False)
+    assert tiny.engine.stats().num_preemptions > 0
+    assert [o.outputs[0].token_ids for o in outputs] == expected

@@ -27,7 +27,8 @@ def gguf() -> str:
 def llm(gguf):
     from shoal.services.worker.engine.llm import LLM
 
-    return LLM(gguf, num_kv_blocks=128, max_num_batched_tokens=64, num_threads=2)
+    return LLM(gguf, device="cpu", dtype="float32", num_kv_blocks=128, max_num_batched_tokens=64,
+               num_threads=2)
 
 
 def test_chat_answers_paris(llm):
@@ -54,7 +55,8 @@ def test_preemption_under_a_tiny_pool_keeps_greedy_tokens(gguf, llm):
 
     greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     expected = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
-    tiny = LLM(gguf, num_kv_blocks=4, block_size=16, enable_prefix_caching=False, num_threads=2)
+    tiny = LLM(gguf, device="cpu", dtype="float32", num_kv_blocks=4, block_size=16,
+               enable_prefix_caching=False, num_threads=2)
     outputs = tiny.generate(PROMPTS, greedy, use_tqdm=False)
     assert tiny.engine.stats().num_preemptions > 0
     assert [o.outputs[0].token_ids for o in outputs] == expected

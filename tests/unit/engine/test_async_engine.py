@@ -47,6 +47,23 @@ async def test_streams_deltas_that_add_up_to_the_offline_result():
         engine.shutdown()
 
 
+async def test_n_children_stream_their_own_deltas():
+    engine, _ = make_engine()
+    try:
+        tokens: dict[int, list[int]] = {0: [], 1: [], 2: []}
+        finished: set[int] = set()
+        async for out in engine.generate("r", [1, 2, 3, 4, 5], SamplingParams(n=3, seed=3, max_tokens=4)):
+            for c in out.outputs:
+                assert c.index not in finished  # nothing after a child's final delta
+                tokens[c.index] += c.token_ids
+                if c.finish_reason is not None:
+                    finished.add(c.index)
+        assert finished == {0, 1, 2} and all(len(t) == 4 for t in tokens.values())
+        assert len({tuple(t) for t in tokens.values()}) == 3
+    finally:
+        engine.shutdown()
+
+
 async def test_event_loop_keeps_ticking_while_the_engine_steps():
     engine, runner = make_engine(step_seconds=0.02)
     step_threads: set[int] = set()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shoal.kernels.paged_attention import paged_attention
+from shoal.kernels.paged_attention import Workspace, paged_attention
 from shoal.kernels.reshape_and_cache import reshape_and_cache
 from shoal.kernels.rms_norm import rms_norm
 from shoal.kernels.rotary import apply_rotary
@@ -36,5 +36,5 @@ def select_ops(device: torch.device | str) -> Ops:
     return TORCH_OPS
 
 
-__all__ = ["Ops", "TORCH_OPS", "select_ops", "paged_attention", "reshape_and_cache", "rms_norm",
+__all__ = ["Ops", "Workspace", "TORCH_OPS", "select_ops", "paged_attention", "reshape_and_cache", "rms_norm",
            "apply_rotary"]

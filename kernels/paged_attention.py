@@ -11,6 +11,27 @@ import torch
 import torch.nn.functional as F
 
 
+class Workspace:
+    """Reusable scratch buffers (the gathered K/V of a decode batch), grown on demand.
+
+    A big fresh tensor per layer costs page faults on every step (glibc serves allocations over
+    32 MiB with mmap); the runner keeps one Workspace and passes it to every layer's call.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        numel = 1
+        for size in shape:
+            numel *= size
+        buf = self._buffers.get(name)
+        if buf is None or buf.numel() < numel or buf.dtype != like.dtype or buf.device != like.device:
+            buf = torch.empty(max(numel, 1), dtype=like.dtype, device=like.device)
+            self._buffers[name] = buf
+        return buf[:numel].view(shape)
+
+
 def paged_attention(
     q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -19,13 +40,16 @@ def paged_attention(
     seq_lens: torch.Tensor,  # [num_seqs] int32, context length after this step
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
     scale: float,
+    workspace: Workspace | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """`workspace` (optional, CPU path only) lends scratch buffers that outlive the call."""
     out = torch.empty_like(q)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     decodes = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
     if decodes:
-        _decode_batch(q, k_cache, v_cache, block_tables, seq_lens, starts, lens, decodes, scale, out)
+        _decode_batch(q, k_cache, v_cache, block_tables, seq_lens, starts, lens, decodes, scale, out,
+                      workspace or Workspace())
     for i in range(len(lens)):
         q_len = starts[i + 1] - starts[i]
         if q_len > 1:
@@ -35,7 +59,8 @@ def paged_attention(
 
 def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor, starts: list[int],
-                  lens: list[int], decodes: list[int], scale: float, out: torch.Tensor) -> None:
+                  lens: list[int], decodes: list[int], scale: float, out: torch.Tensor,
+                  workspace: Workspace) -> None:
     """Every one-token query at once: gather each sequence's blocks, pad to the longest, mask."""
     block_size, num_kv_heads, head_dim = k_cache.shape[1:]
     num_heads = q.shape[1]
@@ -50,9 +75,14 @@ def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         ctx_lens, q_d = seq_lens.index_select(0, seq_idx), q.index_select(0, tok_idx)
     max_len = num_blocks * block_size
     flat = tables.reshape(-1).long()
-    # [n, num_kv_heads, max_len, head_dim]: the layout SDPA wants, gathered in one copy
-    k = k_cache.index_select(0, flat).view(n, max_len, num_kv_heads, head_dim).transpose(1, 2)
-    v = v_cache.index_select(0, flat).view(n, max_len, num_kv_heads, head_dim).transpose(1, 2)
+    row = block_size * num_kv_heads * head_dim
+    k = workspace.get("k", (flat.shape[0], row), k_cache)
+    v = workspace.get("v", (flat.shape[0], row), v_cache)
+    torch.index_select(k_cache.view(-1, row), 0, flat, out=k)  # one copy per cache, 2-D rows
+    torch.index_select(v_cache.view(-1, row), 0, flat, out=v)
+    # [n, num_kv_heads, max_len, head_dim] views: the layout SDPA wants
+    k = k.view(n, max_len, num_kv_heads, head_dim).transpose(1, 2)
+    v = v.view(n, max_len, num_kv_heads, head_dim).transpose(1, 2)
     mask = torch.arange(max_len)[None, :] < ctx_lens[:, None]  # [n, max_len]
     o = F.scaled_dot_product_attention(
         q_d.view(n, num_heads, 1, head_dim), k, v, attn_mask=mask[:, None, None, :],

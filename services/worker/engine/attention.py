@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from shoal.kernels import Ops
+from shoal.kernels import Ops, Workspace
 
 
 @dataclass(slots=True)
@@ -20,6 +20,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32
     seq_lens: torch.Tensor  # [num_seqs] int32, context length after this step
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    workspace: Workspace | None = None  # scratch reused by every layer and step (CPU path)
 
 
 class Attention(nn.Module):
@@ -42,4 +43,5 @@ class Attention(nn.Module):
         assert self.k_cache.numel(), "KV cache not allocated (kv_cache.bind_kv_caches)"
         self.ops.reshape_and_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         return self.ops.paged_attention(q, self.k_cache, self.v_cache, meta.block_tables,
-                                        meta.seq_lens, meta.query_start_loc, self.scale)
+                                        meta.seq_lens, meta.query_start_loc, self.scale,
+                                        workspace=meta.workspace)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from shoal.kernels import Workspace
 from shoal.services.worker.engine.attention import AttentionMetadata
 from shoal.services.worker.engine.outputs import SchedulerOutput
 
@@ -26,7 +27,8 @@ class ModelInputs:
     chunk_rows: list[int | None]  # per scheduled seq: first logits row of its prompt-logprob chunk
 
 
-def build_model_inputs(out: SchedulerOutput, block_size: int, device: torch.device) -> ModelInputs:
+def build_model_inputs(out: SchedulerOutput, block_size: int, device: torch.device,
+                       workspace: Workspace | None = None) -> ModelInputs:
     seqs = out.scheduled
     num_seqs = len(seqs)
     input_ids: list[int] = []
@@ -69,6 +71,7 @@ def build_model_inputs(out: SchedulerOutput, block_size: int, device: torch.devi
         block_tables=torch.from_numpy(block_tables).to(device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=device),
+        workspace=workspace,
     )
     return ModelInputs(
         input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig
 
-from shoal.kernels import select_ops
+from shoal.kernels import Workspace, select_ops
 from shoal.services.worker.engine.config import ConfigError, EngineConfig
 from shoal.services.worker.engine.input_batch import ModelInputs, build_model_inputs
 from shoal.services.worker.engine.kv_cache import bind_kv_caches, num_kv_blocks
@@ -50,6 +50,7 @@ class ModelRunner:
         self.num_kv_blocks = num_kv_blocks(config, self.model, self.dtype, self.device)
         self.kv_caches = bind_kv_caches(self.model, self.num_kv_blocks, self.block_size,
                                         self.dtype, self.device)
+        self.workspace = Workspace()
         self.states: dict[int, SeqState] = {}
         self._num_unseeded = 0
 
@@ -60,7 +61,7 @@ class ModelRunner:
         if out.is_empty:
             return RunnerOutput(sampled_token_ids={})
         states = [self._update_state(s) for s in out.scheduled]
-        inputs = build_model_inputs(out, self.block_size, self.device)
+        inputs = build_model_inputs(out, self.block_size, self.device, self.workspace)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)  # [num_tokens, hidden]
         logits = self.model.compute_logits(hidden, inputs.logits_indices)  # [num_logits, vocab]
         prompt_logprobs = self._prompt_logprobs(out.scheduled, states, inputs, logits)

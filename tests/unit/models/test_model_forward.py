@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import ARCHS, VOCAB, save_tiny_model
+from tests.tiny_models import ARCHS, VOCAB, save_tiny_model
 from transformers import AutoModelForCausalLM
 
 from shoal.services.worker.engine.config import EngineConfig

@@ -35,6 +35,12 @@ class Settings(BaseSettings):
     reschedule_after: float = 300.0
     """Seconds an instance may stay UNREACHABLE before the scheduler places it elsewhere."""
 
+    scheduler_interval: float = 5.0
+    """Seconds between the scheduler's periodic reconciles (events trigger one sooner)."""
+    scheduler_error_backoff: float = 10.0
+    """First wait before an ERROR instance is rescheduled; doubles with each attempt."""
+    scheduler_error_backoff_max: float = 600.0
+
     worker_name: str | None = None
     """Defaults to the host name."""
     worker_labels: dict[str, str] = Field(default_factory=dict)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from shoal.shared.errors import ShoalError
 
-SERVICES = ["registry", "worker"]
+SERVICES = ["registry", "scheduler", "worker"]
 """What `shoal up` starts, in order (stopped in reverse)."""
 
 
@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="start the whole local stack in the foreground")
     up.add_argument("--simulate-devices", help="run the local worker as a simulated one")
+    up.add_argument("--no-model", action="store_true", help="do not deploy the default model")
+    sub.add_parser("scheduler", help="run the scheduler service")
     sub.add_parser("registry", help="run the registry service")
     engine = sub.add_parser("engine", help="run one engine instance (started by a worker)")
     engine.add_argument("--instance-id", required=True)
@@ -65,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                 p.add_argument("--pp", type=int)
                 p.add_argument("--max-model-len", type=int)
                 p.add_argument("--no-distributed", action="store_true", help="never span several workers")
+                p.add_argument("--engine-arg", action="append", default=[],
+                               help="KEY=VALUE engine setting (max_num_seqs, kv_cache_memory, ...)")
+                p.add_argument("--dry-run", action="store_true",
+                               help="print where it would be placed (or why not) and create nothing")
             if (resource, verb) == ("models", "update"):
                 p.add_argument("--replicas", type=int)
             if (resource, verb) == ("instances", "list"):

@@ -20,9 +20,17 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.command == "up":
         from shoal.cli.stack import up
 
+        from shoal.cli.stack import DEFAULT_MODEL
+        from shoal.services.worker.model_prep import smollm2_gguf_path
+
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
         extra = {"worker": ["--simulate-devices", args.simulate_devices]} if args.simulate_devices else {}
-        return up(settings, SERVICES, extra)
+        deploy = None if args.no_model or args.simulate_devices else (DEFAULT_MODEL, str(smollm2_gguf_path()))
+        return up(settings, SERVICES, extra, deploy)
+    if args.command == "scheduler":
+        from shoal.services.scheduler.service import run_scheduler
+
+        return run_service("scheduler", run_scheduler, resolve_settings(**overrides))
     if args.command == "registry":
         from shoal.services.registry.service import run_registry
 
@@ -61,7 +69,10 @@ def models_cmd(settings: Settings, args: argparse.Namespace) -> int:
             placement_strategy=args.placement, worker_selector=_labels(args.worker_selector),
             gpu_selector=args.gpu_selector, gpu_type=args.gpu_type, tp=args.tp, pp=args.pp,
             max_model_len=args.max_model_len, distributed=not args.no_distributed,
+            engine_args={k: _scalar(v) for k, v in _labels(args.engine_arg).items()},
         )
+        if args.dry_run:
+            return dry_run(settings, req, args.json)
         emit(run(settings, lambda c: c.create_model(req)), args.json, models_table)
     elif args.verb == "update":
         async def update(c: RegistryClient) -> ModelPublic:
@@ -78,6 +89,33 @@ def models_cmd(settings: Settings, args: argparse.Namespace) -> int:
         run(settings, delete)
         print(f"deleted model {args.target}")
     return 0
+
+
+def _scalar(text: str) -> int | float | bool | str:
+    """An --engine-arg value as the type it reads as."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def dry_run(settings: Settings, req: ModelCreate, as_json: bool) -> int:
+    """Where one instance of the model would go on the current fleet, or why not."""
+    from shoal.services.scheduler.planner import plan_placement
+
+    async def fleet(c: RegistryClient):  # noqa: ANN202
+        return await c.list_workers(), await c.list_instances()
+
+    workers, instances = run(settings, fleet)
+    result = plan_placement(req, workers, instances)
+    if as_json:
+        print(result.placement.model_dump_json(indent=2) if result.placement else "null")
+    print(result.describe())
+    return 0 if result.placement is not None else 2
 
 
 def instances_cmd(settings: Settings, args: argparse.Namespace) -> int:

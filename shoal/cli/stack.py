@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shoal.shared.process import die_with_parent
@@ -20,11 +21,13 @@ from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.embedded import EmbeddedNats, EmbeddedPostgres, write_stack_file
-from shoal.shared.errors import ShoalError
-from shoal.shared.states import WorkerState
+from shoal.shared.errors import NotFound, ShoalError
+from shoal.shared.schemas.registry import DeviceKind, InstanceFilter, InstancePublic, ModelCreate
+from shoal.shared.states import InstanceState, WorkerState
 
-STOP_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 40.0
 READY_TIMEOUT_S = 120.0
+MODEL_TIMEOUT_S = 900.0
 
 
 @dataclass
@@ -114,6 +117,41 @@ class Stack:
         self.settings.stack_file.unlink(missing_ok=True)
 
 
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+
+
+async def deploy_and_wait(settings: Settings, name: str, source: str, deadline: float,
+                          stopping: Callable[[], bool]) -> InstancePublic | None:
+    """Deploy `name` (unless it exists) and wait for a RUNNING instance, printing its progress.
+    None when stopped or timed out (the stack keeps running)."""
+    bus = await Bus.connect(settings, name="shoal-up")
+    try:
+        client = RegistryClient(bus)
+        try:
+            model = await client.get_model(name=name)
+        except NotFound:
+            model = await client.create_model(ModelCreate(name=name, source=source, device=DeviceKind.CPU))
+            print(f"shoal: deployed {name} from {source}", flush=True)
+        last = ""
+        while time.monotonic() < deadline and not stopping():
+            instances = await client.list_instances(InstanceFilter(model_id=model.id))
+            running = [i for i in instances if i.state is InstanceState.RUNNING]
+            if running:
+                return running[0]
+            if instances:
+                i = instances[0]
+                line = f"shoal: {i.name} {i.state.value}" + (f": {i.state_message}" if i.state_message else "")
+                if line != last:
+                    print(line, flush=True)
+                    last = line
+            await asyncio.sleep(0.5)
+        if not stopping():
+            print(f"shoal: {name} has no RUNNING instance yet; see `shoal instances list`", flush=True)
+        return None
+    finally:
+        await bus.close()
+
+
 async def wait_ready(settings: Settings, deadline: float) -> str:
     """Until the registry answers and a worker is READY; returns the worker's name."""
     bus = await Bus.connect(settings, name="shoal-up")
@@ -133,7 +171,8 @@ async def wait_ready(settings: Settings, deadline: float) -> str:
 
 
 def up(settings: Settings, services: list[str], extra_args: dict[str, list[str]],
-       after_ready: list[str] | None = None) -> int:
+       model: tuple[str, str] | None = None) -> int:
+    """Run the stack; with `model` = (name, source), deploy it and wait until it serves."""
     started = time.monotonic()
     stopping = False
     is_ready = False
@@ -154,8 +193,15 @@ def up(settings: Settings, services: list[str], extra_args: dict[str, list[str]]
         is_ready = True
         print(f"shoal: ready in {time.monotonic() - started:.1f}s — worker {worker} READY; "
               f"data in {settings.data_dir}", flush=True)
-        for line in after_ready or []:
-            print(line, flush=True)
+        if model is not None:
+            name, source = model
+            instance = asyncio.run(deploy_and_wait(stack.settings, name, source,
+                                                   time.monotonic() + MODEL_TIMEOUT_S, lambda: stopping))
+            if instance is not None:
+                print(f"shoal: {name} RUNNING as {instance.name} after {time.monotonic() - started:.1f}s",
+                      flush=True)
+                if "gateway" in services:
+                    print(serving_hint(settings, name), flush=True)
         print("shoal: press Ctrl-C to stop everything", flush=True)
         while not stopping:
             stack.supervise_once()
@@ -167,3 +213,17 @@ def up(settings: Settings, services: list[str], extra_args: dict[str, list[str]]
         stack.stop()
         print("shoal: stopped", flush=True)
     return 0
+
+
+def serving_hint(settings: Settings, model: str) -> str:
+    base = f"http://{settings.gateway_host}:{settings.gateway_port}"
+    lines = [f"shoal: OpenAI-compatible endpoint {base}/v1  (model {model!r})",
+             f"  curl {base}/v1/chat/completions -H 'Content-Type: application/json' \\",
+             f"    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", "
+             f"\"content\": \"What is the capital of France?\"}}]}}'"]
+    if settings.require_api_key:
+        lines.append("  API keys are required: create one with `shoal keys create NAME` and add "
+                     "-H 'Authorization: Bearer <secret>'")
+    else:
+        lines.append("  (no API key needed; set SHOAL_REQUIRE_API_KEY=true and use `shoal keys create NAME` to require one)")
+    return "\n".join(lines)

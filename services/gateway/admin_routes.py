@@ -1,0 +1,157 @@
+"""Management API over the registry: /api/v1/{models,instances,workers,keys}.
+
+Bodies are the registry's own pydantic payloads (unknown fields refused, 400); a stale `version`
+comes back from the registry as Conflict, answered 409; nothing is written on either.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from shoal.services.gateway.errors import read_body
+from shoal.services.gateway.protocol import parse_body
+from shoal.services.gateway.state import STATE
+from shoal.shared.errors import InvalidRequest, NotFound
+from shoal.shared.schemas.registry import (
+    ApiKeyCreate, DeleteRequest, InstanceFilter, ListRequest, ModelCreate, ModelPublic, ModelUpdate,
+)
+from shoal.shared.states import InstanceState
+
+routes = web.RouteTableDef()
+
+
+def _json(item: BaseModel | list[BaseModel], status: int = 200) -> web.Response:
+    if isinstance(item, list):
+        body: Any = {"items": [i.model_dump(mode="json") for i in item], "total": len(item)}
+    else:
+        body = item.model_dump(mode="json")
+    return web.json_response(body, status=status)
+
+
+def _int_query(request: web.Request, name: str, default: int | None) -> int | None:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidRequest(f"{name} must be an integer, got {raw!r}", param=name) from None
+
+
+def _page(request: web.Request) -> ListRequest:
+    try:
+        return ListRequest(limit=_int_query(request, "limit", 1000), offset=_int_query(request, "offset", 0))
+    except ValueError as exc:
+        raise InvalidRequest(f"bad paging: {exc}", param="limit") from None
+
+
+def _delete(request: web.Request) -> DeleteRequest:
+    return DeleteRequest(id=request.match_info["id"], version=_int_query(request, "version", None))
+
+
+# ---------------------------------------------------------------- models
+@routes.get("/api/v1/models")
+async def list_models(request: web.Request) -> web.Response:
+    return _json(await request.app[STATE].registry.list_models(_page(request)))
+
+
+@routes.post("/api/v1/models")
+async def create_model(request: web.Request) -> web.Response:
+    body = parse_body(await read_body(request), ModelCreate)
+    return _json(await request.app[STATE].registry.create_model(body), status=201)
+
+
+async def _model(request: web.Request, key: str) -> ModelPublic:
+    registry = request.app[STATE].registry
+    try:
+        return await registry.get_model(id=key)
+    except NotFound:
+        return await registry.get_model(name=key)
+
+
+@routes.get("/api/v1/models/{id}")
+async def get_model(request: web.Request) -> web.Response:
+    return _json(await _model(request, request.match_info["id"]))
+
+
+@routes.patch("/api/v1/models/{id}")
+async def update_model(request: web.Request) -> web.Response:
+    raw = await read_body(request)
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise InvalidRequest("the body must be a JSON object", code="invalid_json")
+    model = await _model(request, request.match_info["id"])
+    body = parse_body(json.dumps({**data, "id": model.id}).encode(), ModelUpdate)
+    return _json(await request.app[STATE].registry.update_model(body))
+
+
+@routes.delete("/api/v1/models/{id}")
+async def delete_model(request: web.Request) -> web.Response:
+    model = await _model(request, request.match_info["id"])
+    req = DeleteRequest(id=model.id, version=_int_query(request, "version", None))
+    return _json(await request.app[STATE].registry.delete_model(req))
+
+
+# ---------------------------------------------------------------- instances
+@routes.get("/api/v1/instances")
+async def list_instances(request: web.Request) -> web.Response:
+    q = request.query
+    state = q.get("state")
+    if state is not None and state.upper() not in InstanceState.__members__:
+        raise InvalidRequest(f"unknown state {state!r}", param="state")
+    model_id = q.get("model_id")
+    if model_id is None and q.get("model"):
+        model_id = (await _model(request, q["model"])).id
+    flt = InstanceFilter(model_id=model_id, worker_id=q.get("worker_id"),
+                         state=InstanceState[state.upper()] if state else None)
+    return _json(await request.app[STATE].registry.list_instances(flt))
+
+
+@routes.get("/api/v1/instances/{id}")
+async def get_instance(request: web.Request) -> web.Response:
+    return _json(await request.app[STATE].registry.get_instance(request.match_info["id"]))
+
+
+@routes.delete("/api/v1/instances/{id}")
+async def delete_instance(request: web.Request) -> web.Response:
+    return _json(await request.app[STATE].registry.delete_instance(_delete(request)))
+
+
+# ---------------------------------------------------------------- workers
+@routes.get("/api/v1/workers")
+async def list_workers(request: web.Request) -> web.Response:
+    return _json(await request.app[STATE].registry.list_workers(_page(request)))
+
+
+@routes.get("/api/v1/workers/{id}")
+async def get_worker(request: web.Request) -> web.Response:
+    return _json(await request.app[STATE].registry.get_worker(request.match_info["id"]))
+
+
+@routes.delete("/api/v1/workers/{id}")
+async def delete_worker(request: web.Request) -> web.Response:
+    return _json(await request.app[STATE].registry.delete_worker(_delete(request)))
+
+
+# ---------------------------------------------------------------- API keys
+@routes.get("/api/v1/keys")
+async def list_keys(request: web.Request) -> web.Response:
+    return _json(await request.app[STATE].registry.list_keys(_page(request)))
+
+
+@routes.post("/api/v1/keys")
+async def create_key(request: web.Request) -> web.Response:
+    body = parse_body(await read_body(request), ApiKeyCreate)
+    return _json(await request.app[STATE].registry.create_key(body), status=201)
+
+
+@routes.delete("/api/v1/keys/{id}")
+async def revoke_key(request: web.Request) -> web.Response:
+    return _json(await request.app[STATE].registry.revoke_key(request.match_info["id"]))

@@ -1,0 +1,81 @@
+"""The gateway's aiohttp application: middlewares (errors, then auth), routes, and a cleanup
+context that owns the bus connection and the live instance table for the app's lifetime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from shoal.services.gateway import admin_routes, openai_routes
+from shoal.services.gateway.admission import Admission
+from shoal.services.gateway.auth import KeyCache, auth_middleware
+from shoal.services.gateway.errors import error_middleware
+from shoal.services.gateway.infer_client import InferClient
+from shoal.services.gateway.instances import InstanceTable
+from shoal.services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from shoal.services.gateway.openapi import openapi_document
+from shoal.services.gateway.router import Router
+from shoal.services.gateway.state import STATE, VERSION, GatewayState
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.config import Settings
+
+SETTINGS: web.AppKey[Settings] = web.AppKey("shoal_gateway_settings", Settings)
+ops = web.RouteTableDef()
+
+
+@ops.get("/health")
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+@ops.get("/version")
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": VERSION})
+
+
+@ops.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[STATE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+@ops.get("/openapi.json")
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document(VERSION))
+
+
+async def _lifetime(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    bus = await Bus.connect(settings, name="shoal-gateway")
+    try:
+        registry = RegistryClient(bus)
+        router = Router()
+        table = InstanceTable(bus, registry, settings, router)
+        app[STATE] = GatewayState(
+            settings=settings, bus=bus, registry=registry, router=router, table=table,
+            client=InferClient(bus, registry, table, router, settings),
+            admission=Admission(settings.gateway_max_outstanding),
+            metrics=GatewayMetrics(table.live_loads), keys=KeyCache(settings.gateway_key_cache_ttl),
+        )
+        await table.start()
+        try:
+            yield
+        finally:
+            await table.stop()
+    finally:
+        await bus.close()
+
+
+def make_app(settings: Settings) -> web.Application:
+    """Build the app; the bus connects when it starts (aiohttp runner or test server)."""
+    app = web.Application(client_max_size=settings.gateway_max_body_bytes,
+                          middlewares=[error_middleware, auth_middleware])
+    app[SETTINGS] = settings
+    app.cleanup_ctx.append(_lifetime)
+    app.add_routes(ops)
+    app.add_routes(openai_routes.routes)
+    app.add_routes(admin_routes.routes)
+    return app

@@ -1,0 +1,70 @@
+"""API-key auth (only when `settings.require_api_key`): `Authorization: Bearer <key>` verified by
+the registry, cached for `gateway_key_cache_ttl` seconds so a request costs no bus round trip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from shoal.shared.errors import Unauthorized
+
+PUBLIC_PATHS = frozenset({"/health", "/version", "/metrics", "/openapi.json", "/ping"})
+MAX_CACHED_KEYS = 10000
+
+
+class KeyCache:
+    """secret hash -> (valid, until); bounded, so unknown keys cannot grow it without limit."""
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._entries: OrderedDict[str, tuple[bool, float]] = OrderedDict()
+
+    @staticmethod
+    def _key(secret: str) -> str:
+        return hashlib.sha256(secret.encode()).hexdigest()
+
+    def get(self, secret: str, now: float | None = None) -> bool | None:
+        entry = self._entries.get(self._key(secret))
+        if entry is None or entry[1] < (time.monotonic() if now is None else now):
+            return None
+        return entry[0]
+
+    def put(self, secret: str, valid: bool, now: float | None = None) -> None:
+        key = self._key(secret)
+        self._entries[key] = (valid, (time.monotonic() if now is None else now) + self.ttl)
+        self._entries.move_to_end(key)
+        while len(self._entries) > MAX_CACHED_KEYS:
+            self._entries.popitem(last=False)
+
+
+def bearer(header: str | None) -> str:
+    if not header:
+        raise Unauthorized("missing API key: send `Authorization: Bearer <key>` "
+                           "(create one with `shoal keys create NAME`)")
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise Unauthorized("malformed Authorization header: expected `Bearer <key>`")
+    return secret.strip()
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Only when `require_api_key`: every route but the public ones needs a valid key."""
+    from shoal.services.gateway.state import STATE  # the state module imports this one
+
+    st = request.app[STATE]
+    if not st.settings.require_api_key or request.path in PUBLIC_PATHS or request.method == "OPTIONS":
+        return await handler(request)
+    secret = bearer(request.headers.get("Authorization"))
+    valid = st.keys.get(secret)
+    if valid is None:
+        valid = (await st.registry.verify_key(secret)).valid
+        st.keys.put(secret, valid)
+    if not valid:
+        raise Unauthorized("invalid, expired or revoked API key")
+    return await handler(request)

@@ -1,0 +1,73 @@
+"""Error middleware: every failure leaves as OpenAI-shaped JSON with the right status.
+
+ShoalError kinds keep their status; aiohttp's HTTP errors (unknown route, wrong method, body too
+large) get OpenAI's shape too; anything unexpected is logged and answered 500 without internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from shoal.shared.errors import InvalidRequest, ShoalError
+
+log = logging.getLogger(__name__)
+
+_TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error",
+                   413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
+
+
+def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """(status, {"error": {...}}) for any exception; pure, so it is unit tested directly."""
+    if isinstance(exc, ShoalError):
+        return exc.http_status, {"error": exc.to_dict()}
+    if isinstance(exc, web.HTTPException) and exc.status >= 400:
+        message = {404: "no such route", 405: "method not allowed",
+                   413: "request body too large"}.get(exc.status, exc.reason)
+        return exc.status, {"error": {"message": message, "type": _TYPE_BY_STATUS.get(exc.status, "error"),
+                                      "param": None, "code": None}}
+    return 500, {"error": {"message": "internal error", "type": "internal_error", "param": None,
+                           "code": "internal_error"}}
+
+
+def error_response(exc: BaseException) -> web.Response:
+    status, body = error_body(exc)
+    headers = {"Retry-After": "1"} if status in (429, 503) else None
+    return web.json_response(body, status=status, headers=headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ShoalError as exc:
+        if exc.http_status >= 500:
+            log.warning("%s %s: %s", request.method, request.path, exc.message)
+        return error_response(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc)
+    except asyncio.CancelledError:
+        raise
+    except (ConnectionResetError, asyncio.TimeoutError) as exc:
+        log.info("%s %s: client went away (%s)", request.method, request.path, type(exc).__name__)
+        raise
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return error_response(RuntimeError())
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The raw body; too large or unreadable is a 400-class answer, never a 500."""
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise InvalidRequest(f"the body is larger than {request.client_max_size} bytes",
+                             code="body_too_large") from exc
+

@@ -1,0 +1,171 @@
+"""Talking to engines: send a generate request, stream its replies with a seq check, retry a
+request that has not started on another instance, fail a stream whose engine died, and abort the
+engine's request when the client goes away. Tokenize / detokenize are plain requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import TypeVar
+
+from nats.aio.msg import Msg
+from pydantic import BaseModel, ValidationError
+
+from shoal.services.gateway.instances import EngineGone, InstanceTable, LiveInstance
+from shoal.services.gateway.router import Router
+from shoal.shared.bus import subjects
+from shoal.shared.bus.client import Bus, encode
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.config import Settings
+from shoal.shared.errors import NotFound, ShoalError, Timeout, Unavailable
+from shoal.shared.schemas.infer import (
+    AbortRequest, InferChunk, InferEnd, InferError, InferReplyEnvelope, InferRequestEnvelope,
+    GenerateRequest,
+)
+from shoal.shared.telemetry import inject_headers
+
+log = logging.getLogger(__name__)
+R = TypeVar("R", bound=BaseModel)
+NO_RESPONDERS = "503"
+
+
+class _NotStarted(Exception):
+    """The attempt failed before the engine accepted the request: another instance may try."""
+
+    def __init__(self, error: ShoalError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class InferClient:
+    def __init__(self, bus: Bus, registry: RegistryClient, table: InstanceTable, router: Router,
+                 settings: Settings) -> None:
+        self.bus = bus
+        self.registry = registry
+        self.table = table
+        self.router = router
+        self.settings = settings
+
+    async def no_instance(self, model: str) -> ShoalError:
+        """404 for a model the registry does not know, else 503 (nothing RUNNING serves it)."""
+        try:
+            await self.registry.get_model(name=model)
+        except NotFound:
+            return NotFound(f"The model `{model}` does not exist.", param="model", code="model_not_found")
+        return Unavailable(f"no running instance serves model `{model}` now; retry later", param="model")
+
+    def _pick(self, model: str, hashes: Sequence[bytes], tried: list[str]) -> str | None:
+        return self.router.choose(self.table.candidates(model), hashes, exclude=tried)
+
+    async def generate(self, req: GenerateRequest,
+                       hashes: Sequence[bytes] = ()) -> AsyncIterator[InferChunk | InferEnd]:
+        """Yield the engine's chunks (seq 0 first) and its end; raise a ShoalError on failure."""
+        tried: list[str] = []
+        last: ShoalError | None = None
+        for _ in range(max(1, self.settings.gateway_max_attempts)):
+            instance_id = self._pick(req.model, hashes, tried)
+            if instance_id is None:
+                break
+            tried.append(instance_id)
+            try:
+                async for reply in self._attempt(instance_id, req, hashes):
+                    yield reply
+                return
+            except _NotStarted as exc:
+                log.warning("request %s not started on %s (%s); trying another instance",
+                            req.request_id, instance_id, exc.error.message)
+                last = exc.error
+        if last is not None:
+            raise last
+        raise await self.no_instance(req.model)
+
+    async def _attempt(self, instance_id: str, req: GenerateRequest,
+                       hashes: Sequence[bytes]) -> AsyncIterator[InferChunk | InferEnd]:
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        inst = self.table.watch(instance_id, queue)
+        if inst is None:
+            raise _NotStarted(Unavailable(f"instance {instance_id} left the table"))
+        nc = self.bus.nc
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox, cb=queue.put)
+        started = finished = False
+        try:
+            await nc.publish(subjects.infer(instance_id), encode(InferRequestEnvelope(request=req)),
+                             reply=inbox, headers=inject_headers({"request_id": req.request_id}))
+            expected = 0
+            while True:
+                timeout = (self.settings.gateway_stream_idle_timeout if started
+                           else self.settings.gateway_accept_timeout)
+                reply = self._decode(await self._next(queue, timeout, started, inst))
+                if isinstance(reply, InferError):
+                    finished = True
+                    error = ShoalError.from_dict(reply.error.model_dump(), status=reply.status)
+                    if not started and reply.status in (503, 429):
+                        raise _NotStarted(error)
+                    raise error
+                if reply.seq != expected:
+                    raise Unavailable(f"stream of request {req.request_id} lost messages "
+                                      f"(expected seq {expected}, got {reply.seq})")
+                expected += 1
+                if not started:
+                    started = True
+                    self.router.record(hashes, instance_id)
+                if isinstance(reply, InferEnd):
+                    finished = True
+                    yield reply
+                    return
+                yield reply
+        finally:
+            self.table.unwatch(inst, queue)
+            await sub.unsubscribe()
+            if started and not finished:
+                await self._abort(instance_id, req.request_id)
+
+    async def _next(self, queue: asyncio.Queue[object], timeout: float, started: bool,
+                    inst: LiveInstance) -> Msg:
+        try:
+            item = await asyncio.wait_for(queue.get(), timeout)
+        except asyncio.TimeoutError:
+            if not started:
+                raise _NotStarted(Timeout(f"instance {inst.id} did not accept within {timeout}s")) from None
+            raise Unavailable(f"the engine of instance {inst.id} sent nothing for {timeout}s") from None
+        if isinstance(item, EngineGone):
+            error = Unavailable(item.reason)
+            raise _NotStarted(error) if not started else error
+        assert isinstance(item, Msg)
+        return item
+
+    @staticmethod
+    def _decode(msg: Msg) -> InferChunk | InferEnd | InferError:
+        if msg.headers and msg.headers.get("Status") == NO_RESPONDERS and not msg.data:
+            raise _NotStarted(Unavailable(f"no engine listens on {msg.subject}"))
+        try:
+            return InferReplyEnvelope.model_validate_json(msg.data).reply
+        except ValidationError as exc:
+            raise Unavailable(f"malformed reply from the engine: {exc.errors()[0]['msg']}") from None
+
+    async def _abort(self, instance_id: str, request_id: str) -> None:
+        try:
+            await self.bus.publish(subjects.abort(instance_id), AbortRequest(request_id=request_id))
+        except Exception as exc:  # noqa: BLE001 - the connection may be closing
+            log.warning("could not abort %s on %s: %s", request_id, instance_id, exc)
+
+    async def call(self, model: str, request: BaseModel, reply_type: type[R]) -> R:
+        """A one-reply request (tokenize / detokenize) to the least loaded instance of `model`."""
+        tried: list[str] = []
+        last: ShoalError | None = None
+        for _ in range(max(1, self.settings.gateway_max_attempts)):
+            instance_id = self._pick(model, (), tried)
+            if instance_id is None:
+                break
+            tried.append(instance_id)
+            try:
+                return await self.bus.request(subjects.infer(instance_id),
+                                              InferRequestEnvelope(request=request), reply_type)  # type: ignore[arg-type]
+            except (Unavailable, Timeout) as exc:
+                last = exc
+        if last is not None:
+            raise last
+        raise await self.no_instance(model)

@@ -1,0 +1,181 @@
+"""The live instance table: RUNNING instances from the registry (a periodic list plus instance
+events) joined with the engines' load messages.
+
+An instance whose loads stop for `gateway_engine_dead_after` seconds is dead: its in-flight streams
+are told (`EngineGone`) and the router skips it until it publishes again. Leaving RUNNING in the
+registry (crash, restart, delete) fails its streams the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from nats.aio.msg import Msg
+
+from shoal.services.gateway.router import Candidate, Router
+from shoal.shared.bus import subjects
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.config import Settings
+from shoal.shared.errors import ShoalError
+from shoal.shared.schemas.events import EventKind, InstanceEvent
+from shoal.shared.schemas.infer import EngineLoad
+from shoal.shared.schemas.registry import InstanceFilter, InstancePublic
+from shoal.shared.states import InstanceState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineGone:
+    """Put on a stream's queue when its engine is dead or left RUNNING."""
+
+    reason: str
+
+
+@dataclass(slots=True)
+class LiveInstance:
+    id: str
+    model_name: str
+    version: int
+    last_seen: float
+    """Monotonic time of the last load (or of joining the table, as a grace period)."""
+    joined_at: float = field(default_factory=time.monotonic)
+    load: EngineLoad | None = None
+    num_outstanding: int = 0
+    is_dead: bool = False
+    streams: set[asyncio.Queue[object]] = field(default_factory=set)
+
+
+class InstanceTable:
+    def __init__(self, bus: Bus, registry: RegistryClient, settings: Settings, router: Router) -> None:
+        self.bus = bus
+        self.registry = registry
+        self.settings = settings
+        self.router = router
+        self.instances: dict[str, LiveInstance] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._subs: list[object] = []
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        self._subs.append(await self.bus.subscribe(subjects.LOAD_ALL, EngineLoad, self._on_load))
+        self._subs.append(await self.bus.subscribe(subjects.events_of("instances"), InstanceEvent, self._on_event))
+        with contextlib.suppress(ShoalError):
+            await self.refresh()
+        self._tasks = [asyncio.create_task(self._refresh_loop(), name="gateway-refresh"),
+                       asyncio.create_task(self._watchdog(), name="gateway-watchdog")]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()  # type: ignore[attr-defined]
+        for inst in self.instances.values():
+            self._fail(inst, "the gateway is shutting down")
+
+    async def refresh(self) -> None:
+        started = time.monotonic()
+        running = await self.registry.list_instances(InstanceFilter(state=InstanceState.RUNNING))
+        seen = set()
+        for inst in running:
+            seen.add(inst.id)
+            self._upsert(inst)
+        for inst in list(self.instances.values()):
+            if inst.id not in seen and inst.joined_at < started:
+                self._remove(inst.id, "no longer RUNNING in the registry")
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.gateway_instance_refresh)
+            try:
+                await self.refresh()
+            except ShoalError as exc:
+                log.warning("cannot refresh instances from the registry: %s", exc.message)
+
+    async def _watchdog(self) -> None:
+        period = max(0.05, self.settings.gateway_engine_dead_after / 4)
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for inst in self.instances.values():
+                if not inst.is_dead and now - inst.last_seen > self.settings.gateway_engine_dead_after:
+                    inst.is_dead = True
+                    log.warning("instance %s sent no load for %.1fs: treating it as dead", inst.id,
+                                now - inst.last_seen)
+                    self.router.affinity.forget(inst.id)
+                    self._fail(inst, f"the engine of instance {inst.id} stopped responding")
+
+    # ---------------------------------------------------------------- inputs
+    async def _on_load(self, load: EngineLoad, msg: Msg) -> None:
+        inst = self.instances.get(load.instance_id)
+        if inst is None:
+            return
+        inst.load = load
+        inst.last_seen = time.monotonic()
+        if inst.is_dead:
+            log.info("instance %s publishes its load again", inst.id)
+            inst.is_dead = False
+
+    async def _on_event(self, event: InstanceEvent, msg: Msg) -> None:
+        known = self.instances.get(event.id)
+        if known is not None and event.version < known.version:
+            return
+        if event.kind is not EventKind.DELETED and event.data.state is InstanceState.RUNNING:
+            self._upsert(event.data)
+        else:
+            self._remove(event.id, f"instance {event.id} left RUNNING ({event.data.state.value})")
+
+    def _upsert(self, data: InstancePublic) -> None:
+        known = self.instances.get(data.id)
+        if known is None:
+            self.instances[data.id] = LiveInstance(data.id, data.model_name, data.version, time.monotonic())
+        elif data.version > known.version:
+            known.version = data.version
+            known.joined_at = time.monotonic()
+
+    def _remove(self, instance_id: str, reason: str) -> None:
+        inst = self.instances.pop(instance_id, None)
+        if inst is not None:
+            self.router.affinity.forget(instance_id)
+            self._fail(inst, reason)
+
+    def _fail(self, inst: LiveInstance, reason: str) -> None:
+        for queue in list(inst.streams):
+            queue.put_nowait(EngineGone(reason))
+
+    # ---------------------------------------------------------------- queries
+    def live(self, model_name: str) -> list[LiveInstance]:
+        return [i for i in self.instances.values()
+                if i.model_name == model_name and not i.is_dead and not (i.load and i.load.draining)]
+
+    def candidates(self, model_name: str) -> list[Candidate]:
+        return [Candidate(i.id, i.num_outstanding,
+                          (i.load.num_running + i.load.num_waiting) if i.load else 0,
+                          i.load.kv_cache_usage if i.load else 0.0) for i in self.live(model_name)]
+
+    def model_names(self) -> list[str]:
+        return sorted({i.model_name for i in self.instances.values() if not i.is_dead})
+
+    def live_loads(self) -> list[EngineLoad]:
+        return [i.load for i in self.instances.values() if i.load is not None and not i.is_dead]
+
+    def watch(self, instance_id: str, queue: asyncio.Queue[object]) -> LiveInstance | None:
+        inst = self.instances.get(instance_id)
+        if inst is not None:
+            inst.streams.add(queue)
+            inst.num_outstanding += 1
+        return inst
+
+    def unwatch(self, inst: LiveInstance, queue: asyncio.Queue[object]) -> None:
+        if queue in inst.streams:
+            inst.streams.discard(queue)
+            inst.num_outstanding -= 1

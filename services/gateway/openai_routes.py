@@ -1,0 +1,96 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions, /tokenize,
+/detokenize. Thin: parse and validate (protocol.py), admit, route, answer (serve.py).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from shoal.services.gateway.errors import read_body
+from shoal.services.gateway.protocol import (
+    ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody, parse_body,
+)
+from shoal.services.gateway.responses import ResponseBuilder
+from shoal.services.gateway.router import messages_prefix_hashes, text_prefix_hashes, token_prefix_hashes
+from shoal.services.gateway.serve import Answer, Job
+from shoal.services.gateway.state import STATE
+from shoal.shared.errors import ShoalError
+from shoal.shared.schemas.infer import DetokenizeReply, DetokenizeRequest, TokenizeReply, TokenizeRequest
+
+routes = web.RouteTableDef()
+
+
+@routes.get("/v1/models")
+async def list_models(request: web.Request) -> web.Response:
+    st = request.app[STATE]
+    try:
+        models = [(m.name, int(m.created_at.timestamp()), m.max_model_len)
+                  for m in await st.registry.list_models()]
+    except ShoalError:  # the registry is away: still list what is being served
+        models = [(name, int(st.started_at), None) for name in st.table.model_names()]
+    serving = set(st.table.model_names())
+    data = [{"id": name, "object": "model", "created": created, "owned_by": "shoal", "root": name,
+             "parent": None, "max_model_len": max_len, "has_running_instance": name in serving}
+            for name, created, max_len in models]
+    return web.json_response({"object": "list", "data": data})
+
+
+@routes.get("/v1/models/{name}")
+async def get_model(request: web.Request) -> web.Response:
+    st = request.app[STATE]
+    name = request.match_info["name"]
+    for model in await st.registry.list_models():
+        if model.name == name:
+            return web.json_response({"id": name, "object": "model", "owned_by": "shoal",
+                                      "created": int(model.created_at.timestamp())})
+    raise await st.client.no_instance(name)
+
+
+@routes.post("/v1/completions")
+async def completions(request: web.Request) -> web.StreamResponse:
+    st = request.app[STATE]
+    body = parse_body(await read_body(request), CompletionRequest)
+    with st.admission.slot():
+        builder = ResponseBuilder("completion", body.model, want_logprobs=body.logprobs is not None)
+        jobs = []
+        for i, prompt in enumerate(body.prompts()):
+            hashes = text_prefix_hashes(prompt) if isinstance(prompt, str) else token_prefix_hashes(prompt)
+            echo = prompt if body.echo and isinstance(prompt, str) else ""
+            jobs.append(Job(body.generate(f"{builder.id}-{i}", prompt), hashes, i * body.n, echo))
+        answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model), body.include_usage)
+        return await (answer.stream(request) if body.stream else answer.whole())
+
+
+@routes.post("/v1/chat/completions")
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    st = request.app[STATE]
+    body = parse_body(await read_body(request), ChatCompletionRequest)
+    with st.admission.slot():
+        builder = ResponseBuilder("chat", body.model, want_logprobs=body.logprobs)
+        hashes = messages_prefix_hashes([(m.role, m.text() or "") for m in body.messages])
+        jobs = [Job(body.generate(builder.id), hashes)]
+        answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model), body.include_usage)
+        return await (answer.stream(request) if body.stream else answer.whole())
+
+
+@routes.post("/tokenize")
+async def tokenize(request: web.Request) -> web.Response:
+    st = request.app[STATE]
+    body = parse_body(await read_body(request), TokenizeBody)
+    messages = None
+    if body.messages is not None:
+        messages = ChatCompletionRequest(model=body.model, messages=body.messages).wire_messages()
+    req = TokenizeRequest(model=body.model, prompt=body.prompt, messages=messages,
+                          add_special_tokens=body.add_special_tokens,
+                          add_generation_prompt=body.add_generation_prompt)
+    reply = await st.client.call(body.model, req, TokenizeReply)
+    return web.json_response({"count": reply.count, "max_model_len": reply.max_model_len, "tokens": reply.tokens})
+
+
+@routes.post("/detokenize")
+async def detokenize(request: web.Request) -> web.Response:
+    st = request.app[STATE]
+    body = parse_body(await read_body(request), DetokenizeBody)
+    reply = await st.client.call(body.model, DetokenizeRequest(model=body.model, tokens=body.tokens),
+                                 DetokenizeReply)
+    return web.json_response({"prompt": reply.prompt})

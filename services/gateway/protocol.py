@@ -1,0 +1,204 @@
+"""OpenAI request models (completions, chat, tokenize) and their translation to the bus contract.
+
+Pure: pydantic only. Every bad input becomes InvalidRequest naming the offending `param`, so the
+gateway answers 400 with OpenAI's error shape before anything reaches an engine.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shoal.shared.errors import InvalidRequest
+from shoal.shared.schemas.infer import ChatMessage, GenerateRequest, SamplingOptions
+
+MAX_LOGPROBS = 20
+T = TypeVar("T", bound=BaseModel)
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal"}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _SamplingBody(_Body):
+    """Fields shared by completions and chat (OpenAI's, plus vLLM's extra sampling knobs)."""
+
+    model: str = Field(min_length=1)
+    n: int = Field(default=1, ge=1, le=128)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    seed: int | None = None
+    user: str | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0)
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingOptions:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if any(not s for s in stops):
+            raise InvalidRequest("stop strings must not be empty", param="stop")
+        if len(stops) > 16:
+            raise InvalidRequest(f"at most 16 stop strings, got {len(stops)}", param="stop")
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequest("stream_options is only allowed when stream is true", param="stream_options")
+        if max_tokens is not None and self.min_tokens > max_tokens:
+            raise InvalidRequest(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({max_tokens})",
+                                 param="min_tokens")
+        return SamplingOptions(
+            n=self.n, temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=0 if self.top_k in (None, -1) else self.top_k,
+            min_p=self.min_p or 0.0, presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            seed=self.seed, stop=stops, stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos, max_tokens=max_tokens, min_tokens=self.min_tokens,
+            logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+        )
+
+
+class CompletionRequest(_SamplingBody):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = Field(default=None, ge=1)
+    suffix: str | None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt of the (possibly batched) request."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise InvalidRequest("prompt must not be empty", param="prompt")
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+    def check(self) -> None:
+        if self.suffix:
+            raise InvalidRequest("suffix is not supported", param="suffix")
+        if self.best_of is not None and self.best_of != self.n:
+            raise InvalidRequest("best_of different from n is not supported", param="best_of")
+        if self.echo and self.logprobs is not None:
+            raise InvalidRequest("echo with logprobs is not supported", param="echo")
+        for prompt in self.prompts():
+            if isinstance(prompt, list) and any(t < 0 for t in prompt):
+                raise InvalidRequest("token ids must be >= 0", param="prompt")
+
+    def generate(self, request_id: str, prompt: str | list[int]) -> GenerateRequest:
+        sampling = self.sampling(self.max_tokens, self.logprobs)
+        if isinstance(prompt, str):
+            return GenerateRequest(request_id=request_id, model=self.model, prompt=prompt, sampling=sampling)
+        return GenerateRequest(request_id=request_id, model=self.model, prompt_token_ids=prompt,
+                               sampling=sampling)
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessageIn(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str | None:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content
+
+
+class ChatCompletionRequest(_SamplingBody):
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: bool = True
+
+    def wire_messages(self) -> list[ChatMessage]:
+        return [ChatMessage(role=m.role, content=m.text(), name=m.name) for m in self.messages]
+
+    def check(self) -> None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs set to true", param="top_logprobs")
+
+    def generate(self, request_id: str) -> GenerateRequest:
+        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return GenerateRequest(request_id=request_id, model=self.model, messages=self.wire_messages(),
+                               add_generation_prompt=self.add_generation_prompt,
+                               sampling=self.sampling(max_tokens, logprobs))
+
+
+class TokenizeBody(_Body):
+    model: str = Field(min_length=1)
+    prompt: str | None = None
+    messages: list[ChatMessageIn] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+    def check(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise InvalidRequest("give exactly one of prompt or messages", param="prompt")
+
+
+class DetokenizeBody(_Body):
+    model: str = Field(min_length=1)
+    tokens: list[int]
+
+
+def _param(loc: tuple[int | str, ...]) -> str | None:
+    parts: list[str] = []
+    for item in loc:
+        text = str(item)
+        if isinstance(item, str) and ("[" in text or "-" in text or text in _TYPE_TAGS):
+            continue
+        parts.append(text)
+    return ".".join(parts) or None
+
+
+def parse_body(raw: bytes, model: type[T]) -> T:
+    """Decode and validate a JSON body; any problem is an InvalidRequest naming the param."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"the body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("the body must be a JSON object", code="invalid_json")
+    try:
+        body = model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = _param(tuple(first.get("loc", ())))
+        raise InvalidRequest(f"{param or 'body'}: {first['msg']}", param=param) from None
+    check = getattr(body, "check", None)
+    if check is not None:
+        check()
+    return body

@@ -1,0 +1,151 @@
+"""OpenAI response bodies built from the engine's stream (pure): completion and chat objects,
+their streamed chunks, logprobs in each API's shape, and usage with cached tokens.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoal.shared.schemas.infer import ChoiceDelta, TokenLogprobWire, Usage
+
+JSON = dict[str, Any]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage_body(usage: Usage) -> JSON:
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+
+
+def add_usage(a: Usage | None, b: Usage) -> Usage:
+    if a is None:
+        return b
+    return Usage(prompt_tokens=a.prompt_tokens + b.prompt_tokens,
+                 completion_tokens=a.completion_tokens + b.completion_tokens,
+                 cached_tokens=a.cached_tokens + b.cached_tokens)
+
+
+def completion_logprobs(items: list[TokenLogprobWire], offset: int) -> JSON:
+    """The legacy completions shape: parallel lists, text offsets from `offset`."""
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    for item in items:
+        tokens.append(item.token)
+        token_logprobs.append(item.logprob)
+        tops.append({t.token: t.logprob for t in item.top} or None)
+        offsets.append(offset)
+        offset += len(item.token)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _token_entry(token: str, logprob: float) -> JSON:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", "replace"))}
+
+
+def chat_logprobs(items: list[TokenLogprobWire]) -> JSON:
+    return {"content": [{**_token_entry(i.token, i.logprob),
+                         "top_logprobs": [_token_entry(t.token, t.logprob) for t in i.top]} for i in items]}
+
+
+@dataclass(slots=True)
+class ChoiceState:
+    """Everything one choice produced so far (for non-streamed answers and text offsets)."""
+
+    text: str = ""
+    num_tokens: int = 0
+    logprobs: list[TokenLogprobWire] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass(slots=True)
+class ResponseBuilder:
+    """Turns engine deltas into OpenAI chunks (streaming) or one final object (not streaming).
+
+    `kind` is "chat" or "completion"; choice indexes are offset per prompt for batched prompts.
+    """
+
+    kind: str
+    model: str
+    want_logprobs: bool = False
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+    choices: dict[int, ChoiceState] = field(default_factory=dict)
+    usage: Usage | None = None
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            self.id = new_id("chatcmpl" if self.kind == "chat" else "cmpl")
+
+    @property
+    def object_name(self) -> str:
+        return "chat.completion" if self.kind == "chat" else "text_completion"
+
+    def _state(self, index: int) -> ChoiceState:
+        return self.choices.setdefault(index, ChoiceState())
+
+    def apply(self, delta: ChoiceDelta, index: int) -> JSON:
+        """Record a delta and return its streamed choice entry."""
+        state = self._state(index)
+        offset = len(state.text)
+        state.text += delta.text
+        state.num_tokens += len(delta.token_ids)
+        if delta.logprobs:
+            state.logprobs.extend(delta.logprobs)
+        if delta.finish_reason is not None:
+            state.finish_reason, state.stop_reason = delta.finish_reason, delta.stop_reason
+        lp: JSON | None = None
+        if self.want_logprobs and delta.logprobs is not None:
+            lp = chat_logprobs(delta.logprobs) if self.kind == "chat" else completion_logprobs(delta.logprobs, offset)
+        if self.kind == "chat":
+            payload: JSON = {"content": delta.text} if delta.text else {}
+            return {"index": index, "delta": payload, "logprobs": lp, "finish_reason": delta.finish_reason}
+        return {"index": index, "text": delta.text, "logprobs": lp, "finish_reason": delta.finish_reason,
+                "stop_reason": delta.stop_reason}
+
+    def finish(self, index: int, reason: str) -> JSON | None:
+        """The closing entry for a choice whose finish reason came only with the end message."""
+        state = self._state(index)
+        if state.finish_reason is not None:
+            return None
+        state.finish_reason = reason
+        if self.kind == "chat":
+            return {"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}
+        return {"index": index, "text": "", "logprobs": None, "finish_reason": reason, "stop_reason": None}
+
+    def role_entry(self, index: int) -> JSON:
+        return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                "finish_reason": None}
+
+    def chunk(self, entries: list[JSON], usage: Usage | None = None, with_usage: bool = False) -> JSON:
+        body: JSON = {"id": self.id, "object": self.object_name + ("" if self.kind != "chat" else ".chunk"),
+                      "created": self.created, "model": self.model, "choices": entries}
+        if with_usage:
+            body["usage"] = usage_body(usage) if usage is not None else None
+        return body
+
+    def final(self, prefix_text: dict[int, str] | None = None) -> JSON:
+        """The non-streamed answer; `prefix_text` (echo) is put before each choice's text."""
+        entries: list[JSON] = []
+        for index in sorted(self.choices):
+            state = self.choices[index]
+            text = (prefix_text or {}).get(index, "") + state.text
+            if self.kind == "chat":
+                entries.append({"index": index, "message": {"role": "assistant", "content": text},
+                                "logprobs": chat_logprobs(state.logprobs) if self.want_logprobs else None,
+                                "finish_reason": state.finish_reason or "stop"})
+            else:
+                lp = completion_logprobs(state.logprobs, 0) if self.want_logprobs else None
+                entries.append({"index": index, "text": text, "logprobs": lp,
+                                "finish_reason": state.finish_reason or "stop",
+                                "stop_reason": state.stop_reason})
+        body: JSON = {"id": self.id, "object": self.object_name, "created": self.created,
+                      "model": self.model, "choices": entries}
+        body["usage"] = usage_body(self.usage) if self.usage is not None else None
+        return body

@@ -1,0 +1,144 @@
+"""Drive one OpenAI request's engine streams into its answer: a JSON object, or SSE chunks ending
+in `data: [DONE]` (an error after the stream started becomes an error event, never a hang).
+
+Errors before the first reply (unknown model, no instance, prompt too long) still leave as a plain
+HTTP error with its status, because the response is only prepared once an engine accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from shoal.services.gateway.infer_client import InferClient
+from shoal.services.gateway.metrics import RequestObserver
+from shoal.services.gateway.responses import ChoiceState, ResponseBuilder, add_usage
+from shoal.services.gateway.streaming import DONE, SSE_HEADERS, sse_error, sse_event
+from shoal.shared.errors import ShoalError
+from shoal.shared.schemas.infer import GenerateRequest, InferChunk, InferEnd
+
+Reply = InferChunk | InferEnd
+
+
+@dataclass(slots=True)
+class Job:
+    """One generate request of an OpenAI request (batched completions have several)."""
+
+    request: GenerateRequest
+    hashes: Sequence[bytes]
+    index_offset: int = 0
+    echo: str = ""
+
+
+async def merged(client: InferClient, jobs: Sequence[Job]) -> AsyncIterator[tuple[int, Reply]]:
+    """(job index, reply) from every job's stream; the first failure ends them all."""
+    if len(jobs) == 1:
+        async with contextlib.aclosing(client.generate(jobs[0].request, jobs[0].hashes)) as gen:
+            async for reply in gen:
+                yield 0, reply
+        return
+    queue: asyncio.Queue[tuple[int, Reply | BaseException]] = asyncio.Queue()
+
+    async def pump(i: int, job: Job) -> None:
+        try:
+            async with contextlib.aclosing(client.generate(job.request, job.hashes)) as gen:
+                async for reply in gen:
+                    queue.put_nowait((i, reply))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            queue.put_nowait((i, exc))
+
+    tasks = [asyncio.create_task(pump(i, job)) for i, job in enumerate(jobs)]
+    remaining = len(jobs)
+    try:
+        while remaining:
+            i, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, InferEnd):
+                remaining -= 1
+            yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Answer:
+    """Runs the jobs for one OpenAI request and writes its answer."""
+
+    def __init__(self, client: InferClient, builder: ResponseBuilder, jobs: Sequence[Job], n: int,
+                 observer: RequestObserver, include_usage: bool = False) -> None:
+        self.client = client
+        self.builder = builder
+        self.jobs = jobs
+        self.n = n
+        self.observer = observer
+        self.include_usage = include_usage
+
+    def _entries(self, job: Job, reply: Reply) -> list[dict[str, object]]:
+        entries: list[dict[str, object]] = []
+        if isinstance(reply, InferChunk):
+            self.observer.on_chunk(reply)
+            for delta in reply.choices:
+                entry = self.builder.apply(delta, job.index_offset + delta.index)
+                if self.builder.kind != "chat" or entry["delta"] or entry["finish_reason"] or entry["logprobs"]:
+                    entries.append(entry)
+        else:
+            self.observer.on_end(reply)
+            self.builder.usage = add_usage(self.builder.usage, reply.usage)
+            for index in range(self.n):
+                reason = reply.finish_reasons.get(index, "stop")
+                entry = self.builder.finish(job.index_offset + index, reason)
+                if entry is not None:
+                    entries.append(entry)
+        return entries
+
+    async def whole(self) -> web.Response:
+        async with contextlib.aclosing(merged(self.client, self.jobs)) as replies:
+            async for i, reply in replies:
+                self._entries(self.jobs[i], reply)
+        prefix = {job.index_offset + k: job.echo for job in self.jobs for k in range(self.n) if job.echo}
+        for job in self.jobs:  # choices that produced nothing still appear
+            for k in range(self.n):
+                self.builder.choices.setdefault(job.index_offset + k, ChoiceState())
+        return web.json_response(self.builder.final(prefix))
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        async with contextlib.aclosing(merged(self.client, self.jobs)) as replies:
+            first = await anext(replies)  # raises before the response is prepared
+            response = web.StreamResponse(headers=SSE_HEADERS)
+            await response.prepare(request)
+            await self._write_opening(response)
+            try:
+                await self._write(response, *first)
+                async for i, reply in replies:
+                    await self._write(response, i, reply)
+                if self.include_usage:
+                    await response.write(sse_event(self.builder.chunk([], self.builder.usage, True)))
+            except ShoalError as exc:
+                await response.write(sse_error(exc))
+            await response.write(DONE)
+            await response.write_eof()
+            return response
+
+    async def _write_opening(self, response: web.StreamResponse) -> None:
+        for job in self.jobs:
+            for k in range(self.n):
+                index = job.index_offset + k
+                if self.builder.kind == "chat":
+                    entry = self.builder.role_entry(index)
+                elif job.echo:
+                    entry = {"index": index, "text": job.echo, "logprobs": None, "finish_reason": None,
+                             "stop_reason": None}
+                else:
+                    continue
+                await response.write(sse_event(self.builder.chunk([entry], with_usage=self.include_usage)))
+
+    async def _write(self, response: web.StreamResponse, i: int, reply: Reply) -> None:
+        for entry in self._entries(self.jobs[i], reply):
+            await response.write(sse_event(self.builder.chunk([entry], with_usage=self.include_usage)))
+

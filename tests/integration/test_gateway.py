@@ -1,0 +1,218 @@
+"""The gateway in-process on a real port against the real registry (NATS + Postgres): ops routes,
+the management API with optimistic versions, API keys, OpenAI errors for unknown models, models
+with no running instance and bad input, and the bounded queue. No engine is needed here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import uuid
+from collections.abc import AsyncIterator
+
+import aiohttp
+import openai
+import pytest
+
+from shoal.services.gateway.service import run_gateway
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.config import Settings
+from shoal.shared.schemas.registry import (
+    ApiKeyCreate, DeviceStatus, InstanceCreate, InstanceTransition, ModelCreate, Placement, WorkerRegister,
+)
+from shoal.shared.states import InstanceState
+
+pytestmark = pytest.mark.integration
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(settings: Settings) -> AsyncIterator[str]:
+    """Run the gateway on a free port; yield its base URL."""
+    settings = settings.model_copy(update={"gateway_port": free_port()})
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(run_gateway(settings, stop, ready))
+    waiter = asyncio.create_task(ready.wait())
+    done, _ = await asyncio.wait({task, waiter}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        waiter.cancel()
+        task.result()
+    try:
+        yield f"http://127.0.0.1:{settings.gateway_port}"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
+@pytest.fixture(scope="module")
+async def gateway(settings: Settings, registry) -> AsyncIterator[str]:
+    async with running_gateway(settings.model_copy(update={"gateway_engine_dead_after": 1.0})) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+def sdk(url: str, key: str = "none") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def name() -> str:
+    return f"m-{uuid.uuid4().hex[:8]}"
+
+
+async def test_health_version_openapi_metrics(gateway: str, http: aiohttp.ClientSession) -> None:
+    async with http.get(f"{gateway}/health") as r:
+        assert r.status == 200 and (await r.json())["status"] == "ok"
+    async with http.get(f"{gateway}/version") as r:
+        assert r.status == 200 and (await r.json())["version"]
+    async with http.get(f"{gateway}/openapi.json") as r:
+        doc = await r.json()
+    assert doc["openapi"].startswith("3.") and {"/v1/chat/completions", "/v1/completions", "/v1/models",
+                                                 "/api/v1/models/{id}", "/tokenize"} <= set(doc["paths"])
+    async with http.get(f"{gateway}/metrics") as r:
+        text = await r.text()
+    assert r.status == 200 and "vllm:time_to_first_token_seconds" in text and "vllm:num_requests_running" in text
+    async with http.get(f"{gateway}/no/such/route") as r:
+        assert r.status == 404 and (await r.json())["error"]["type"] == "not_found_error"
+
+
+async def test_management_models_crud_with_stale_version(gateway: str, http: aiohttp.ClientSession) -> None:
+    model_name = name()
+    async with http.post(f"{gateway}/api/v1/models", json={"name": model_name, "source": "/models/x.gguf",
+                                                             "replicas": 0}) as r:
+        assert r.status == 201, await r.text()
+        created = await r.json()
+    async with http.get(f"{gateway}/api/v1/models/{model_name}") as r:
+        assert (await r.json())["id"] == created["id"]
+    async with http.get(f"{gateway}/api/v1/models") as r:
+        assert model_name in [m["name"] for m in (await r.json())["items"]]
+    async with http.patch(f"{gateway}/api/v1/models/{created['id']}",
+                          json={"version": created["version"], "replicas": 0, "max_model_len": 256}) as r:
+        assert r.status == 200, await r.text()
+        updated = await r.json()
+    assert updated["version"] > created["version"] and updated["max_model_len"] == 256
+    async with http.patch(f"{gateway}/api/v1/models/{created['id']}",
+                          json={"version": created["version"], "max_model_len": 128}) as r:
+        assert r.status == 409 and (await r.json())["error"]["type"] == "conflict_error"
+    async with http.patch(f"{gateway}/api/v1/models/{created['id']}", json={"version": "x"}) as r:
+        assert r.status == 400 and (await r.json())["error"]["param"] == "version"
+    async with http.post(f"{gateway}/api/v1/models", json={"name": "bad name!", "source": "x"}) as r:
+        assert r.status == 400 and (await r.json())["error"]["param"] == "name"
+    async with http.delete(f"{gateway}/api/v1/models/{created['id']}?version={created['version']}") as r:
+        assert r.status == 409
+    async with http.delete(f"{gateway}/api/v1/models/{created['id']}?version={updated['version']}") as r:
+        assert r.status == 200
+    async with http.get(f"{gateway}/api/v1/models/{model_name}") as r:
+        assert r.status == 404
+    for resource in ("instances", "workers", "keys"):
+        async with http.get(f"{gateway}/api/v1/{resource}") as r:
+            assert r.status == 200 and "items" in await r.json()
+    async with http.get(f"{gateway}/api/v1/instances?state=bogus") as r:
+        assert r.status == 400 and (await r.json())["error"]["param"] == "state"
+
+
+async def test_unknown_model_is_404_and_no_instance_is_503(gateway: str, client: RegistryClient) -> None:
+    api = sdk(gateway)
+    with pytest.raises(openai.NotFoundError) as err:
+        await api.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+    assert err.value.body["code"] == "model_not_found"
+    model = await client.create_model(ModelCreate(name=name(), source="/models/x.gguf", replicas=0))
+    with pytest.raises(openai.APIStatusError) as err:
+        await api.completions.create(model=model.name, prompt="hi")
+    assert err.value.status_code == 503
+    with pytest.raises(openai.APIStatusError) as err:
+        stream = await api.chat.completions.create(model=model.name, stream=True,
+                                                   messages=[{"role": "user", "content": "hi"}])
+        async for _ in stream:
+            pass
+    assert err.value.status_code == 503
+    listed = await api.models.list()
+    assert model.name in [m.id for m in listed.data]
+
+
+async def test_running_instance_without_engine_fails_fast(gateway: str, client: RegistryClient) -> None:
+    """A RUNNING row whose engine is gone: no responders, so 503 at once, never a hang."""
+    worker = await client.register_worker(WorkerRegister(
+        name=f"w-{uuid.uuid4().hex[:6]}", hostname="h", simulated=True,
+        status=DeviceStatus(cpu_cores=4, memory_total=2**34)))
+    model = await client.create_model(ModelCreate(name=name(), source="/models/x.gguf", replicas=0))
+    inst = await client.create_instance(InstanceCreate(model_id=model.id))
+    for state in (InstanceState.SCHEDULED, InstanceState.STARTING, InstanceState.RUNNING):
+        inst = await client.transition_instance(InstanceTransition(
+            id=inst.id, version=inst.version, state=state,
+            placement=Placement(worker_id=worker.id) if state is InstanceState.SCHEDULED else None))
+    api = sdk(gateway)
+    for _ in range(2):
+        with pytest.raises(openai.APIStatusError) as err:
+            await asyncio.wait_for(api.completions.create(model=model.name, prompt="hi"), 15)
+        assert err.value.status_code == 503
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}, "max_tokens"),
+    ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 0}, "n"),
+    ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
+    ({"model": "m", "messages": "hi"}, "messages"),
+    ({"model": "m", "messages": []}, "messages"),
+    ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}]}, "model"),
+])
+async def test_bad_chat_requests_are_400(gateway: str, http: aiohttp.ClientSession, body: dict, param: str) -> None:
+    async with http.post(f"{gateway}/v1/chat/completions", json=body) as r:
+        assert r.status == 400
+        error = (await r.json())["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"]
+
+
+async def test_malformed_json_and_bad_completions_are_400(gateway: str, http: aiohttp.ClientSession) -> None:
+    for path in ("/v1/chat/completions", "/v1/completions", "/tokenize", "/api/v1/models"):
+        async with http.post(f"{gateway}{path}", data=b"{not json",
+                             headers={"Content-Type": "application/json"}) as r:
+            assert r.status == 400, path
+            assert (await r.json())["error"]["type"] == "invalid_request_error"
+    async with http.post(f"{gateway}/v1/completions", data=b"[1, 2]") as r:
+        assert r.status == 400
+    api = sdk(gateway)
+    with pytest.raises(openai.BadRequestError) as err:
+        await api.completions.create(model="m", prompt="hi", logprobs=50)
+    assert err.value.body["param"] == "logprobs"
+    with pytest.raises(openai.BadRequestError):
+        await api.completions.create(model="m", prompt=[], max_tokens=3)
+    async with http.get(f"{gateway}/v1/chat/completions") as r:
+        assert r.status == 405 and "error" in await r.json()
+
+
+async def test_bounded_queue_answers_429(settings: Settings, registry) -> None:
+    async with running_gateway(settings.model_copy(update={"gateway_max_outstanding": 0})) as url:
+        with pytest.raises(openai.RateLimitError) as err:
+            await sdk(url).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert err.value.response.headers.get("retry-after") == "1"
+
+
+async def test_api_keys_when_required(settings: Settings, registry, client: RegistryClient,
+                                      http: aiohttp.ClientSession) -> None:
+    locked = settings.model_copy(update={"require_api_key": True, "gateway_key_cache_ttl": 0.2})
+    async with running_gateway(locked) as url:
+        async with http.get(f"{url}/health") as r:
+            assert r.status == 200
+        with pytest.raises(openai.AuthenticationError):
+            await sdk(url, "sk-wrong").models.list()
+        async with http.get(f"{url}/v1/models") as r:
+            assert r.status == 401 and (await r.json())["error"]["code"] == "invalid_api_key"
+        key = await client.create_key(ApiKeyCreate(name=name()))
+        assert (await sdk(url, key.secret).models.list()).object == "list"
+        async with http.get(f"{url}/api/v1/workers", headers={"Authorization": f"Bearer {key.secret}"}) as r:
+            assert r.status == 200
+        await client.revoke_key(key.id)
+        await asyncio.sleep(0.3)
+        with pytest.raises(openai.AuthenticationError):
+            await sdk(url, key.secret).models.list()

@@ -16,7 +16,8 @@ tokenizers whose decode of a lone token drops or adds a leading space."""
 
 
 class Tokenizer(Protocol):
-    def decode(self, token_ids: Any, skip_special_tokens: bool = ...) -> str: ...
+    def decode(self, token_ids: Any, skip_special_tokens: bool = ...,
+               clean_up_tokenization_spaces: bool | None = ...) -> str: ...
 
 
 class IncrementalDetokenizer:
@@ -70,7 +71,10 @@ class IncrementalDetokenizer:
         return delta
 
     def _decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
+        # No clean-up pass: it rewrites spaces around punctuation differently depending on the
+        # window, which would break the prefix arithmetic (vLLM does not clean up either).
+        return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens,
+                                     clean_up_tokenization_spaces=False)
 
     def _decode_next(self) -> str:
         """vLLM's prefix/read offsets: decode with a little left context and keep the part

@@ -104,7 +104,8 @@ class CharTokenizer:
         text = "".join(f"{m['role']}{m['content']}" for m in conversation)
         return text + ("assistant" if add_generation_prompt else "")
 
-    def decode(self, token_ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, token_ids: Iterable[int], skip_special_tokens: bool = True,
+               clean_up_tokenization_spaces: bool | None = None) -> str:
         out = []
         for t in token_ids:
             if t == EOS:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from shoal.shared.errors import ShoalError
 
-SERVICES = ["registry", "scheduler", "worker"]
+SERVICES = ["registry", "scheduler", "worker", "gateway"]
 """What `shoal up` starts, in order (stopped in reverse)."""
 
 
@@ -37,6 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--simulate-devices", help="run the local worker as a simulated one")
     up.add_argument("--no-model", action="store_true", help="do not deploy the default model")
     sub.add_parser("scheduler", help="run the scheduler service")
+    gateway = sub.add_parser("gateway", help="run the OpenAI-compatible gateway")
+    gateway.add_argument("--host", help="listen address (default 127.0.0.1)")
+    gateway.add_argument("--port", type=int, help="listen port (default 8000)")
+    serve = sub.add_parser("serve", help="one model behind an OpenAI endpoint: `shoal up` + deploy PATH")
+    serve.add_argument("model_path", help="a Hugging Face folder or a .gguf file")
+    serve.add_argument("--served-model-name", help="the name clients use (default: from the path)")
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default 8000)")
     sub.add_parser("registry", help="run the registry service")
     engine = sub.add_parser("engine", help="run one engine instance (started by a worker)")
     engine.add_argument("--instance-id", required=True)

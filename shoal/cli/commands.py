@@ -17,6 +17,23 @@ from shoal.shared.schemas.registry import (
 
 def dispatch(args: argparse.Namespace) -> int:
     overrides: dict[str, object] = {"data_dir": args.data_dir, "nats_url": args.nats_url}
+    if args.command in ("gateway", "serve"):
+        overrides.update(gateway_host=args.host, gateway_port=args.port)
+    if args.command == "gateway":
+        from shoal.services.gateway.service import run_gateway
+
+        return run_service("gateway", run_gateway, resolve_settings(**overrides))
+    if args.command == "serve":
+        from pathlib import Path
+
+        from shoal.cli.stack import up
+
+        path = Path(args.model_path).expanduser().resolve()
+        if not path.exists():
+            raise NotFound(f"{path} does not exist")
+        name = args.served_model_name or path.stem.split(".")[0]
+        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+        return up(settings, SERVICES, {}, (name, str(path)))
     if args.command == "up":
         from shoal.cli.stack import up
 

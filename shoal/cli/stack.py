@@ -82,7 +82,8 @@ class Stack:
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(SHOAL_NATS_URL=str(self.settings.nats_url), SHOAL_DATABASE_URL=str(self.settings.database_url),
-                   SHOAL_DATA_DIR=str(self.settings.data_dir))
+                   SHOAL_DATA_DIR=str(self.settings.data_dir), SHOAL_GATEWAY_HOST=self.settings.gateway_host,
+                   SHOAL_GATEWAY_PORT=str(self.settings.gateway_port))
         return env
 
     def start_services(self) -> None:

@@ -1,0 +1,232 @@
+"""Serving end to end: registry, scheduler, a real worker running SmolLM2 in an engine process, and
+the gateway, driven with the official `openai` SDK (sync and async, streamed and not): answers,
+greedy parity with the offline `shoal.LLM`, n, stop strings, logprobs, usage and cached tokens,
+refusals, client disconnects freeing the engine, the bounded queue, and a killed engine."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+
+import aiohttp
+import openai
+import psutil
+import pytest
+
+from shoal.services.gateway.service import run_gateway
+from shoal.services.scheduler.service import run_scheduler
+from shoal.services.worker.agent import run_worker
+from shoal.services.worker.model_prep import prepare_model, smollm2_gguf_path
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.schemas.registry import InstanceFilter, ModelCreate
+from shoal.shared.states import InstanceState
+from tests.integration.conftest import make_settings, running_registry
+from tests.integration.test_gateway import free_port, running_gateway
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+READY_TIMEOUT = 300
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+ENGINE_ARGS = {"max_num_seqs": 8, "kv_cache_memory": 64 * 2**20}
+
+
+async def running_instance(client: RegistryClient, model_id: str, timeout: float = READY_TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = await client.list_instances(InstanceFilter(model_id=model_id, state=InstanceState.RUNNING))
+        if running:
+            return running[0]
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"no RUNNING instance after {timeout}s: {await client.list_instances(InstanceFilter(model_id=model_id))}")
+
+
+@pytest.fixture(scope="module")
+async def stack(servers, tmp_path_factory):
+    settings = make_settings(servers, tmp_path_factory.mktemp("serving-e2e"), drain_timeout=5.0,
+                             engine_restart_max_backoff=2.0, gateway_engine_dead_after=2.0,
+                             gateway_port=free_port(), scheduler_interval=1.0)
+    async with running_registry(settings):
+        bus = await Bus.connect(settings, name="serving-e2e")
+        stop = asyncio.Event()
+        tasks = []
+        for run, extra in ((run_scheduler, {}), (run_worker, {"worker_name": f"real-{uuid.uuid4().hex[:6]}"}),
+                           (run_gateway, {})):
+            ready = asyncio.Event()
+            tasks.append(asyncio.create_task(run(settings.model_copy(update=extra), stop, ready)))
+            await asyncio.wait_for(ready.wait(), 30)
+        client = RegistryClient(bus)
+        model = await client.create_model(ModelCreate(
+            name=f"smol-{uuid.uuid4().hex[:6]}", source=str(smollm2_gguf_path()), device="cpu",
+            max_model_len=512, engine_args=ENGINE_ARGS))
+        inst = await running_instance(client, model.id)
+        url = f"http://127.0.0.1:{settings.gateway_port}"
+        try:
+            yield settings, client, model, inst, url
+        finally:
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
+            await bus.close()
+
+
+def async_api(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def sync_api(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+async def metric(url: str, name: str, model: str) -> float:
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as r:
+        text = await r.text()
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(name + "{") and f'model_name="{model}"' in line]
+    return sum(values)
+
+
+async def test_chat_sync_and_async_stream_answer_paris(stack) -> None:
+    settings, client, model, inst, url = stack
+    reply = await asyncio.to_thread(lambda: sync_api(url).chat.completions.create(
+        model=model.name, messages=FRANCE, temperature=0, max_tokens=20))
+    assert "Paris" in reply.choices[0].message.content
+    assert reply.usage.prompt_tokens > 0 and 0 < reply.usage.completion_tokens <= 20
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    stream = await async_api(url).chat.completions.create(
+        model=model.name, messages=FRANCE, temperature=0, max_tokens=20, stream=True,
+        stream_options={"include_usage": True})
+    chunks = [c async for c in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == reply.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == \
+        [reply.choices[0].finish_reason]
+
+
+async def test_greedy_completion_equals_offline_llm(stack) -> None:
+    settings, client, model, inst, url = stack
+    from shoal import LLM
+    from shoal.services.worker.engine.sampling_params import SamplingParams
+
+    prompt = "The capital of France is"
+    served = await async_api(url).completions.create(model=model.name, prompt=prompt, temperature=0,
+                                                     max_tokens=16)
+    folder = await asyncio.to_thread(prepare_model, str(smollm2_gguf_path()), settings.model_cache_dir)
+    llm = await asyncio.to_thread(LLM, str(folder), max_model_len=512, **ENGINE_ARGS)
+    offline = await asyncio.to_thread(llm.generate, [prompt], SamplingParams(temperature=0, max_tokens=16), False)
+    assert served.choices[0].text == offline[0].outputs[0].text
+    streamed = await async_api(url).completions.create(model=model.name, prompt=prompt, temperature=0,
+                                                       max_tokens=16, stream=True)
+    assert "".join([c.choices[0].text async for c in streamed]) == served.choices[0].text
+
+
+async def test_n_stop_and_logprobs(stack) -> None:
+    settings, client, model, inst, url = stack
+    api = async_api(url)
+    two = await api.chat.completions.create(model=model.name, messages=FRANCE, n=2, seed=7,
+                                            temperature=0.8, max_tokens=12)
+    assert sorted(c.index for c in two.choices) == [0, 1]
+    full = await api.completions.create(model=model.name, prompt="One, two, three,", temperature=0, max_tokens=12)
+    words = full.choices[0].text.split()
+    assert len(words) >= 2
+    stop = words[1]
+    cut = await api.completions.create(model=model.name, prompt="One, two, three,", temperature=0,
+                                       max_tokens=12, stop=[stop])
+    assert cut.choices[0].text == full.choices[0].text[:full.choices[0].text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    lp = await api.chat.completions.create(model=model.name, messages=FRANCE, temperature=0, max_tokens=8,
+                                           logprobs=True, top_logprobs=3)
+    content = lp.choices[0].logprobs.content
+    assert len(content) == lp.usage.completion_tokens
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 3 for t in content)
+    # the EOS token has a logprob too, though its text is not in the content
+    assert "".join(t.token for t in content).startswith(lp.choices[0].message.content)
+    comp = await api.completions.create(model=model.name, prompt="Hello", temperature=0, max_tokens=5, logprobs=2)
+    assert len(comp.choices[0].logprobs.tokens) == comp.usage.completion_tokens
+
+
+async def test_cached_tokens_tokenize_and_refusals(stack) -> None:
+    settings, client, model, inst, url = stack
+    api = async_api(url)
+    long_prompt = "Here is a long shared preamble about the history of Paris. " * 20
+    await api.completions.create(model=model.name, prompt=long_prompt, temperature=0, max_tokens=2)
+    again = await api.completions.create(model=model.name, prompt=long_prompt, temperature=0, max_tokens=2)
+    assert again.usage.prompt_tokens_details.cached_tokens >= 16
+    with pytest.raises(openai.BadRequestError):
+        await api.completions.create(model=model.name, prompt="hello " * 600, max_tokens=10)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/tokenize", json={"model": model.name, "prompt": "Hello world"}) as r:
+            tok = await r.json()
+        assert r.status == 200 and tok["count"] == len(tok["tokens"]) > 0 and tok["max_model_len"] == 512
+        async with http.post(f"{url}/detokenize", json={"model": model.name, "tokens": tok["tokens"]}) as r:
+            assert "Hello world" in (await r.json())["prompt"]
+    assert await metric(url, "vllm:e2e_request_latency_seconds_count", model.name) > 0
+    assert await metric(url, "vllm:prefix_cache_hits_total", model.name) > 0
+
+
+async def test_client_disconnect_frees_the_engine(stack) -> None:
+    settings, client, model, inst, url = stack
+    body = {"model": model.name, "prompt": "Count to one thousand:", "max_tokens": 400, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/v1/completions", json=body) as r:
+            assert r.status == 200
+            for _ in range(4):
+                await r.content.readline()
+            assert await metric(url, "vllm:num_requests_running", model.name) >= 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        if (await metric(url, "vllm:num_requests_running", model.name) == 0
+                and await metric(url, "vllm:kv_cache_usage_perc", model.name) == 0.0):
+            break
+    assert await metric(url, "vllm:num_requests_running", model.name) == 0
+    assert await metric(url, "vllm:kv_cache_usage_perc", model.name) == 0.0
+
+
+async def test_bounded_queue_refuses_beyond_its_limit(stack) -> None:
+    settings, client, model, inst, url = stack
+    async with running_gateway(settings.model_copy(update={"gateway_max_outstanding": 1})) as small:
+        api = async_api(small)
+        held = asyncio.create_task(api.completions.create(
+            model=model.name, prompt="Count:", max_tokens=60, extra_body={"ignore_eos": True}))
+        await asyncio.sleep(0.5)
+        with pytest.raises(openai.RateLimitError):
+            await api.completions.create(model=model.name, prompt="hi", max_tokens=2)
+        assert (await held).usage.completion_tokens == 60
+
+
+def engine_pids(instance_id: str) -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline"])
+            if instance_id in " ".join(p.info["cmdline"] or []) and "engine" in " ".join(p.info["cmdline"] or [])]
+
+
+async def test_killed_engine_ends_the_stream_with_an_error_then_comes_back(stack) -> None:
+    settings, client, model, inst, url = stack
+    api = async_api(url)
+    stream = await api.completions.create(model=model.name, prompt="Count to one thousand:", max_tokens=400,
+                                          temperature=0, stream=True, extra_body={"ignore_eos": True})
+    pids = engine_pids(inst.id)
+    assert len(pids) == 1
+    received = 0
+    started = time.monotonic()
+    with pytest.raises(openai.APIError):
+        async for _ in stream:
+            received += 1
+            if received == 3:
+                os.kill(pids[0], signal.SIGKILL)
+    assert time.monotonic() - started < 30
+    await running_instance(client, model.id)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            again = await api.chat.completions.create(model=model.name, messages=FRANCE, temperature=0, max_tokens=20)
+            break
+        except openai.APIStatusError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1)
+    assert "Paris" in again.choices[0].message.content

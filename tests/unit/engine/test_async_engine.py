@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from engine_helpers import CharTokenizer, FakeRunner
+from tests.unit.engine.engine_helpers import CharTokenizer, FakeRunner
 from shoal.services.worker.engine.async_engine import AsyncEngine
 from shoal.services.worker.engine.config import EngineConfig
 from shoal.services.worker.engine.engine_core import EngineCore

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_helpers import assert_pool_whole
+from tests.unit.engine.engine_helpers import assert_pool_whole
 from shoal.services.worker.engine.block_pool import BlockPool, hash_block_tokens
 
 

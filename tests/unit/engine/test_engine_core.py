@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_helpers import EOS, CharTokenizer, FakeRunner, assert_scheduler_whole
+from tests.unit.engine.engine_helpers import EOS, CharTokenizer, FakeRunner, assert_scheduler_whole
 from shoal.services.worker.engine.config import EngineConfig
 from shoal.services.worker.engine.engine_core import EngineCore
 from shoal.services.worker.engine.request_output import RequestOutput, RequestOutputKind

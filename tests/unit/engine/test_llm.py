@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_helpers import CharTokenizer, FakeRunner
+from tests.unit.engine.engine_helpers import CharTokenizer, FakeRunner
 from shoal.services.worker.engine.llm import LLM
 from shoal.services.worker.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest

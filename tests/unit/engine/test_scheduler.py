@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from engine_helpers import EOS, FakeRunner, assert_scheduler_whole
+from tests.unit.engine.engine_helpers import EOS, FakeRunner, assert_scheduler_whole
 from shoal.services.worker.engine.config import EngineConfig
 from shoal.services.worker.engine.outputs import RunnerOutput, SchedulerOutput
 from shoal.services.worker.engine.sampling_params import SamplingParams

@@ -8,6 +8,7 @@ with back-off until `settings.connect_timeout`, then nats-py reconnects forever.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
@@ -177,22 +178,27 @@ class Bus:
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW,
                                   max_deliver=10, ack_wait=30),
         )
-        while not stop.is_set():
-            try:
-                msgs = await sub.fetch(batch, timeout=1.0)
-            except NatsTimeout:
-                continue
-            except (NotFoundError, nats.errors.ConnectionClosedError):
-                if stop.is_set():
-                    return
-                raise
-            for msg in msgs:
+        try:
+            while not stop.is_set():
                 try:
-                    await handler(msg)
-                    await msg.ack()
-                except Exception:  # noqa: BLE001 - redelivered later, with a delay
-                    log.exception("event handler failed for %s", msg.subject)
-                    await msg.nak(delay=1.0)
+                    msgs = await sub.fetch(batch, timeout=1.0)
+                except (NatsTimeout, asyncio.TimeoutError):  # nats-py raises either when idle
+                    continue
+                except (NotFoundError, nats.errors.ConnectionClosedError):
+                    if stop.is_set():
+                        return
+                    raise
+                for msg in msgs:
+                    try:
+                        await handler(msg)
+                        await msg.ack()
+                    except Exception:  # noqa: BLE001 - redelivered later, with a delay
+                        log.exception("event handler failed for %s", msg.subject)
+                        await msg.nak(delay=1.0)
+        finally:
+            # an open pull subscription makes drain() wait its full 30 s timeout
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def stream_replies(self, subject: str, payload: BaseModel,
                              headers: dict[str, str] | None = None) -> AsyncIterator[Msg]:

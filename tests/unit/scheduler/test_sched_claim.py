@@ -7,7 +7,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from sched_fleet import GIB, profile, spec
+from tests.unit.scheduler.sched_fleet import GIB, profile, spec
 
 from shoal.services.scheduler.claim import compute_claim, read_profile
 from shoal.services.scheduler.claim.model_claim import CPU_DEFAULT_KV_POOL

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from sched_fleet import GIB, claimed_gpu, placed, profile, spec, worker
+from tests.unit.scheduler.sched_fleet import GIB, claimed_gpu, placed, profile, spec, worker
 
 from shoal.services.scheduler.planner import Planner, plan_placement
 from shoal.shared.states import WorkerState

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sched_fleet import GIB, claimed_gpu, profile, spec, worker
+from tests.unit.scheduler.sched_fleet import GIB, claimed_gpu, profile, spec, worker
 
 from shoal.services.scheduler.claim import compute_claim
 from shoal.services.scheduler.planner import plan_placement

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sched_fleet import GIB, NOW, claimed_gpu, worker
+from tests.unit.scheduler.sched_fleet import GIB, NOW, claimed_gpu, worker
 
 from shoal.services.scheduler.reconcile import SchedulerConfig, plan_pass
 from shoal.shared.schemas.registry import ModelPublic, ResourceClaim

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -56,6 +57,8 @@ class SchedulerService:
         self.kick = asyncio.Event()
         self.lock = asyncio.Lock()
         self.passes = 0
+        self.jitter = random.Random()
+        """Spreads the periodic passes of several replicas apart (each waits interval +-10%)."""
 
     # ------------------------------------------------------------ loop
     async def run(self, bus: Bus, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
@@ -92,7 +95,7 @@ class SchedulerService:
     async def _wait(self, stop: asyncio.Event) -> None:
         waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.kick.wait())]
         try:
-            await asyncio.wait(waiters, timeout=self.config.interval,
+            await asyncio.wait(waiters, timeout=self.config.interval * self.jitter.uniform(0.9, 1.1),
                                return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waiters:

@@ -1,0 +1,214 @@
+"""The scheduler over real NATS + Postgres with simulated workers: placement, rescheduling after a
+worker goes silent, reasons on an impossible model, and two replicas racing for one instance."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from shoal.services.scheduler.planner import Planner, plan_placement
+from shoal.services.scheduler.reconcile import SchedulerConfig
+from shoal.services.scheduler.service import SchedulerService
+from shoal.services.worker.agent import run_worker
+from shoal.services.worker.model_prep import smollm2_gguf_path
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.config import Settings
+from shoal.shared.schemas.registry import (
+    DeleteRequest, InstanceCreate, InstanceFilter, InstancePublic, ModelCreate, ModelUpdate,
+)
+from shoal.shared.states import InstanceState, WorkerState
+
+pytestmark = pytest.mark.integration
+GIB = 2**30
+
+
+def llama_config(folder: Path, hidden: int, heads: int, kv_heads: int, layers: int) -> str:
+    """A config-only model folder: the scheduler sizes it from its shape (no weights needed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": hidden, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "num_hidden_layers": layers,
+        "intermediate_size": int(hidden * 3.5), "vocab_size": 32000,
+        "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}))
+    return str(folder)
+
+
+async def start_worker(settings: Settings, name: str, devices: str, labels: dict[str, str]
+                       ) -> tuple[asyncio.Task[None], asyncio.Event]:
+    stop, ready = asyncio.Event(), asyncio.Event()
+    ws = settings.model_copy(update={"worker_name": name, "simulate_devices": devices,
+                                     "worker_labels": labels})
+    task = asyncio.create_task(run_worker(ws, stop, ready))
+    await asyncio.wait_for(ready.wait(), 10)
+    return task, stop
+
+
+@contextlib.asynccontextmanager
+async def running_scheduler(settings: Settings) -> AsyncIterator[SchedulerService]:
+    bus = await Bus.connect(settings, name=f"scheduler-test-{uuid.uuid4().hex[:6]}")
+    config = SchedulerConfig(interval=0.5, reschedule_after=settings.reschedule_after)
+    service = SchedulerService(RegistryClient(bus), config)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(service.run(bus, stop, ready))
+    await asyncio.wait_for(ready.wait(), 10)
+    try:
+        yield service
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        await bus.close()
+
+
+async def wait_for(predicate, timeout: float, what: str):  # noqa: ANN001, ANN201
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = await predicate()
+        if last:
+            return last
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}: {last!r}")
+
+
+async def instances_of(client: RegistryClient, model_id: str) -> list[InstancePublic]:
+    return await client.list_instances(InstanceFilter(model_id=model_id))
+
+
+async def all_scheduled(client: RegistryClient, model_id: str, replicas: int
+                        ) -> list[InstancePublic] | None:
+    found = await instances_of(client, model_id)
+    ok = len(found) == replicas and all(i.state is InstanceState.SCHEDULED for i in found)
+    return found if ok else None
+
+
+async def test_place_reschedule_and_explain(client: RegistryClient, settings: Settings,
+                                            tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex[:6]
+    labels = {"suite": tag}
+    workers = [await start_worker(settings, f"{tag}-w{i}", "2xH100-80GB", labels)
+               for i in range(1, 5)]
+    sources = {
+        "small": llama_config(tmp_path / "small", 2048, 16, 8, 16),  # ~1B: one GPU
+        "big": llama_config(tmp_path / "big", 8192, 64, 8, 80),  # ~70B: two 80 GB GPUs, TP=2
+        "smol": str(smollm2_gguf_path()),  # the real GGUF: one GPU
+        "huge": llama_config(tmp_path / "huge", 16384, 128, 16, 200),  # fits nowhere
+    }
+    replicas = {"small": 2, "big": 1, "smol": 1, "huge": 1}
+    try:
+        async with running_scheduler(settings):
+            models = {}
+            for key in ("small", "big", "smol", "huge"):
+                models[key] = await client.create_model(ModelCreate(
+                    name=f"{key}-{tag}", source=sources[key], replicas=replicas[key],
+                    worker_selector=labels, device="gpu"))
+            placed = {}
+            for key in ("small", "big", "smol"):
+                placed[key] = await wait_for(lambda k=key: all_scheduled(
+                    client, models[k].id, replicas[k]), 20, f"{key} SCHEDULED")
+            # binpack, oldest instance first: small fills w1, big takes w2 (TP=2), smol w3
+            where = {k: sorted((i.worker_name, tuple(i.gpu_indexes), i.tp, i.pp) for i in v)
+                     for k, v in placed.items()}
+            assert where["small"] == [(f"{tag}-w1", (0,), 1, 1), (f"{tag}-w1", (1,), 1, 1)]
+            assert where["big"] == [(f"{tag}-w2", (0, 1), 2, 1)]
+            assert where["smol"] == [(f"{tag}-w3", (0,), 1, 1)]
+            big = placed["big"][0]
+            assert big.claim.gpu_memory == {0: int(80 * GIB * 0.9), 1: int(80 * GIB * 0.9)}
+
+            async def pending_with_reason() -> InstancePublic | None:
+                found = await instances_of(client, models["huge"].id)
+                ok = found and found[0].state is InstanceState.PENDING and found[0].state_message
+                return found[0] if ok else None
+
+            huge = await wait_for(pending_with_reason, 10, "a reason on the impossible model")
+            for part in ("The model needs", "of GPU memory", "No single GPU fits",
+                         "The largest qualifying GPU is", "72.0 GiB", "multi-worker combination"):
+                assert part in huge.state_message, huge.state_message
+
+            # w2 stops heartbeating: NOT_READY, big UNREACHABLE, then placed on w4 (2 free GPUs)
+            task, stop = workers[1]
+            stop.set()
+            await task
+
+            async def moved() -> InstancePublic | None:
+                found = await instances_of(client, models["big"].id)
+                ok = (len(found) == 1 and found[0].state is InstanceState.SCHEDULED
+                      and found[0].worker_name != f"{tag}-w2")
+                return found[0] if ok else None
+
+            timeout = settings.heartbeat_timeout + settings.reschedule_after + 10
+            big = await wait_for(moved, timeout, "big rescheduled off the silent worker")
+            assert (big.worker_name, big.gpu_indexes, big.tp) == (f"{tag}-w4", [0, 1], 2)
+            assert big.id == placed["big"][0].id  # the same instance, placed again
+            w2 = next(w for w in await client.list_workers() if w.name == f"{tag}-w2")
+            assert w2.state is WorkerState.NOT_READY
+
+            # the dry run sees the same fleet and writes nothing
+            before = len(await client.list_instances())
+            plan = plan_placement(models["small"], await client.list_workers(),
+                                  await client.list_instances())
+            assert plan.ok and plan.placement.worker_id != w2.id
+            assert len(await client.list_instances()) == before
+
+            # scaling down deletes the extra instance
+            small = await client.get_model(id=models["small"].id)
+            await client.update_model(ModelUpdate(id=small.id, version=small.version, replicas=1))
+            await wait_for(lambda: all_scheduled(client, small.id, 1), 10, "small scaled to 1")
+    finally:
+        for task, stop in workers:
+            stop.set()
+            with contextlib.suppress(Exception):
+                await task
+        for m in await client.list_models():
+            if m.name.endswith(tag):
+                await client.delete_model(DeleteRequest(id=m.id))
+
+
+async def test_two_schedulers_never_double_place(client: RegistryClient, bus: Bus,
+                                                 settings: Settings, tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex[:6]
+    labels = {"suite": tag}
+    source = llama_config(tmp_path / "small", 2048, 16, 8, 16)
+    workers = [await start_worker(settings, f"{tag}-w{i}", "2xH100-80GB", labels)
+               for i in (1, 2)]
+    try:
+        # the same PENDING instance, placed by two schedulers at once: one write wins
+        model = await client.create_model(ModelCreate(name=f"race-{tag}", source=source,
+                                                      replicas=1, worker_selector=labels))
+        inst = await client.create_instance(InstanceCreate(model_id=model.id))
+        fleet, everything = await client.list_workers(), await client.list_instances()
+        one = SchedulerService(RegistryClient(bus), SchedulerConfig())
+        two = SchedulerService(RegistryClient(bus), SchedulerConfig())
+        request = await one._request(model)
+        outcomes = await asyncio.gather(
+            one.place(inst, model, request, Planner(fleet, everything)),
+            two.place(inst, model, request, Planner(fleet, everything)))
+        assert sorted(outcomes) == ["conflict", "scheduled"]
+        final = await client.get_instance(inst.id)
+        assert final.state is InstanceState.SCHEDULED and final.version > inst.version
+
+        # two running replicas scale a model to 4: 4 instances on 4 distinct GPUs
+        model = await client.get_model(id=model.id)
+        await client.update_model(ModelUpdate(id=model.id, version=model.version, replicas=4))
+        async with running_scheduler(settings), running_scheduler(settings):
+            found = await wait_for(lambda: all_scheduled(client, model.id, 4), 20, "4 SCHEDULED")
+            await asyncio.sleep(1.5)  # a few more passes of both: nothing changes
+            again = await instances_of(client, model.id)
+        assert sorted(i.id for i in again) == sorted(i.id for i in found)
+        gpus = [(i.worker_id, g) for i in again for g in i.gpu_indexes]
+        assert len(gpus) == 4 and len(set(gpus)) == 4
+    finally:
+        for task, stop in workers:
+            stop.set()
+            with contextlib.suppress(Exception):
+                await task
+        for m in await client.list_models():
+            if m.name.endswith(tag):
+                await client.delete_model(DeleteRequest(id=m.id))

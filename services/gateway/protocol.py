@@ -100,6 +100,7 @@ class CompletionRequest(_SamplingBody):
         return list(p)  # type: ignore[arg-type]
 
     def check(self) -> None:
+        self.sampling(self.max_tokens, self.logprobs)
         if self.suffix:
             raise InvalidRequest("suffix is not supported", param="suffix")
         if self.best_of is not None and self.best_of != self.n:
@@ -148,6 +149,7 @@ class ChatCompletionRequest(_SamplingBody):
     def check(self) -> None:
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequest("top_logprobs needs logprobs set to true", param="top_logprobs")
+        self.generate("validate")
 
     def generate(self, request_id: str) -> GenerateRequest:
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

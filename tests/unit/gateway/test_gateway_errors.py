@@ -1,0 +1,58 @@
+"""Error mapping: ShoalError kinds keep their status and OpenAI shape, aiohttp HTTP errors get the
+same shape, anything unexpected is a bare 500 with no internals; API-key parsing and caching."""
+
+from __future__ import annotations
+
+import pytest
+from aiohttp import web
+
+from shoal.services.gateway.auth import KeyCache, bearer
+from shoal.services.gateway.errors import error_body
+from shoal.shared.errors import (
+    Conflict, InvalidRequest, NotFound, Overloaded, ShoalError, Timeout, Unauthorized, Unavailable,
+)
+
+
+@pytest.mark.parametrize("exc, status, kind", [
+    (InvalidRequest("bad", param="n"), 400, "invalid_request_error"),
+    (Unauthorized("no key"), 401, "authentication_error"),
+    (NotFound("no model", code="model_not_found"), 404, "not_found_error"),
+    (Conflict("stale"), 409, "conflict_error"),
+    (Overloaded("full"), 429, "rate_limit_error"),
+    (Unavailable("down"), 503, "service_unavailable"),
+    (Timeout("slow"), 504, "timeout_error"),
+])
+def test_shoal_errors_keep_status_and_shape(exc: ShoalError, status: int, kind: str) -> None:
+    got_status, body = error_body(exc)
+    assert got_status == status and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["type"] == kind and body["error"]["message"] == exc.message
+
+
+def test_engine_error_bodies_come_back_as_the_right_kind() -> None:
+    err = ShoalError.from_dict({"message": "prompt too long", "type": "invalid_request_error", "param": "prompt"},
+                               status=400)
+    assert error_body(err) == (400, {"error": {"message": "prompt too long", "type": "invalid_request_error",
+                                               "param": "prompt", "code": "invalid_request"}})
+    assert error_body(ShoalError.from_dict({"message": "gone", "type": ""}, status=503))[0] == 503
+
+
+def test_http_errors_and_unexpected_ones() -> None:
+    assert error_body(web.HTTPNotFound())[1]["error"]["type"] == "not_found_error"
+    assert error_body(web.HTTPMethodNotAllowed("POST", ["GET"]))[0] == 405
+    status, body = error_body(KeyError("secret internals"))
+    assert status == 500 and "secret" not in str(body)
+
+
+def test_bearer_parsing() -> None:
+    assert bearer("Bearer sk-1") == "sk-1" and bearer("bearer  sk-2 ") == "sk-2"
+    for bad in (None, "", "Basic abc", "Bearer "):
+        with pytest.raises(Unauthorized):
+            bearer(bad)
+
+
+def test_key_cache_expires_and_is_bounded() -> None:
+    cache = KeyCache(ttl=10)
+    cache.put("k", True, now=0)
+    assert cache.get("k", now=5) is True and cache.get("k", now=11) is None and cache.get("other", now=0) is None
+    cache.put("bad", False, now=0)
+    assert cache.get("bad", now=1) is False

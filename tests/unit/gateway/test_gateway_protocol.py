@@ -1,0 +1,119 @@
+"""OpenAI request validation: every bad input is InvalidRequest (400) naming its param; good input
+maps onto the bus contract (SamplingOptions, GenerateRequest)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shoal.services.gateway.protocol import (
+    ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody, parse_body,
+)
+from shoal.shared.errors import InvalidRequest
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields: object) -> bytes:
+    return json.dumps({"model": "m", "messages": MSG, **fields}).encode()
+
+
+def completion(**fields: object) -> bytes:
+    return json.dumps({"model": "m", "prompt": "hi", **fields}).encode()
+
+
+@pytest.mark.parametrize("raw, param", [
+    (chat(max_tokens=-1), "max_tokens"),
+    (chat(max_tokens=0), "max_tokens"),
+    (chat(max_completion_tokens=-5), "max_completion_tokens"),
+    (chat(n=0), "n"),
+    (chat(n="two"), "n"),
+    (chat(temperature=-0.1), "temperature"),
+    (chat(temperature=3), "temperature"),
+    (chat(top_p=0), "top_p"),
+    (chat(top_k=-2), "top_k"),
+    (chat(min_p=1.5), "min_p"),
+    (chat(presence_penalty=3), "presence_penalty"),
+    (chat(frequency_penalty=-3), "frequency_penalty"),
+    (chat(repetition_penalty=0), "repetition_penalty"),
+    (chat(seed="abc"), "seed"),
+    (chat(stop=[""]), "stop"),
+    (chat(stop=["a"] * 17), "stop"),
+    (chat(stop=5), "stop"),
+    (chat(top_logprobs=21, logprobs=True), "top_logprobs"),
+    (chat(top_logprobs=2), "top_logprobs"),
+    (chat(stream_options={"include_usage": True}), "stream_options"),
+    (chat(min_tokens=10, max_tokens=5), "min_tokens"),
+    (json.dumps({"model": "m", "messages": []}).encode(), "messages"),
+    (json.dumps({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}).encode(), "messages.0.role"),
+    (json.dumps({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}).encode(),
+     "messages.0.content"),
+    (json.dumps({"messages": MSG}).encode(), "model"),
+    (json.dumps({"model": "", "messages": MSG}).encode(), "model"),
+])
+def test_bad_chat_requests(raw: bytes, param: str) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        parse_body(raw, ChatCompletionRequest)
+    assert err.value.param == param and err.value.http_status == 400
+
+
+@pytest.mark.parametrize("raw, param", [
+    (completion(logprobs=21), "logprobs"),
+    (completion(logprobs=-1), "logprobs"),
+    (completion(max_tokens=-3), "max_tokens"),
+    (completion(prompt=[]), "prompt"),
+    (completion(prompt=[1, -2]), "prompt"),
+    (completion(prompt={"a": 1}), "prompt"),
+    (completion(suffix="x"), "suffix"),
+    (completion(best_of=3), "best_of"),
+    (completion(echo=True, logprobs=1), "echo"),
+])
+def test_bad_completion_requests(raw: bytes, param: str) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        parse_body(raw, CompletionRequest)
+    assert err.value.param == param
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b'"text"', b"\xff\xfe"])
+def test_malformed_bodies(raw: bytes) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        parse_body(raw, ChatCompletionRequest)
+    assert err.value.code == "invalid_json" and err.value.to_dict()["type"] == "invalid_request_error"
+
+
+def test_chat_maps_to_generate_request() -> None:
+    body = parse_body(chat(max_completion_tokens=7, max_tokens=99, n=2, stop="x", temperature=0, seed=3,
+                           logprobs=True, top_logprobs=4, top_k=-1, ignore_eos=True, user="u",
+                           unknown_field=1, stream=True, stream_options={"include_usage": True}),
+                      ChatCompletionRequest)
+    req = body.generate("r1")
+    s = req.sampling
+    assert (s.max_tokens, s.n, s.stop, s.temperature, s.seed, s.logprobs, s.top_k, s.ignore_eos) == \
+        (7, 2, ["x"], 0.0, 3, 4, 0, True)
+    assert req.messages is not None and req.messages[0].content == "hi" and req.prompt is None
+    assert body.include_usage
+    parts = parse_body(json.dumps({"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}).encode(),
+        ChatCompletionRequest)
+    assert parts.generate("r").messages[0].content == "ab"
+    assert parse_body(chat(), ChatCompletionRequest).generate("r").sampling.max_tokens is None
+
+
+def test_completion_prompts_and_defaults() -> None:
+    body = parse_body(completion(), CompletionRequest)
+    assert body.prompts() == ["hi"] and body.generate("r", "hi").sampling.max_tokens == 16
+    assert parse_body(completion(prompt=[1, 2, 3]), CompletionRequest).prompts() == [[1, 2, 3]]
+    batch = parse_body(completion(prompt=["a", "b"], logprobs=2), CompletionRequest)
+    assert batch.prompts() == ["a", "b"] and batch.generate("r", "a").sampling.logprobs == 2
+    ids = parse_body(completion(prompt=[[1], [2, 3]]), CompletionRequest)
+    assert ids.generate("r", [2, 3]).prompt_token_ids == [2, 3]
+
+
+def test_tokenize_bodies() -> None:
+    with pytest.raises(InvalidRequest):
+        parse_body(b'{"model": "m"}', TokenizeBody)
+    assert parse_body(b'{"model": "m", "prompt": "x"}', TokenizeBody).prompt == "x"
+    with pytest.raises(InvalidRequest) as err:
+        parse_body(b'{"model": "m", "tokens": ["a"]}', DetokenizeBody)
+    assert err.value.param == "tokens.0"

@@ -9,18 +9,22 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
 import pytest
 
+from shoal.shared.embedded import free_port
+
 pytestmark = pytest.mark.e2e
 
 
-def _env(data_dir: Path) -> dict[str, str]:
+def _env(data_dir: Path, gateway_port: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
     env["SHOAL_DATA_DIR"] = str(data_dir)
     env["SHOAL_HEARTBEAT_INTERVAL"] = "1"
+    env["SHOAL_GATEWAY_PORT"] = str(gateway_port)
     return env
 
 
@@ -32,9 +36,22 @@ def _started_by(root: psutil.Process, data_dir: Path) -> set[int]:
     return pids
 
 
+def _gateway_healthy(port: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return True
+        except OSError:
+            time.sleep(0.3)
+    return False
+
+
 def test_up_ready_then_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
     data_dir = tmp_path / "stack"
-    env = _env(data_dir)
+    port = free_port()
+    env = _env(data_dir, port)
     up = subprocess.Popen([sys.executable, "-m", "shoal", "up", "--simulate-devices", "1xA10-24GB"],
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output: list[str] = []
@@ -58,8 +75,9 @@ def test_up_ready_then_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
                                capture_output=True, text=True, timeout=60, check=True).stdout
         assert "(simulated)" in table and "READY" in table
 
+        assert _gateway_healthy(port, timeout=30), "the gateway never answered /health"
         spawned = _started_by(psutil.Process(up.pid), data_dir)
-        assert len(spawned) >= 4, spawned  # nats-server, postgres, registry, worker
+        assert len(spawned) >= 6, spawned  # nats-server, postgres, registry, scheduler, worker, gateway
     finally:
         up.send_signal(signal.SIGINT)
         rest, _ = up.communicate(timeout=60)

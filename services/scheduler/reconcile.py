@@ -30,6 +30,9 @@ class SchedulerConfig:
     error_backoff: float = 10.0
     """First wait before an ERROR instance is rescheduled; doubles with each attempt."""
     error_backoff_max: float = 600.0
+    max_local_restarts: int = 5
+    """An instance that failed this many times more (the worker restarts crashed engines in place,
+    with its own back-off) is placed afresh, maybe elsewhere: at 5, 10, 15... failures."""
     debounce: float = 0.05
     """Seconds to gather a burst of events into one reconcile."""
     durable: str = "shoal-scheduler"
@@ -100,9 +103,14 @@ def plan_pass(models: list[ModelPublic], workers: list[WorkerPublic],
                 f"{config.reschedule_after:g} s).")))
         elif inst.state is _S.ERROR and _age(inst, now) >= config.backoff(inst.restart_count):
             plan.unschedule.append(Unschedule(inst, (
-                f"Rescheduled after an error (attempt {inst.restart_count + 1}, waited "
-                f"{config.backoff(inst.restart_count):g} s): {inst.state_message or 'no message'}"),
-                restart_count=inst.restart_count + 1))
+                f"Rescheduled: in ERROR for {_age(inst, now):.0f} s without a restart (back-off "
+                f"{config.backoff(inst.restart_count):g} s after {inst.restart_count} failures): "
+                f"{inst.state_message or 'no message'}"), restart_count=inst.restart_count + 1))
+        elif (inst.state is _S.ERROR and inst.restart_count > 0
+              and inst.restart_count % config.max_local_restarts == 0):
+            plan.unschedule.append(Unschedule(inst, (
+                f"Rescheduled: failed {inst.restart_count} times on worker {inst.worker_name}: "
+                f"{inst.state_message or 'no message'}")))
         elif inst.state in PLACED_STATES and inst.worker_id and inst.worker_id not in worker_ids:
             plan.unschedule.append(Unschedule(inst, (
                 f"Rescheduled: worker {inst.worker_name} was removed from the registry.")))

@@ -52,6 +52,16 @@ def test_error_backoff_doubles_and_caps() -> None:
     assert plan.unschedule[0].restart_count == 2 and "oom" in plan.unschedule[0].message
 
 
+def test_an_instance_that_keeps_failing_is_placed_afresh() -> None:
+    # the worker restarts crashed engines in place; at 5, 10... failures the scheduler moves it
+    fifth = inst("m", InstanceState.ERROR, age_s=1, restart_count=5, worker_name="a")
+    sixth = inst("m", InstanceState.ERROR, age_s=1, restart_count=6, worker_name="a")
+    plan = plan_pass([model("m", 2)], [worker("a", 1)], [fifth, sixth], NOW, CONFIG)
+    assert [u.instance for u in plan.unschedule] == [fifth]
+    assert "failed 5 times on worker a" in plan.unschedule[0].message
+    assert plan.unschedule[0].restart_count is None  # the count goes on (and so the back-off)
+
+
 def test_removed_worker_and_pending_order() -> None:
     orphan = inst("m", InstanceState.RUNNING, worker_id="wid-gone", worker_name="gone")
     p2 = inst("m", InstanceState.PENDING, created_s=2)

@@ -11,7 +11,9 @@ import contextlib
 import logging
 import random
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from nats.aio.msg import Msg
 
@@ -30,11 +32,14 @@ from shoal.shared.schemas.registry import (
     InstanceCreate,
     InstancePublic,
     InstanceTransition,
+    ListRequest,
     ModelPublic,
 )
 from shoal.shared.states import InstanceState
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+PAGE_SIZE = 1000
 
 
 @dataclass(slots=True)
@@ -108,8 +113,8 @@ class SchedulerService:
     async def reconcile(self) -> PassStats:
         async with self.lock:
             self.passes += 1
-            models = await self.registry.list_models()
-            workers = await self.registry.list_workers()
+            models = await self._every(self.registry.list_models)
+            workers = await self._every(self.registry.list_workers)
             instances = await self.registry.list_instances()
             plan = plan_pass(models, workers, instances, utcnow(), self.config)
             stats = PassStats()
@@ -137,6 +142,16 @@ class SchedulerService:
                          stats.unscheduled, stats.scheduled, stats.pending, stats.conflicts)
             return stats
 
+    @staticmethod
+    async def _every(list_page: Callable[[ListRequest], Awaitable[list[T]]]) -> list[T]:
+        """Every row of a paged registry list (pages of PAGE_SIZE)."""
+        rows: list[T] = []
+        while True:
+            page = await list_page(ListRequest(limit=PAGE_SIZE, offset=len(rows)))
+            rows += page
+            if len(page) < PAGE_SIZE:
+                return rows
+
     async def _execute(self, plan: PassPlan, current: dict[str, InstancePublic],
                        stats: PassStats) -> None:
         for inst in plan.delete:
@@ -159,7 +174,7 @@ class SchedulerService:
                 current[moved.id] = moved
                 stats.unscheduled += 1
 
-    async def _write(self, call, stats: PassStats):  # noqa: ANN001, ANN202 - any registry call
+    async def _write(self, call: Awaitable[T], stats: PassStats) -> T | None:
         """Run one registry write; a stale version or a vanished row means someone else acted."""
         try:
             return await call

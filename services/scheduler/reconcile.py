@@ -130,8 +130,8 @@ def double_claims(workers: list[WorkerPublic], instances: list[InstancePublic]
     """Instances to unschedule because their GPU is claimed past its size.
 
     Two schedulers placing different instances at once can both pick one GPU (each write is
-    valid on its own row). The newest automatic placement that has not started yet goes back to
-    PENDING; manual selections (placed with an overcommit warning) are left as the user chose.
+    valid on its own row). The newest placement that has not started yet goes back to PENDING;
+    a GPU a user overcommitted on purpose (a placement with warnings) is left as chosen.
     """
     totals = {(w.id, g.index): g.memory_total for w in workers for g in w.status.gpus}
     names = {w.id: w.name for w in workers}
@@ -149,9 +149,9 @@ def double_claims(workers: list[WorkerPublic], instances: list[InstancePublic]
     for (worker_id, index), claims in sorted(users.items()):
         total = totals.get((worker_id, index))
         used = sum(b for _, b in claims)
-        if total is None or used <= total:
-            continue
-        movable = [(i, b) for i, b in claims if not i.warnings and i.state in (
+        if total is None or used <= total or any(i.warnings for i, _ in claims):
+            continue  # fits, or a user overcommitted it on purpose (manual selection)
+        movable = [(i, b) for i, b in claims if i.state in (
             _S.SCHEDULED, _S.DOWNLOADING) and i.id not in chosen]
         movable.sort(key=lambda ib: (ib[0].state_changed_at, ib[0].id), reverse=True)
         for inst, num_bytes in movable:

@@ -79,3 +79,12 @@ def test_a_gpu_claimed_twice_sends_the_newest_back() -> None:
     plan = plan_pass([model("m", 2)], [worker("a", 1)], [first, racer], NOW, CONFIG)
     assert [u.instance.id for u in plan.unschedule] == [racer.id]
     assert "claimed by two placements at once" in plan.unschedule[0].message
+
+
+def test_a_manual_overcommit_is_left_alone() -> None:
+    first = inst("m", InstanceState.SCHEDULED, age_s=50)
+    first = first.model_copy(update={"claim": ResourceClaim(gpu_memory={0: 72 * GIB})})
+    manual = inst("m", InstanceState.SCHEDULED, age_s=1, warnings=["Overcommit: a GPU 0 ..."])
+    manual = manual.model_copy(update={"claim": ResourceClaim(gpu_memory={0: 72 * GIB})})
+    plan = plan_pass([model("m", 2)], [worker("a", 1)], [first, manual], NOW, CONFIG)
+    assert plan.unschedule == []

@@ -26,6 +26,7 @@ from shoal.services.scheduler.policies.selectors import (
     MultiWorkerSelector,
     SingleGpuSelector,
 )
+from shoal.services.scheduler.units import fmt_bytes
 from shoal.shared.schemas.registry import DeviceKind, Placement
 
 
@@ -52,7 +53,14 @@ class PlacementResult:
     def describe(self) -> str:
         if self.candidate is None:
             return "No placement. " + self.reason
-        text = f"Placement: {self.candidate.to_log_string()}."
+        c = self.candidate
+        text = f"Placement: {c.to_log_string()}."
+        parts = [f"{fmt_bytes(b)} of {w.name} GPU {i}" for w, claims in
+                 [(c.worker, c.gpu_claims)] + [(s.worker, s.gpu_claims) for s in c.subordinates]
+                 for i, b in sorted(claims.items())]
+        if c.ram_claim:
+            parts.append(f"{fmt_bytes(c.ram_claim)} of {c.worker.name}'s RAM")
+        text += f" It claims {', '.join(parts)}."
         if self.claim is not None:
             text += " " + self.claim.describe()
         for warning in self.candidate.warnings:

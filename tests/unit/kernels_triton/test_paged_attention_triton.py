@@ -1,0 +1,101 @@
+"""Triton paged_attention against the torch reference (itself checked against float64 dense
+attention): mixed prefill chunks and decodes, block boundaries, odd lengths, GQA ratios,
+head dims that are not powers of two, forced split-K, padded CUDA-graph lanes, the split rule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.unit.kernels_triton.triton_helpers import (DEVICE, DTYPES, PagedCase, fresh_generator,
+                                                      needs_cuda, paged_case, tolerance)
+
+from shoal.kernels import paged_attention
+from shoal.kernels.paged_attention_split_k import num_splits_for, use_split_k
+from shoal.kernels.paged_attention_triton import paged_attention_triton
+
+
+def _check(case: PagedCase, dtype: torch.dtype, **kwargs: int) -> None:
+    out = paged_attention_triton(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                 case.seq_lens, case.query_start_loc, case.scale, **kwargs)
+    ref = paged_attention(case.q.float().cpu(), case.k_cache.float().cpu(),
+                          case.v_cache.float().cpu(), case.block_tables.cpu(), case.seq_lens.cpu(),
+                          case.query_start_loc.cpu(), case.scale)
+    assert out.dtype == dtype and out.shape == case.q.shape
+    torch.testing.assert_close(out.float().cpu(), ref, **tolerance(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (8, 2), (6, 1)])
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_mixed_prefill_chunks_and_decodes(dtype: torch.dtype, num_heads: int, num_kv_heads: int,
+                                          block_size: int) -> None:
+    gen = fresh_generator()
+    # a fresh prompt, decodes at and across block boundaries, a later chunk, odd lengths
+    q_lens = [7, 1, 1, 5, 1, 13, 1]
+    ctx_lens = [0, block_size - 1, block_size, 2 * block_size + 3, 0, 9, 37]
+    _check(paged_case(q_lens, ctx_lens, num_heads, num_kv_heads, 32, block_size, dtype, gen), dtype)
+
+
+@pytest.mark.parametrize("head_dim", [8, 24, 64])
+def test_decode_only_batch(head_dim: int) -> None:
+    gen = fresh_generator()
+    ctx = torch.randint(0, 70, (11,), generator=gen).tolist()
+    _check(paged_case([1] * 11, ctx, 9, 3, head_dim, 16, torch.float16, gen), torch.float16)
+
+
+@pytest.mark.parametrize("num_splits", [2, 5])
+@pytest.mark.parametrize("tile_size", [16, 64])
+def test_split_k_matches(num_splits: int, tile_size: int) -> None:
+    gen = fresh_generator()
+    # decodes: contexts shorter than one tile (empty splits), across tiles; and a mixed batch
+    case = paged_case([1, 1, 1], [0, 15, 150], 8, 2, 32, 16, torch.float32, gen)
+    _check(case, torch.float32, num_splits=num_splits, tile_size=tile_size)
+    case = paged_case([9, 1, 3], [0, 40, 70], 4, 2, 16, 8, torch.float16, gen)
+    _check(case, torch.float16, num_splits=num_splits, tile_size=tile_size)
+
+
+def test_long_decode_takes_split_k_by_the_rule() -> None:
+    gen = fresh_generator()
+    case = paged_case([1, 1], [1500, 3], 4, 1, 16, 16, torch.float16, gen)
+    assert num_splits_for(2, case.block_tables.shape[1] * 16) > 1
+    _check(case, torch.float16)
+
+
+def test_prefill_only_and_whole_blocks() -> None:
+    gen = fresh_generator()
+    _check(paged_case([17, 1, 33], [0, 0, 0], 4, 2, 8, 8, torch.float32, gen), torch.float32)
+    _check(paged_case([64], [0], 4, 2, 8, 16, torch.float32, gen), torch.float32)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_padded_graph_lanes_are_finite(num_splits: int) -> None:
+    """CUDA-graph padding: lanes with seq_len 0 give zeros, the real lanes are unchanged."""
+    gen = fresh_generator()
+    case = paged_case([1, 1, 1], [5, 20, 2], 4, 2, 16, 4, torch.float32, gen)
+    real = paged_attention_triton(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                  case.seq_lens, case.query_start_loc, case.scale,
+                                  num_splits=num_splits)
+    pad = 2
+    q = torch.cat([case.q, torch.randn(pad, 4, 16, generator=gen).to(DEVICE)])
+    tables = torch.cat([case.block_tables, torch.zeros_like(case.block_tables[:pad])])
+    seq_lens = torch.cat([case.seq_lens, torch.zeros(pad, dtype=torch.int32, device=DEVICE)])
+    qsl = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=DEVICE)
+    out = paged_attention_triton(q, case.k_cache, case.v_cache, tables, seq_lens, qsl, case.scale,
+                                 num_splits=num_splits)
+    assert torch.equal(out[:3], real) and torch.equal(out[3:], torch.zeros_like(out[3:]))
+
+
+def test_split_rule() -> None:
+    assert not use_split_k(1, 512) and not use_split_k(64, 8192)
+    assert use_split_k(1, 4096) and use_split_k(16, 1024)
+    assert num_splits_for(64, 8192) == 1 and num_splits_for(1, 1024) == 2
+    assert num_splits_for(1, 4096) == 8 and num_splits_for(4, 131072) == 16
+
+
+@needs_cuda
+def test_long_contexts_on_gpu() -> None:
+    gen = fresh_generator()
+    for dtype in (torch.bfloat16, torch.float16):
+        case = paged_case([1] * 4 + [300], [4100, 5000, 17, 8191, 700], 32, 8, 128, 16, dtype, gen)
+        _check(case, dtype)
+        _check(paged_case([1] * 3, [4100, 9000, 17], 32, 8, 128, 16, dtype, gen), dtype)

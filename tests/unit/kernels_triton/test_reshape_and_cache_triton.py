@@ -1,0 +1,59 @@
+"""Triton reshape_and_cache equals the torch reference exactly (a copy): -1 slots skipped,
+strided k/v views (as split from the packed qkv projection), non-power-of-two widths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.unit.kernels_triton.triton_helpers import DEVICE, DTYPES, fresh_generator
+
+from shoal.kernels import reshape_and_cache
+from shoal.kernels.reshape_and_cache_triton import reshape_and_cache_triton
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("block_size,num_kv_heads,head_dim", [(16, 3, 64), (4, 1, 8), (8, 2, 5),
+                                                              (16, 8, 128)])
+def test_matches_reference(dtype: torch.dtype, block_size: int, num_kv_heads: int,
+                           head_dim: int) -> None:
+    gen = fresh_generator()
+    num_blocks, num_tokens, num_heads = 5, 11, 2 * num_kv_heads
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen).to(dtype).to(DEVICE)
+    v_cache = torch.randn(shape, generator=gen).to(dtype).to(DEVICE)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    kv = num_kv_heads * head_dim
+    qkv = torch.randn(num_tokens, num_heads * head_dim + 2 * kv, generator=gen).to(dtype).to(DEVICE)
+    _, k, v = qkv.split([num_heads * head_dim, kv, kv], dim=-1)
+    k = k.view(num_tokens, num_kv_heads, head_dim)  # strided: rows of the packed projection
+    v = v.view(num_tokens, num_kv_heads, head_dim)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
+    slots[torch.randint(0, num_tokens, (3,), generator=gen)] = -1
+    slots[-1] = block_size  # the first slot of block 1: a block boundary
+    slots = slots.to(DEVICE)
+    reshape_and_cache_triton(k, v, k_cache, v_cache, slots)
+    reshape_and_cache(k, v, k_ref, v_ref, slots)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+
+
+def test_all_skipped_and_empty_are_no_ops() -> None:
+    k_cache = torch.zeros(2, 4, 1, 8, device=DEVICE)
+    v_cache = torch.zeros(2, 4, 1, 8, device=DEVICE)
+    ones = torch.ones(3, 1, 8, device=DEVICE)
+    reshape_and_cache_triton(ones, ones, k_cache, v_cache,
+                             torch.full((3,), -1, dtype=torch.int64, device=DEVICE))
+    empty = torch.ones(0, 1, 8, device=DEVICE)
+    reshape_and_cache_triton(empty, empty, k_cache, v_cache,
+                             torch.zeros(0, dtype=torch.int64, device=DEVICE))
+    assert not k_cache.any() and not v_cache.any()
+
+
+def test_layout_is_checked() -> None:
+    k_cache = torch.zeros(2, 4, 2, 8, device=DEVICE)
+    kv = torch.ones(3, 2, 8, device=DEVICE)
+    slots = torch.zeros(3, dtype=torch.int64, device=DEVICE)
+    with pytest.raises(AssertionError):
+        reshape_and_cache_triton(kv, kv, k_cache.transpose(2, 3).contiguous().transpose(2, 3),
+                                 k_cache, slots)
+    with pytest.raises(AssertionError):
+        reshape_and_cache_triton(kv, kv, k_cache, k_cache.clone(), slots.int())

@@ -1,0 +1,59 @@
+"""Shared pieces of the Triton kernel tests: the device they run on, dtypes, CUDA skip marks,
+and a random paged-cache case (scattered blocks, one spare block-table column)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
+# The interpreter computes bf16 wrongly (DESIGN.md): bf16 runs on the GPU only.
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if HAS_CUDA else [])
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (none here): "
+                                "GPU-only check skipped, the interpreter runs the rest")
+
+
+def fresh_generator() -> torch.Generator:
+    seed = torch.seed()
+    print(f"seed {seed}")  # shown on failure, so a failing draw can be replayed
+    return torch.Generator().manual_seed(seed)
+
+
+@dataclass
+class PagedCase:
+    q: torch.Tensor  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    scale: float
+
+
+def paged_case(q_lens: list[int], ctx_lens: list[int], num_heads: int, num_kv_heads: int,
+               head_dim: int, block_size: int, dtype: torch.dtype, gen: torch.Generator) -> PagedCase:
+    seq_lens = [c + n for c, n in zip(ctx_lens, q_lens)]
+    num_blocks = sum(-(-s // block_size) for s in seq_lens) + 3
+    max_blocks = max(-(-s // block_size) for s in seq_lens) + 1
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen).to(dtype)
+    v_cache = torch.randn(shape, generator=gen).to(dtype)
+    free = torch.randperm(num_blocks, generator=gen).tolist()
+    block_tables = torch.zeros(len(q_lens), max_blocks, dtype=torch.int32)
+    for i, s in enumerate(seq_lens):
+        ids = [free.pop() for _ in range(-(-s // block_size))]
+        block_tables[i, :len(ids)] = torch.tensor(ids, dtype=torch.int32)
+    q = torch.randn(sum(q_lens), num_heads, head_dim, generator=gen).to(dtype)
+    qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+    return PagedCase(q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), block_tables.to(DEVICE),
+                     torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE), qsl.to(DEVICE),
+                     head_dim ** -0.5)
+
+
+def tolerance(dtype: torch.dtype) -> dict[str, float]:
+    """Relative bounds for fp32 accumulation over inputs of `dtype` (bf16: 8 mantissa bits)."""
+    return {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.float16: {"atol": 2e-3, "rtol": 2e-3},
+            torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}[dtype]

@@ -1,11 +1,13 @@
 """shoal.kernels: the engine's compute ops behind one seam, `Ops`, chosen per device.
 
-Each op is plain torch today (the CPU path and the reference); a Triton set for CUDA plugs in
-through `select_ops` without the model code changing (DESIGN.md "KV-cache contract").
+Each op is plain torch (the CPU path and the reference) and Triton (the CUDA path, beside it in
+`*_triton.py`); `select_ops` picks the set by device, so the model code never changes
+(DESIGN.md "KV-cache contract").
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,10 +32,23 @@ TORCH_OPS = Ops(reshape_and_cache=reshape_and_cache, paged_attention=paged_atten
                 rms_norm=rms_norm, apply_rotary=apply_rotary, name="torch")
 
 
-def select_ops(device: torch.device | str) -> Ops:
-    """The op set for a device: plain torch for now on every device (Triton for CUDA comes next)."""
-    del device
-    return TORCH_OPS
+def select_ops(device: torch.device | str, force: str | None = None) -> Ops:
+    """The op set for a device: Triton on CUDA, plain torch elsewhere. `force` ("torch" or
+    "triton") overrides the choice (tests run the Triton set on CPU under TRITON_INTERPRET=1).
+    Triton is imported only here, so `import shoal.kernels` works where it is absent."""
+    name = force or ("triton" if torch.device(device).type == "cuda" else "torch")
+    if name == "torch":
+        return TORCH_OPS
+    if name != "triton":
+        raise ValueError(f"unknown op set {name!r} (torch or triton)")
+    try:
+        from shoal.kernels.triton_ops import TRITON_OPS
+    except ImportError:
+        if force:
+            raise
+        warnings.warn("triton is not installed: CUDA runs the plain-torch ops", stacklevel=2)
+        return TORCH_OPS
+    return TRITON_OPS
 
 
 __all__ = ["Ops", "Workspace", "TORCH_OPS", "select_ops", "paged_attention", "reshape_and_cache", "rms_norm",

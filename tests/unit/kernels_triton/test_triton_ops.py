@@ -1,0 +1,76 @@
+"""The Triton op set: chosen by device, call-compatible with the torch set, and the tiny models
+run through it (interpreter on CPU) give the torch path's logits and greedy tokens."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+from tests.tiny_models import ARCHS, VOCAB, save_tiny_model
+
+from shoal.kernels import TORCH_OPS, Ops, select_ops
+from shoal.services.worker.engine import model_runner as model_runner_module
+from shoal.services.worker.engine.config import EngineConfig
+from shoal.services.worker.engine.model_runner import ModelRunner
+from shoal.services.worker.engine.outputs import ScheduledSeq, SchedulerOutput
+from shoal.services.worker.engine.sampling_params import SamplingParams
+
+OPS = ["reshape_and_cache", "paged_attention", "rms_norm", "apply_rotary"]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
+
+
+def test_select_ops_by_device_and_forced() -> None:
+    assert select_ops("cpu") is TORCH_OPS
+    assert select_ops(torch.device("cuda")).name == "triton"
+    assert select_ops("cpu", force="triton").name == "triton"
+    assert select_ops("cuda", force="torch") is TORCH_OPS
+    with pytest.raises(ValueError):
+        select_ops("cpu", force="cuda")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_same_call_signature_as_torch(op: str) -> None:
+    ours = inspect.signature(getattr(select_ops("cpu", force="triton"), op))
+    ref = inspect.signature(getattr(TORCH_OPS, op))
+    positional = [p for p in ours.parameters.values() if p.kind != p.KEYWORD_ONLY]
+    assert [(p.name, p.default) for p in positional] == [
+        (p.name, p.default) for p in ref.parameters.values()]
+
+
+def _runner(folder: Path, ops: Ops, monkeypatch: pytest.MonkeyPatch) -> ModelRunner:
+    monkeypatch.setattr(model_runner_module, "select_ops", lambda device: ops)
+    return ModelRunner(EngineConfig(model=str(folder), block_size=4, num_kv_blocks=64), folder)
+
+
+def _blocks(i: int) -> list[int]:
+    return list(range(i * 16, i * 16 + 16))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tiny_model_greedy_parity(arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same greedy tokens and close logits: a chunked prompt next to a whole one, then decodes."""
+    folder = save_tiny_model(arch, tmp_path / arch)
+    runners = [_runner(folder, TORCH_OPS, monkeypatch),
+               _runner(folder, select_ops("cpu", force="triton"), monkeypatch)]
+    gen = torch.Generator().manual_seed(torch.seed())
+    prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (5, 14)]
+    results = []
+    for runner in runners:
+        tokens = [list(p) for p in prompts]
+        out = SchedulerOutput([ScheduledSeq(0, prompts[0], 0, _blocks(0), True, 5, GREEDY),
+                               ScheduledSeq(1, prompts[1][:9], 0, _blocks(1), False, 14, GREEDY)])
+        runner.execute(out)
+        out = SchedulerOutput([ScheduledSeq(1, prompts[1][9:], 9, _blocks(1), True, 14, GREEDY)])
+        tokens[1].append(runner.execute(out).sampled_token_ids[1])
+        out = SchedulerOutput([ScheduledSeq(0, prompts[0], 0, _blocks(0), True, 5, GREEDY)])
+        tokens[0].append(runner.execute(out).sampled_token_ids[0])
+        for _ in range(5):
+            out = SchedulerOutput([ScheduledSeq(i, [t[-1]], len(t) - 1, _blocks(i), True,
+                                                len(prompts[i]), GREEDY) for i, t in enumerate(tokens)])
+            sampled = runner.execute(out).sampled_token_ids
+            for i, t in enumerate(tokens):
+                t.append(sampled[i])
+        results.append(tokens)
+    assert results[0] == results[1]

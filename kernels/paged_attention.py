@@ -11,6 +11,10 @@ import torch
 import torch.nn.functional as F
 
 
+MAX_KV_HEADS_BLOCK_DIAGONAL = 8
+"""Up to this many KV heads decodes use `_block_diagonal` (whose FLOPs grow with KV heads)."""
+
+
 class Workspace:
     """Reusable scratch buffers (the gathered K/V of a decode batch), grown on demand.
 
@@ -80,18 +84,42 @@ def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     v = workspace.get("v", (flat.shape[0], row), v_cache)
     torch.index_select(k_cache.view(-1, row), 0, flat, out=k)  # one copy per cache, 2-D rows
     torch.index_select(v_cache.view(-1, row), 0, flat, out=v)
-    # [n, num_kv_heads, max_len, head_dim] views: the layout SDPA wants
-    k = k.view(n, max_len, num_kv_heads, head_dim).transpose(1, 2)
-    v = v.view(n, max_len, num_kv_heads, head_dim).transpose(1, 2)
     mask = torch.arange(max_len)[None, :] < ctx_lens[:, None]  # [n, max_len]
-    o = F.scaled_dot_product_attention(
-        q_d.view(n, num_heads, 1, head_dim), k, v, attn_mask=mask[:, None, None, :],
-        scale=scale, enable_gqa=num_heads != num_kv_heads)  # [n, num_heads, 1, head_dim]
-    o = o.view(n, num_heads, head_dim)
+    if num_kv_heads <= MAX_KV_HEADS_BLOCK_DIAGONAL:
+        o = _block_diagonal(q_d, k.view(n, max_len, -1), v.view(n, max_len, -1), mask,
+                            num_kv_heads, scale)
+    else:  # [n, num_kv_heads, max_len, head_dim] views: the layout SDPA wants
+        k = k.view(n, max_len, num_kv_heads, head_dim).transpose(1, 2)
+        v = v.view(n, max_len, num_kv_heads, head_dim).transpose(1, 2)
+        o = F.scaled_dot_product_attention(
+            q_d.view(n, num_heads, 1, head_dim), k, v, attn_mask=mask[:, None, None, :],
+            scale=scale, enable_gqa=num_heads != num_kv_heads).view(n, num_heads, head_dim)
     if n == len(lens):
         out.copy_(o)
     else:
         out.index_copy_(0, tok_idx, o)
+
+
+def _block_diagonal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                    num_kv_heads: int, scale: float) -> torch.Tensor:
+    """Decode attention as two plain batched matmuls over the gathered rows, no transposes.
+
+    q [n, num_heads, head_dim]; k, v [n, max_len, num_kv_heads * head_dim] (the cache's own row
+    layout); mask [n, max_len]. Each head's query is spread into a zero-padded row covering every
+    KV head, so `q_rows @ k^T` and `p @ v` read each key and value once (num_kv_heads times the
+    FLOPs, negligible for few KV heads, and far fewer passes than SDPA's per-head decode loop).
+    Returns [n, num_heads, head_dim].
+    """
+    n, num_heads, head_dim = q.shape
+    group = num_heads // num_kv_heads
+    eye = torch.eye(num_kv_heads, dtype=q.dtype, device=q.device)
+    q_rows = (q.view(n, num_kv_heads, group, 1, head_dim) * scale
+              * eye.view(1, num_kv_heads, 1, num_kv_heads, 1))  # [n, kvh, group, kvh, head_dim]
+    scores = torch.bmm(q_rows.view(n, num_heads, -1), k.transpose(1, 2))  # [n, num_heads, max_len]
+    scores.masked_fill_(~mask[:, None, :], float("-inf"))
+    o = torch.bmm(scores.softmax(dim=-1), v)  # [n, num_heads, num_kv_heads * head_dim]
+    o = o.view(n, num_kv_heads, group, num_kv_heads, head_dim)
+    return torch.diagonal(o, dim1=1, dim2=3).permute(0, 3, 1, 2).reshape(n, num_heads, head_dim)
 
 
 def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -120,7 +120,7 @@ class InferClient:
         finally:
             self.table.unwatch(inst, queue)
             await sub.unsubscribe()
-            if started and not finished:
+            if not finished:  # also when it timed out before acceptance: it may still start there
                 await self._abort(instance_id, req.request_id)
 
     async def _next(self, queue: asyncio.Queue[object], timeout: float, started: bool,

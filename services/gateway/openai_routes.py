@@ -15,7 +15,9 @@ from shoal.services.gateway.router import messages_prefix_hashes, text_prefix_ha
 from shoal.services.gateway.serve import Answer, Job
 from shoal.services.gateway.state import STATE
 from shoal.shared.errors import ShoalError
+from shoal.shared.logging import log_context
 from shoal.shared.schemas.infer import DetokenizeReply, DetokenizeRequest, TokenizeReply, TokenizeRequest
+from shoal.shared.telemetry import get_tracer
 
 routes = web.RouteTableDef()
 
@@ -58,7 +60,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             echo = prompt if body.echo and isinstance(prompt, str) else ""
             jobs.append(Job(body.generate(f"{builder.id}-{i}", prompt), hashes, i * body.n, echo))
         answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model), body.include_usage)
-        return await (answer.stream(request) if body.stream else answer.whole())
+        return await _answer(request, answer, body.stream)
 
 
 @routes.post("/v1/chat/completions")
@@ -70,7 +72,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         hashes = messages_prefix_hashes([(m.role, m.text() or "") for m in body.messages])
         jobs = [Job(body.generate(builder.id), hashes)]
         answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model), body.include_usage)
-        return await (answer.stream(request) if body.stream else answer.whole())
+        return await _answer(request, answer, body.stream)
+
+
+async def _answer(request: web.Request, answer: Answer, stream: bool) -> web.StreamResponse:
+    """Run the answer inside a span (its traceparent rides to the engine) and a log context."""
+    with log_context(request_id=answer.builder.id, model=answer.builder.model), \
+            get_tracer("shoal.gateway").start_as_current_span(f"{request.method} {request.path}") as span:
+        span.set_attribute("shoal.request_id", answer.builder.id)
+        span.set_attribute("shoal.model", answer.builder.model)
+        return await (answer.stream(request) if stream else answer.whole())
 
 
 @routes.post("/tokenize")

@@ -151,10 +151,14 @@ async def test_running_instance_without_engine_fails_fast(gateway: str, client: 
             id=inst.id, version=inst.version, state=state,
             placement=Placement(worker_id=worker.id) if state is InstanceState.SCHEDULED else None))
     api = sdk(gateway)
-    for _ in range(2):
-        with pytest.raises(openai.APIStatusError) as err:
-            await asyncio.wait_for(api.completions.create(model=model.name, prompt="hi"), 15)
-        assert err.value.status_code == 503
+    await asyncio.sleep(0.2)  # the instance event reaches the gateway
+    with pytest.raises(openai.APIStatusError) as err:
+        await asyncio.wait_for(api.completions.create(model=model.name, prompt="hi"), 15)
+    assert err.value.status_code == 503 and "no engine listens" in err.value.message
+    await asyncio.sleep(1.5)  # no load for gateway_engine_dead_after (1 s): routed around as dead
+    with pytest.raises(openai.APIStatusError) as err:
+        await asyncio.wait_for(api.completions.create(model=model.name, prompt="hi"), 15)
+    assert err.value.status_code == 503 and "no running instance" in err.value.message
 
 
 @pytest.mark.parametrize("body, param", [

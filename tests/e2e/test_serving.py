@@ -146,6 +146,12 @@ async def test_n_stop_and_logprobs(stack) -> None:
     assert "".join(t.token for t in content).startswith(lp.choices[0].message.content)
     comp = await api.completions.create(model=model.name, prompt="Hello", temperature=0, max_tokens=5, logprobs=2)
     assert len(comp.choices[0].logprobs.tokens) == comp.usage.completion_tokens
+    batch = await api.completions.create(model=model.name, prompt=["Hello", "The sky is"], n=2, temperature=0,
+                                         max_tokens=3, echo=True)
+    assert [c.index for c in sorted(batch.choices, key=lambda c: c.index)] == [0, 1, 2, 3]
+    assert all(c.text.startswith("Hello" if c.index < 2 else "The sky is") for c in batch.choices)
+    assert batch.usage.completion_tokens == 12
+    assert (await api.models.retrieve(model.name)).id == model.name
 
 
 async def test_cached_tokens_tokenize_and_refusals(stack) -> None:

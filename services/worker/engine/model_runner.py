@@ -15,6 +15,8 @@ from transformers import AutoConfig
 
 from shoal.kernels import Workspace, select_ops
 from shoal.services.worker.engine.config import ConfigError, EngineConfig
+from shoal.services.worker.engine.cuda_graphs import DecodeGraphs
+from shoal.services.worker.engine.gpu_memory import profiled_config
 from shoal.services.worker.engine.input_batch import ModelInputs, build_model_inputs
 from shoal.services.worker.engine.kv_cache import bind_kv_caches, num_kv_blocks
 from shoal.services.worker.engine.loader import load_weights
@@ -47,10 +49,19 @@ class ModelRunner:
             param.data = param.data.to(device=self.device, dtype=self.dtype)
         self.model.to(self.device).eval()
         self.block_size = config.block_size
-        self.num_kv_blocks = num_kv_blocks(config, self.model, self.dtype, self.device)
+        kv_config = config
+        if self.device.type == "cuda":  # CUDA path: size the pool by profiling a full-size batch
+            kv_config = profiled_config(config, self.model, self.max_model_len, self.dtype,
+                                        self.device)
+        self.num_kv_blocks = num_kv_blocks(kv_config, self.model, self.dtype, self.device)
         self.kv_caches = bind_kv_caches(self.model, self.num_kv_blocks, self.block_size,
                                         self.dtype, self.device)
         self.workspace = Workspace()
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and not config.enforce_eager:  # CUDA path: decode graphs
+            self.graphs = DecodeGraphs(self.model, config.max_num_seqs,
+                                       -(-self.max_model_len // self.block_size), self.device)
+            self.graphs.capture()
         self.states: dict[int, SeqState] = {}
         self._num_unseeded = 0
 
@@ -62,7 +73,10 @@ class ModelRunner:
             return RunnerOutput(sampled_token_ids={})
         states = [self._update_state(s) for s in out.scheduled]
         inputs = build_model_inputs(out, self.block_size, self.device, self.workspace)
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)  # [num_tokens, hidden]
+        if self.graphs is not None and self.graphs.can_run(inputs):  # CUDA path: replay a graph
+            hidden = self.graphs.run(inputs)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)  # [num_tokens, hidden]
         logits = self.model.compute_logits(hidden, inputs.logits_indices)  # [num_logits, vocab]
         prompt_logprobs = self._prompt_logprobs(out.scheduled, states, inputs, logits)
         picked = [i for i, row in enumerate(inputs.sample_rows) if row is not None]

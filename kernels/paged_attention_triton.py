@@ -161,7 +161,7 @@ def paged_attention_triton(
         block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, QPKV=qpkv, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, TILE=tile, BLOCK_M=block_m, BLOCK_Q=block_q,
-        NUM_SPLITS=num_splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+        NUM_SPLITS=num_splits, PRECISION="ieee" if q.dtype == torch.float32 else None)
     if num_splits > 1:
         merge_splits_kernel[(num_tokens, num_heads)](
             part_acc, part_ml, out, out.stride(0), out.stride(1), NUM_HEADS=num_heads,

@@ -1,0 +1,1 @@
+"""Offline benchmarks (run as modules: python -m benchmarks.offline_throughput)."""

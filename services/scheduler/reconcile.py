@@ -40,14 +40,10 @@ class SchedulerConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SchedulerConfig:
-        """Built at the entry point; optional scheduler_* settings override the defaults."""
-        return cls(
-            interval=float(getattr(settings, "scheduler_interval", cls.interval)),
-            reschedule_after=settings.reschedule_after,
-            error_backoff=float(getattr(settings, "scheduler_error_backoff", cls.error_backoff)),
-            error_backoff_max=float(getattr(settings, "scheduler_error_backoff_max",
-                                            cls.error_backoff_max)),
-        )
+        """Built at the entry point from SHOAL_SCHEDULER_* / SHOAL_RESCHEDULE_AFTER."""
+        return cls(interval=settings.scheduler_interval, reschedule_after=settings.reschedule_after,
+                   error_backoff=settings.scheduler_error_backoff,
+                   error_backoff_max=settings.scheduler_error_backoff_max)
 
     def backoff(self, restart_count: int) -> float:
         return min(self.error_backoff * 2.0 ** min(restart_count, 30), self.error_backoff_max)

@@ -104,6 +104,7 @@ async def test_instance_state_machine(client: RegistryClient) -> None:
     inst = await client.transition_instance(InstanceTransition(
         id=inst.id, version=inst.version, state=InstanceState.SCHEDULED, placement=placement))
     assert (inst.worker_id, inst.gpu_indexes, inst.claim.gpu_memory) == (worker.id, [0], {0: 2**30})
+    assert inst.version == same.version + 1, "one transition is one versioned write"
 
     # a stale version is refused even for a legal move
     with pytest.raises(Conflict):

@@ -55,19 +55,23 @@ class InstanceRepo:
             return Page[InstancePublic](items=[instance_public(r) for r in rows], total=len(rows))
 
     async def transition(self, req: InstanceTransition) -> InstancePublic:
+        """One versioned write: every read happens before the row is touched (an autoflush in
+        between would bump the version twice)."""
         async with unit_of_work(self.sessions, f"instance {req.id!r}") as s:
             row = await get_or_404(s, InstanceRow, req.id, "instance")
             check_version(row.version, req.version, f"instance {row.name!r}")
             current = InstanceState(row.state)
-            if req.state is current:
-                if req.placement is not None:
-                    raise InvalidRequest("a placement can only be given when moving to SCHEDULED",
-                                         param="placement")
-            else:
+            if req.state is not current:
                 check_transition(current, req.state)
+            worker = await self._placement_worker(s, row, req)
+            if req.state is not current:
                 row.state = req.state.value
                 row.state_changed_at = utcnow()
-                await self._apply_placement(s, row, req)
+            if worker is not None and req.placement is not None:
+                row.worker_id, row.worker_name = worker.id, worker.name
+                row.placement = req.placement.model_dump(mode="json")
+            elif req.state is InstanceState.PENDING:
+                row.worker_id = row.worker_name = row.placement = None
             row.state_message = req.state_message
             if req.restart_count is not None:
                 row.restart_count = req.restart_count
@@ -88,17 +92,17 @@ class InstanceRepo:
             return {model_id: count for model_id, count in rows.all()}
 
     @staticmethod
-    async def _apply_placement(s: AsyncSession, row: InstanceRow, req: InstanceTransition) -> None:
-        if req.state is InstanceState.SCHEDULED and row.worker_id is None or req.placement is not None:
-            if req.state is not InstanceState.SCHEDULED:
-                raise InvalidRequest("a placement can only be given when moving to SCHEDULED",
-                                     param="placement")
-            if req.placement is None:
+    async def _placement_worker(s: AsyncSession, row: InstanceRow, req: InstanceTransition) -> WorkerRow | None:
+        """Validate the placement rules and return the worker a new placement names."""
+        if req.placement is not None and req.state is not InstanceState.SCHEDULED:
+            raise InvalidRequest("a placement can only be given when moving to SCHEDULED", param="placement")
+        if req.placement is None:
+            if req.state is InstanceState.SCHEDULED and row.worker_id is None:
                 raise InvalidRequest("moving to SCHEDULED needs a placement", param="placement")
-            worker = await s.get(WorkerRow, req.placement.worker_id)
-            if worker is None:
-                raise NotFound(f"worker {req.placement.worker_id!r} not found")
-            row.worker_id, row.worker_name = worker.id, worker.name
-            row.placement = req.placement.model_dump(mode="json")
-        elif req.state is InstanceState.PENDING:
-            row.worker_id = row.worker_name = row.placement = None
+            return None
+        if row.state == InstanceState.SCHEDULED.value:
+            raise InvalidRequest("the instance is already placed; move it to PENDING first", param="placement")
+        worker = await s.get(WorkerRow, req.placement.worker_id)
+        if worker is None:
+            raise NotFound(f"worker {req.placement.worker_id!r} not found")
+        return worker

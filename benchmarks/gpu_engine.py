@@ -81,8 +81,14 @@ def _prompts(num: int, vocab: int, length: int) -> list[list[int]]:
     return torch.randint(3, vocab, (num, length), generator=gen).tolist()
 
 
+def _lengths(smoke: bool) -> tuple[int, int]:
+    return (8, 8) if smoke else (PROMPT_LEN, OUTPUT_LEN)
+
+
 def shoal_runs(folder: Path, vocab: int, device: torch.device, smoke: bool) -> dict[str, Any]:
     from shoal.services.worker.engine import LLM, SamplingParams
+
+    prompt_len, output_len = _lengths(smoke)
 
     args: dict[str, Any] = {"max_num_seqs": 256, "max_model_len": 4096 if not smoke else 512}
     if smoke:
@@ -98,13 +104,13 @@ def shoal_runs(folder: Path, vocab: int, device: torch.device, smoke: bool) -> d
         assert all(len(o.outputs[0].token_ids) == num_out for o in outs)
         return time.perf_counter() - start
 
-    one = _prompts(1, vocab, PROMPT_LEN)
+    one = _prompts(1, vocab, prompt_len)
     timed(one, 8)  # warm-up
-    t_first, t_all = timed(one, 1), timed(one, OUTPUT_LEN + 1)
-    result: dict[str, Any] = {"batch1_decode_tok/s": OUTPUT_LEN / (t_all - t_first)}
+    t_first, t_all = timed(one, 1), timed(one, output_len + 1)
+    result: dict[str, Any] = {"batch1_decode_tok/s": output_len / (t_all - t_first)}
     for num in ([4, 16] if smoke else [64, 256]):
-        seconds = timed(_prompts(num, vocab, PROMPT_LEN), OUTPUT_LEN)
-        result[f"throughput_{num}_output_tok/s"] = num * OUTPUT_LEN / seconds
+        seconds = timed(_prompts(num, vocab, prompt_len), output_len)
+        result[f"throughput_{num}_output_tok/s"] = num * output_len / seconds
     result = {k: round(v, 1) for k, v in result.items()}
     result["num_kv_blocks"] = llm.engine.runner.num_kv_blocks
     del llm
@@ -118,6 +124,7 @@ def transformers_runs(folder: Path, vocab: int, device: torch.device, smoke: boo
     from transformers import AutoModelForCausalLM
 
     dtype = torch.float32 if smoke else torch.bfloat16
+    prompt_len, output_len = _lengths(smoke)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
@@ -132,13 +139,13 @@ def transformers_runs(folder: Path, vocab: int, device: torch.device, smoke: boo
         assert out.shape[1] == ids.shape[1] + num_out
         return time.perf_counter() - start
 
-    one = _prompts(1, vocab, PROMPT_LEN)
+    one = _prompts(1, vocab, prompt_len)
     timed(one, 8)
-    t_first, t_all = timed(one, 1), timed(one, OUTPUT_LEN + 1)
-    result: dict[str, Any] = {"batch1_decode_tok/s": OUTPUT_LEN / (t_all - t_first)}
+    t_first, t_all = timed(one, 1), timed(one, output_len + 1)
+    result: dict[str, Any] = {"batch1_decode_tok/s": output_len / (t_all - t_first)}
     for num in ([4, 16] if smoke else [64, 256]):
-        result[f"throughput_{num}_output_tok/s"] = num * OUTPUT_LEN / timed(
-            _prompts(num, vocab, PROMPT_LEN), OUTPUT_LEN)
+        result[f"throughput_{num}_output_tok/s"] = num * output_len / timed(
+            _prompts(num, vocab, prompt_len), output_len)
     result = {k: round(v, 1) for k, v in result.items()}
     del model
     gc.collect()

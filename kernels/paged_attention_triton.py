@@ -22,8 +22,8 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _find_seq(qsl_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
     """The last sequence i whose first query block (qsl[i] // BLOCK_Q + i) is <= q_block."""
-    lo = 0
-    hi = num_seqs
+    lo: tl.int32 = 0  # typed: loop-carried, and num_seqs == 1 arrives as a constant
+    hi: tl.int32 = num_seqs
     while lo < hi:
         mid = (lo + hi) // 2
         if tl.load(qsl_ptr + mid) // BLOCK_Q + mid <= q_block:

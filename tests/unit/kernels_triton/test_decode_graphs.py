@@ -55,15 +55,15 @@ def test_padded_static_buffers_match_eager(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(model_runner_module, "select_ops",
                         lambda device: select_ops(device, force="triton"))
     runner = ModelRunner(EngineConfig(model=str(folder), block_size=4, num_kv_blocks=64), folder)
-    # fill the cache with something other than zeros: a prompt of 9 tokens per sequence
-    prompts = SchedulerOutput([ScheduledSeq(i, list(range(3 + i, 12 + i)), 0,
-                                            list(range(i * 3, i * 3 + 3)), False, 9, GREEDY)
-                               for i in range(19)])
+    # fill the cache with something other than zeros: a prompt of 5 tokens per sequence
+    prompts = SchedulerOutput([ScheduledSeq(i, list(range(3 + i, 8 + i)), 0,
+                                            list(range(i * 3, i * 3 + 3)), False, 5, GREEDY)
+                               for i in range(10)])
     runner.execute(prompts)
-    graphs = DecodeGraphs(runner.model, 20, 5, runner.device, use_graphs=False)
+    graphs = DecodeGraphs(runner.model, 10, 5, runner.device, use_graphs=False)
     graphs.capture()
-    for n in (3, 16, 19):  # padded to 4, exact 16, padded to 20
-        step = _decode_step(n, 9)
+    for n in (3, 8, 9):  # padded to 4, exact 8, padded to 10
+        step = _decode_step(n, 5)
         inputs = build_model_inputs(step, 4, runner.device)
         assert graphs.can_run(inputs)
         with torch.inference_mode():
@@ -87,7 +87,11 @@ def test_cuda_runner_graphs_and_parity_with_transformers(tmp_path: Path) -> None
     eager = ModelRunner(EngineConfig(model=str(folder), block_size=16, max_num_seqs=32,
                                      num_kv_blocks=256, enforce_eager=True), folder)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda().eval()
+    hf.generation_config.eos_token_id = None  # decode the full length, as ignore_eos does
     prompt = list(range(5, 17))
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=16,
+                          do_sample=False)[0].tolist()
     for r in (runner, eager):
         tokens = list(prompt)
         out = SchedulerOutput([ScheduledSeq(0, prompt, 0, list(range(8)), True, 12, GREEDY)])
@@ -95,7 +99,11 @@ def test_cuda_runner_graphs_and_parity_with_transformers(tmp_path: Path) -> None
             tokens.append(r.execute(out).sampled_token_ids[0])
             out = SchedulerOutput([ScheduledSeq(0, [tokens[-1]], len(tokens) - 1, list(range(8)),
                                                 True, 12, GREEDY)])
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=16,
-                              do_sample=False, eos_token_id=None)[0].tolist()
-        assert tokens == ref, (tokens[12:], ref[12:])
+        r.execute(SchedulerOutput([], finished_seq_ids=[0]))
+        if tokens != ref:  # bf16: a flip is allowed only at a near-tie of transformers' logprobs
+            step = next(i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b)
+            with torch.no_grad():
+                lp = torch.log_softmax(hf(torch.tensor([ref[:step]], device="cuda")).logits[0, -1]
+                                       .float(), -1)
+            gap = float(lp[ref[step]] - lp[tokens[step]])
+            assert gap < 0.05, f"step {step}: {tokens[step]} vs {ref[step]}, logprob gap {gap}"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.tiny_models import ARCHS, VOCAB, save_tiny_model
+from tests.tiny_models import VOCAB, save_tiny_model
 
 from shoal.kernels import TORCH_OPS, Ops, select_ops
 from shoal.services.worker.engine import model_runner as model_runner_module
@@ -48,7 +48,8 @@ def _blocks(i: int) -> list[int]:
     return list(range(i * 16, i * 16 + 16))
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])  # the rope variants and q/k norms;
+# mistral and qwen2 add nothing the kernel tests do not cover (GQA 4:1, linear rope)
 def test_tiny_model_greedy_parity(arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Same greedy tokens and close logits: a chunked prompt next to a whole one, then decodes."""
     folder = save_tiny_model(arch, tmp_path / arch)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from tests.tiny_models import VOCAB, save_tiny_model
-from tests.unit.kernels_triton.triton_helpers import needs_cuda
+from tests.unit.kernels_triton.triton_helpers import DEVICE, needs_cuda
 
 from shoal.kernels import select_ops
 from shoal.services.worker.engine import model_runner as model_runner_module
@@ -54,7 +54,9 @@ def test_padded_static_buffers_match_eager(tmp_path: Path, monkeypatch: pytest.M
     folder = save_tiny_model("llama", tmp_path / "llama")
     monkeypatch.setattr(model_runner_module, "select_ops",
                         lambda device: select_ops(device, force="triton"))
-    runner = ModelRunner(EngineConfig(model=str(folder), block_size=4, num_kv_blocks=64), folder)
+    runner = ModelRunner(EngineConfig(model=str(folder), block_size=4, num_kv_blocks=64,
+                                      device=DEVICE.type, dtype="float32", enforce_eager=True),
+                         folder)
     # fill the cache with something other than zeros: a prompt of 5 tokens per sequence
     prompts = SchedulerOutput([ScheduledSeq(i, list(range(3 + i, 8 + i)), 0,
                                             list(range(i * 3, i * 3 + 3)), False, 5, GREEDY)

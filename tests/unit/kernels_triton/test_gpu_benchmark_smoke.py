@@ -11,6 +11,8 @@ import torch
 from benchmarks.gpu_kernels import main
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels are compiled for the GPU here; "
+                    "run python -m benchmarks.gpu_kernels for real instead")
 def test_smoke_run_writes_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "gpu.json"
     assert main(["--smoke", "--skip-transformers", "--out", str(out)]) == 0

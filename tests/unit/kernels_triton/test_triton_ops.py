@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from tests.tiny_models import VOCAB, save_tiny_model
+from tests.unit.kernels_triton.triton_helpers import DEVICE
 
 from shoal.kernels import TORCH_OPS, Ops, select_ops
 from shoal.services.worker.engine import model_runner as model_runner_module
@@ -41,7 +42,9 @@ def test_same_call_signature_as_torch(op: str) -> None:
 
 def _runner(folder: Path, ops: Ops, monkeypatch: pytest.MonkeyPatch) -> ModelRunner:
     monkeypatch.setattr(model_runner_module, "select_ops", lambda device: ops)
-    return ModelRunner(EngineConfig(model=str(folder), block_size=4, num_kv_blocks=64), folder)
+    # fp32 on the test device (the interpreter on CPU), no graphs: the op set is the only change
+    return ModelRunner(EngineConfig(model=str(folder), block_size=4, num_kv_blocks=64,
+                                    device=DEVICE.type, dtype="float32", enforce_eager=True), folder)
 
 
 def _blocks(i: int) -> list[int]:
@@ -54,7 +57,7 @@ def test_tiny_model_greedy_parity(arch: str, tmp_path: Path, monkeypatch: pytest
     """Same greedy tokens and close logits: a chunked prompt next to a whole one, then decodes."""
     folder = save_tiny_model(arch, tmp_path / arch)
     runners = [_runner(folder, TORCH_OPS, monkeypatch),
-               _runner(folder, select_ops("cpu", force="triton"), monkeypatch)]
+               _runner(folder, select_ops(DEVICE, force="triton"), monkeypatch)]
     gen = torch.Generator().manual_seed(torch.seed())
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (5, 14)]
     results = []

@@ -18,6 +18,11 @@ import pytest
 
 from shoal.shared.embedded import EmbeddedNats, EmbeddedPostgres, reachable
 
+if not os.path.exists("/proc/driver/nvidia/version"):
+    # No GPU: Triton kernels can only run in its CPU interpreter, and TRITON_INTERPRET must be
+    # set before anything (torch, transformers) imports triton, so it is set here, first.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 @dataclass(frozen=True)
 class Servers:

@@ -43,18 +43,22 @@ def make_checkpoint(folder: Path, kwargs: dict[str, Any], device: torch.device) 
     def rand(*shape: int) -> torch.Tensor:
         return (torch.randn(shape, generator=gen, device=device) * 0.02).to(torch.bfloat16).cpu()
 
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=torch.bfloat16)
+
     sizes = {"total": 0, "embedding": vocab * h * 2}
     shards: list[dict[str, torch.Tensor]] = [{"model.embed_tokens.weight": rand(vocab, h),
                                               "lm_head.weight": rand(vocab, h),
-                                              "model.norm.weight": torch.ones(h, dtype=torch.bfloat16)}]
+                                              "model.norm.weight": ones(h)}]
     for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
-        shards.append({p + "self_attn.q_proj.weight": rand(h, h), p + "self_attn.k_proj.weight": rand(kv, h),
-                       p + "self_attn.v_proj.weight": rand(kv, h), p + "self_attn.o_proj.weight": rand(h, h),
-                       p + "mlp.gate_proj.weight": rand(inter, h), p + "mlp.up_proj.weight": rand(inter, h),
-                       p + "mlp.down_proj.weight": rand(h, inter),
-                       p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-                       p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16)})
+        shapes = {"self_attn.q_proj": (h, h), "self_attn.k_proj": (kv, h),
+                  "self_attn.v_proj": (kv, h), "self_attn.o_proj": (h, h),
+                  "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
+                  "mlp.down_proj": (h, inter)}
+        shard = {f"model.layers.{i}.{name}.weight": rand(*shape) for name, shape in shapes.items()}
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            shard[f"model.layers.{i}.{norm}.weight"] = ones(h)
+        shards.append(shard)
     weight_map: dict[str, str] = {}
     for i, shard in enumerate(shards):
         sizes["total"] += sum(t.numel() * 2 for t in shard.values())
@@ -68,7 +72,8 @@ def make_checkpoint(folder: Path, kwargs: dict[str, Any], device: torch.device) 
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1",
                             eos_token="t2").save_pretrained(folder)
-    return {"weights_bytes": sizes["total"], "decode_step_bytes": sizes["total"] - sizes["embedding"]}
+    return {"weights_bytes": sizes["total"],
+            "decode_step_bytes": sizes["total"] - sizes["embedding"]}
 
 
 def _sync(device: torch.device) -> None:
@@ -120,7 +125,8 @@ def shoal_runs(folder: Path, vocab: int, device: torch.device, smoke: bool) -> d
     return result
 
 
-def transformers_runs(folder: Path, vocab: int, device: torch.device, smoke: bool) -> dict[str, Any]:
+def transformers_runs(folder: Path, vocab: int, device: torch.device, smoke: bool
+                      ) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     dtype = torch.float32 if smoke else torch.bfloat16
@@ -134,7 +140,8 @@ def transformers_runs(folder: Path, vocab: int, device: torch.device, smoke: boo
         _sync(device)
         start = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=num_out, min_new_tokens=num_out, do_sample=False)
+            out = model.generate(ids, max_new_tokens=num_out, min_new_tokens=num_out,
+                                 do_sample=False)
         _sync(device)
         assert out.shape[1] == ids.shape[1] + num_out
         return time.perf_counter() - start

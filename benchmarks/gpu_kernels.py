@@ -43,7 +43,8 @@ def device_bandwidth(device: torch.device, num_bytes: int) -> float:
 
 def _row(name: str, ms: float, num_bytes: int, bandwidth: float, **extra: Any) -> dict[str, Any]:
     achieved = num_bytes / (ms * 1e-3)
-    return {"kernel": name, "ms": round(ms, 4), "bytes": num_bytes, "GB/s": round(achieved / 1e9, 1),
+    return {"kernel": name, "ms": round(ms, 4), "bytes": num_bytes,
+            "GB/s": round(achieved / 1e9, 1),
             "fraction_of_bandwidth": round(achieved / bandwidth, 3), **extra}
 
 
@@ -62,7 +63,8 @@ def kernel_benchmarks(device: torch.device, bandwidth: float, smoke: bool) -> li
     # reshape_and_cache: read k, v and the slots, write k, v
     for num_tokens in ([8] if smoke else [256, 4096, 16384]):
         num_blocks = num_tokens // block_size + 8
-        cache = torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+        cache = torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype,
+                            device=device)
         v_cache = torch.zeros_like(cache)
         kv = torch.randn(num_tokens, num_kv_heads, head_dim, device=device).to(dtype)
         slots = torch.randperm(num_blocks * block_size, device=device)[:num_tokens]
@@ -85,8 +87,9 @@ def kernel_benchmarks(device: torch.device, bandwidth: float, smoke: bool) -> li
         moved = 2 * num_seqs * ctx * num_kv_heads * head_dim * item
         splits = num_splits_for(num_seqs, blocks_per_seq * block_size)
         for forced in sorted({1, splits}):
-            ms = bench_ms(lambda: paged_attention_triton(q, cache, v_cache, tables, seq_lens, qsl,
-                                                         head_dim ** -0.5, num_splits=forced), device)
+            ms = bench_ms(lambda: paged_attention_triton(
+                q, cache, v_cache, tables, seq_lens, qsl, head_dim ** -0.5, num_splits=forced),
+                device)
             rows.append(_row("paged_attention_decode", ms, moved, bandwidth, num_seqs=num_seqs,
                              context=ctx, num_splits=forced, chosen_by_rule=forced == splits))
         del cache, v_cache
@@ -95,8 +98,10 @@ def kernel_benchmarks(device: torch.device, bandwidth: float, smoke: bool) -> li
     x = torch.randn(num_tokens, hidden, device=device).to(dtype)
     w = torch.ones(hidden, device=device, dtype=dtype)
     ms = bench_ms(lambda: rms_norm_triton(x, w, 1e-5, x), device)
-    rows.append(_row("rms_norm_residual", ms, 4 * x.numel() * item, bandwidth, num_tokens=num_tokens))
-    cos_sin = rotary_cos_sin(rope_inv_freq({"rope_theta": 500000.0}, head_dim, 8192), 8192).to(device)
+    rows.append(_row("rms_norm_residual", ms, 4 * x.numel() * item, bandwidth,
+                     num_tokens=num_tokens))
+    inv_freq = rope_inv_freq({"rope_theta": 500000.0}, head_dim, 8192)
+    cos_sin = rotary_cos_sin(inv_freq, 8192).to(device)  # [8192, head_dim] float32
     q = torch.randn(num_tokens, num_heads, head_dim, device=device).to(dtype)
     k = torch.randn(num_tokens, num_kv_heads, head_dim, device=device).to(dtype)
     positions = torch.randint(0, 8192, (num_tokens,), device=device)
@@ -132,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_engine:
         from benchmarks.gpu_engine import engine_benchmarks
 
-        result["engine"] = engine_benchmarks(device, bandwidth, args.smoke, not args.skip_transformers)
+        result["engine"] = engine_benchmarks(device, bandwidth, args.smoke,
+                                             not args.skip_transformers)
     text = json.dumps(result, indent=1)
     print(text)
     out = Path(args.out)

@@ -14,7 +14,7 @@ def next_power_of_2(n: int) -> int:
 
 
 def is_interpreting() -> bool:
-    """True when Triton kernels run in its CPU interpreter (read when a kernel module is imported)."""
+    """True when Triton kernels run in its CPU interpreter (read when kernel modules import)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
@@ -28,8 +28,8 @@ def check_kv_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, i
 
 
 def check_heads(x: torch.Tensor, num_heads: int, head_dim: int, name: str) -> None:
-    """`[num_tokens, num_heads, head_dim]` whose (heads, dim) part is dense; the token stride is free
-    (q/k/v are views into the packed qkv projection)."""
+    """`[num_tokens, num_heads, head_dim]` whose (heads, dim) part is dense; the token stride is
+    free (q/k/v are views into the packed qkv projection)."""
     assert x.dim() == 3 and x.shape[1:] == (num_heads, head_dim), (name, tuple(x.shape))
     assert x.stride(2) == 1 and x.stride(1) == head_dim, f"{name}: heads must be dense {x.stride()}"
 

@@ -80,7 +80,8 @@ def _paged_attention_kernel(
         pos_mask = pos < key_end
         block = tl.load(block_tables_ptr + seq * bt_stride + pos // BLOCK_SIZE, mask=pos_mask,
                         other=0).to(tl.int64)
-        base = block * cache_stride_b + (pos % BLOCK_SIZE) * cache_stride_s + kv_head * cache_stride_h
+        base = (block * cache_stride_b + (pos % BLOCK_SIZE) * cache_stride_s
+                + kv_head * cache_stride_h)  # [TILE] int64
         k = tl.load(k_cache_ptr + base[None, :] + offs_d[:, None],
                     mask=pos_mask[None, :] & d_mask[:, None], other=0.0)  # [BLOCK_D, TILE]
         s = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [BLOCK_M, TILE], log2 units
@@ -99,7 +100,8 @@ def _paged_attention_kernel(
     out_mask = row_mask[:, None] & d_mask[None, :]
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        dst = out_ptr + token[:, None] * out_stride_t + head[:, None] * out_stride_h + offs_d[None, :]
+        dst = (out_ptr + token[:, None] * out_stride_t + head[:, None] * out_stride_h
+               + offs_d[None, :])
         tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:  # partials [num_tokens, NUM_HEADS, NUM_SPLITS, HEAD_DIM] and [..., 2] (max, sum)
         row = (token * NUM_HEADS + head) * NUM_SPLITS + split  # [BLOCK_M]
@@ -144,7 +146,8 @@ def paged_attention_triton(
     block_m = max(16 if is_decode else 64, next_power_of_2(qpkv))
     block_q = block_m // qpkv
     if num_splits is None:
-        num_splits = num_splits_for(num_seqs, block_tables.shape[1] * block_size) if is_decode else 1
+        max_seq_len = block_tables.shape[1] * block_size  # an upper bound, known without a sync
+        num_splits = num_splits_for(num_seqs, max_seq_len) if is_decode else 1
     tile = tile_size or (32 if is_interpreting() else 64)
     block_d = max(16, next_power_of_2(head_dim))
     if num_splits > 1:

@@ -58,7 +58,8 @@ def apply_rotary_triton(
     for x in (q, k):
         assert x.stride(2) == 1 and x.stride(1) == head_dim, f"heads must be dense {x.stride()}"
     assert q.dtype == k.dtype
-    assert cos_sin.shape[1] == head_dim and cos_sin.is_contiguous() and cos_sin.dtype == torch.float32
+    assert cos_sin.shape[1] == head_dim and cos_sin.is_contiguous()
+    assert cos_sin.dtype == torch.float32
     assert positions.shape == (num_tokens,) and positions.is_contiguous()
     check_same_device(q, k, positions, cos_sin)
     q_out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)

@@ -76,7 +76,8 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.can_run(inputs):  # CUDA path: replay a graph
             hidden = self.graphs.run(inputs)
         else:
-            hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)  # [num_tokens, hidden]
+            # [num_tokens, hidden]
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
         logits = self.model.compute_logits(hidden, inputs.logits_indices)  # [num_logits, vocab]
         prompt_logprobs = self._prompt_logprobs(out.scheduled, states, inputs, logits)
         picked = [i for i, row in enumerate(inputs.sample_rows) if row is not None]

@@ -85,7 +85,8 @@ def test_cuda_runner_graphs_and_parity_with_transformers(tmp_path: Path) -> None
     runner = ModelRunner(EngineConfig(model=str(folder), block_size=16, max_num_seqs=32,
                                       gpu_memory_utilization=0.5), folder)
     assert runner.dtype == torch.bfloat16 and runner.graphs is not None
-    assert runner.num_kv_blocks > 0 and runner.model.model.layers[0].self_attn.attn.ops.name == "triton"
+    assert runner.num_kv_blocks > 0
+    assert runner.model.model.layers[0].self_attn.attn.ops.name == "triton"
     eager = ModelRunner(EngineConfig(model=str(folder), block_size=16, max_num_seqs=32,
                                      num_kv_blocks=256, enforce_eager=True), folder)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda().eval()

@@ -44,7 +44,8 @@ def _runner(folder: Path, ops: Ops, monkeypatch: pytest.MonkeyPatch) -> ModelRun
     monkeypatch.setattr(model_runner_module, "select_ops", lambda device: ops)
     # fp32 on the test device (the interpreter on CPU), no graphs: the op set is the only change
     return ModelRunner(EngineConfig(model=str(folder), block_size=4, num_kv_blocks=64,
-                                    device=DEVICE.type, dtype="float32", enforce_eager=True), folder)
+                                    device=DEVICE.type, dtype="float32", enforce_eager=True),
+                       folder)
 
 
 def _blocks(i: int) -> list[int]:
@@ -53,7 +54,8 @@ def _blocks(i: int) -> list[int]:
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])  # the rope variants and q/k norms;
 # mistral and qwen2 add nothing the kernel tests do not cover (GQA 4:1, linear rope)
-def test_tiny_model_greedy_parity(arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tiny_model_greedy_parity(arch: str, tmp_path: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Same greedy tokens and close logits: a chunked prompt next to a whole one, then decodes."""
     folder = save_tiny_model(arch, tmp_path / arch)
     runners = [_runner(folder, TORCH_OPS, monkeypatch),
@@ -72,7 +74,8 @@ def test_tiny_model_greedy_parity(arch: str, tmp_path: Path, monkeypatch: pytest
         tokens[0].append(runner.execute(out).sampled_token_ids[0])
         for _ in range(5):
             out = SchedulerOutput([ScheduledSeq(i, [t[-1]], len(t) - 1, _blocks(i), True,
-                                                len(prompts[i]), GREEDY) for i, t in enumerate(tokens)])
+                                                len(prompts[i]), GREEDY)
+                                   for i, t in enumerate(tokens)])
             sampled = runner.execute(out).sampled_token_ids
             for i, t in enumerate(tokens):
                 t.append(sampled[i])

@@ -34,7 +34,8 @@ class PagedCase:
 
 
 def paged_case(q_lens: list[int], ctx_lens: list[int], num_heads: int, num_kv_heads: int,
-               head_dim: int, block_size: int, dtype: torch.dtype, gen: torch.Generator) -> PagedCase:
+               head_dim: int, block_size: int, dtype: torch.dtype, gen: torch.Generator
+               ) -> PagedCase:
     seq_lens = [c + n for c, n in zip(ctx_lens, q_lens)]
     num_blocks = sum(-(-s // block_size) for s in seq_lens) + 3
     max_blocks = max(-(-s // block_size) for s in seq_lens) + 1
@@ -55,5 +56,6 @@ def paged_case(q_lens: list[int], ctx_lens: list[int], num_heads: int, num_kv_he
 
 def tolerance(dtype: torch.dtype) -> dict[str, float]:
     """Relative bounds for fp32 accumulation over inputs of `dtype` (bf16: 8 mantissa bits)."""
-    return {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.float16: {"atol": 2e-3, "rtol": 2e-3},
+    return {torch.float32: {"atol": 2e-5, "rtol": 2e-5},
+            torch.float16: {"atol": 2e-3, "rtol": 2e-3},
             torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}[dtype]

@@ -51,8 +51,8 @@ def paged_attention(
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     decodes = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
-    if decodes:
-        _decode_batch(q, k_cache, v_cache, block_tables, seq_lens, starts, lens, decodes, scale, out,
+    for group in _length_groups(decodes, lens):
+        _decode_batch(q, k_cache, v_cache, block_tables, seq_lens, starts, lens, group, scale, out,
                       workspace or Workspace())
     for i in range(len(lens)):
         q_len = starts[i + 1] - starts[i]
@@ -61,11 +61,27 @@ def paged_attention(
     return out
 
 
+def _length_groups(decodes: list[int], lens: list[int]) -> list[list[int]]:
+    """Split decodes into groups of similar context length: each group pads to its longest, so
+    a few long sequences do not make every short one attend over padding."""
+    if not decodes:
+        return []
+    if max(lens[i] for i in decodes) <= 2 * min(lens[i] for i in decodes) + 64:
+        return [decodes]  # one batch: the padding is bounded anyway
+    groups: list[list[int]] = []
+    for i in sorted(decodes, key=lambda j: lens[j]):
+        if groups and lens[i] <= 2 * lens[groups[-1][0]] + 64:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
 def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor, starts: list[int],
                   lens: list[int], decodes: list[int], scale: float, out: torch.Tensor,
                   workspace: Workspace) -> None:
-    """Every one-token query at once: gather each sequence's blocks, pad to the longest, mask."""
+    """One-token queries at once: gather each sequence's blocks, pad to the longest, mask."""
     block_size, num_kv_heads, head_dim = k_cache.shape[1:]
     num_heads = q.shape[1]
     n = len(decodes)

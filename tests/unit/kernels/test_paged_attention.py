@@ -76,3 +76,10 @@ def test_prefill_only_and_single_token_prompt() -> None:
     gen = torch.Generator().manual_seed(torch.seed())
     _run_case([17, 1, 33], [0, 0, 0], 4, 2, 8, 8, gen)
     _run_case([64], [0], 4, 2, 8, 16, gen)  # exactly four full blocks
+
+
+def test_decodes_of_very_different_lengths_are_grouped_correctly() -> None:
+    gen = torch.Generator().manual_seed(torch.seed())
+    ctx = [3, 300, 5, 90, 700, 1, 150, 41]  # several length groups, out of order
+    _run_case([1] * len(ctx), ctx, 9, 3, 16, 16, gen)
+    _run_case([1, 9, 1, 1, 4], [500, 0, 2, 130, 64], 4, 2, 8, 8, gen)  # with chunks in between

@@ -89,3 +89,26 @@ async def test_silent_worker_goes_not_ready_and_comes_back(client: RegistryClien
     finally:
         stop.set()
         await task
+
+
+async def test_reregistering_worker_restarts_its_running_instances(client: RegistryClient, settings: Settings) -> None:
+    """A worker that registers again runs no engine: its RUNNING instance must not stay RUNNING."""
+    name = f"sim-{uuid.uuid4().hex[:6]}"
+    task, stop = await start_worker(settings, name, "1xA10-24GB")
+    worker = await find_worker(client, name)
+    model = await client.create_model(ModelCreate(name=f"rr-{uuid.uuid4().hex[:6]}", source="/m"))
+    inst = await client.create_instance(InstanceCreate(model_id=model.id))
+    inst = await client.transition_instance(InstanceTransition(
+        id=inst.id, version=inst.version, state=InstanceState.SCHEDULED, placement=Placement(worker_id=worker.id)))
+    for state in (InstanceState.STARTING, InstanceState.RUNNING):
+        inst = await client.transition_instance(InstanceTransition(id=inst.id, version=inst.version, state=state))
+    stop.set()
+    await task
+    task, stop = await start_worker(settings, name, "1xA10-24GB")  # restarted before the timeout
+    try:
+        again = await client.get_instance(inst.id)
+        assert again.state is InstanceState.STARTING and "restarted" in (again.state_message or "")
+        assert again.worker_id == worker.id
+    finally:
+        stop.set()
+        await task

@@ -22,6 +22,7 @@ from shoal.shared.schemas.registry import (
 from shoal.shared.states import InstanceState, WorkerState, can_transition
 
 Changes = tuple[list[WorkerPublic], list[InstancePublic]]
+_ENGINE_STATES = [InstanceState.DOWNLOADING.value, InstanceState.STARTING.value, InstanceState.RUNNING.value]
 
 
 class WorkerRepo:
@@ -31,8 +32,10 @@ class WorkerRepo:
     async def register(self, req: WorkerRegister) -> tuple[WorkerPublic, bool, list[InstancePublic]]:
         """Create the worker, or refresh the one with that name.
 
-        Returns (worker, created, instances that left UNREACHABLE). A worker that registers
-        again has just (re)started and runs no engine yet: its instances go back to SCHEDULED.
+        Returns (worker, created, instances whose state changed). A worker that registers again
+        has just (re)started and runs no engine yet: its UNREACHABLE instances go back to
+        SCHEDULED, and those it was running (DOWNLOADING / STARTING / RUNNING) to STARTING, so
+        nobody routes to an engine that is gone.
         """
         async with unit_of_work(self.sessions, f"worker {req.name!r}") as s:
             row = await s.scalar(select(WorkerRow).where(WorkerRow.name == req.name))
@@ -45,7 +48,7 @@ class WorkerRepo:
             row.state, row.state_message = WorkerState.READY.value, None
             row.last_heartbeat_at = utcnow()
             await s.flush()
-            changed = [] if created else await self._resume_instances(s, row.id, {})
+            changed = [] if created else await self._restart_instances(s, row.id)
             return worker_public(row), created, changed
 
     async def get(self, req: ById) -> WorkerPublic:
@@ -87,6 +90,15 @@ class WorkerRepo:
         changed = await self._resume_instances(s, row.id, hb.instances)
         await s.flush()
         return [worker_public(row)], changed
+
+    async def _restart_instances(self, s: AsyncSession, worker_id: str) -> list[InstancePublic]:
+        stale = list(await s.scalars(select(InstanceRow).where(
+            InstanceRow.worker_id == worker_id, InstanceRow.state.in_(_ENGINE_STATES))))
+        for inst in stale:
+            inst.state, inst.state_changed_at = InstanceState.STARTING.value, utcnow()
+            inst.state_message = "worker restarted: starting the engine again"
+        await s.flush()
+        return [instance_public(i) for i in stale] + await self._resume_instances(s, worker_id, {})
 
     @staticmethod
     async def _resume_instances(s: AsyncSession, worker_id: str,

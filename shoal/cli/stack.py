@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from shoal.shared.process import die_with_parent
 from shoal.shared.bus.client import Bus
@@ -122,7 +123,7 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 
 async def deploy_and_wait(settings: Settings, name: str, source: str, deadline: float,
-                          stopping: Callable[[], bool]) -> InstancePublic | None:
+                          stopping: Callable[[], bool], since: datetime) -> InstancePublic | None:
     """Deploy `name` (unless it exists) and wait for a RUNNING instance, printing its progress.
     None when stopped or timed out (the stack keeps running)."""
     bus = await Bus.connect(settings, name="shoal-up")
@@ -136,7 +137,8 @@ async def deploy_and_wait(settings: Settings, name: str, source: str, deadline: 
         last = ""
         while time.monotonic() < deadline and not stopping():
             instances = await client.list_instances(InstanceFilter(model_id=model.id))
-            running = [i for i in instances if i.state is InstanceState.RUNNING]
+            # RUNNING rows older than this start belong to engines of a previous run
+            running = [i for i in instances if i.state is InstanceState.RUNNING and i.state_changed_at >= since]
             if running:
                 return running[0]
             if instances:
@@ -153,14 +155,16 @@ async def deploy_and_wait(settings: Settings, name: str, source: str, deadline: 
         await bus.close()
 
 
-async def wait_ready(settings: Settings, deadline: float) -> str:
-    """Until the registry answers and a worker is READY; returns the worker's name."""
+async def wait_ready(settings: Settings, deadline: float, since: datetime) -> str:
+    """Until the registry answers and a worker is READY with a heartbeat from this run (a row
+    left READY by a previous run does not count); returns the worker's name."""
     bus = await Bus.connect(settings, name="shoal-up")
     try:
         client = RegistryClient(bus)
         while time.monotonic() < deadline:
             try:
-                ready = [w for w in await client.list_workers() if w.state is WorkerState.READY]
+                ready = [w for w in await client.list_workers() if w.state is WorkerState.READY
+                         and w.last_heartbeat_at is not None and w.last_heartbeat_at >= since]
                 if ready:
                     return ready[0].name
             except ShoalError:
@@ -175,6 +179,7 @@ def up(settings: Settings, services: list[str], extra_args: dict[str, list[str]]
        model: tuple[str, str] | None = None) -> int:
     """Run the stack; with `model` = (name, source), deploy it and wait until it serves."""
     started = time.monotonic()
+    since = datetime.now(timezone.utc)
     stopping = False
     is_ready = False
 
@@ -190,14 +195,14 @@ def up(settings: Settings, services: list[str], extra_args: dict[str, list[str]]
     try:
         stack.start_servers()
         stack.start_services()
-        worker = asyncio.run(wait_ready(stack.settings, started + READY_TIMEOUT_S))
+        worker = asyncio.run(wait_ready(stack.settings, started + READY_TIMEOUT_S, since))
         is_ready = True
         print(f"shoal: ready in {time.monotonic() - started:.1f}s — worker {worker} READY; "
               f"data in {settings.data_dir}", flush=True)
         if model is not None:
             name, source = model
             instance = asyncio.run(deploy_and_wait(stack.settings, name, source,
-                                                   time.monotonic() + MODEL_TIMEOUT_S, lambda: stopping))
+                                                   time.monotonic() + MODEL_TIMEOUT_S, lambda: stopping, since))
             if instance is not None:
                 print(f"shoal: {name} RUNNING as {instance.name} after {time.monotonic() - started:.1f}s",
                       flush=True)

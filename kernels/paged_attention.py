@@ -15,6 +15,10 @@ MAX_KV_HEADS_BLOCK_DIAGONAL = 8
 """Up to this many KV heads decodes use `_block_diagonal` (whose FLOPs grow with KV heads)."""
 
 
+DECODE_GROUP_BYTES = 2 << 20
+"""Gathered K+V per decode group: small enough to stay in a server CPU's last-level cache."""
+
+
 class Workspace:
     """Reusable scratch buffers (the gathered K/V of a decode batch), grown on demand.
 
@@ -45,15 +49,23 @@ def paged_attention(
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
     scale: float,
     workspace: Workspace | None = None,
+    max_group_bytes: int = DECODE_GROUP_BYTES,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """`workspace` (optional, CPU path only) lends scratch buffers that outlive the call."""
+    """`workspace` (optional, CPU path only) lends scratch buffers that outlive the call;
+    `max_group_bytes` caps the K/V gathered for one group of decodes (cache locality)."""
     out = torch.empty_like(q)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     decodes = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
-    for group in _length_groups(decodes, lens):
-        _decode_batch(q, k_cache, v_cache, block_tables, seq_lens, starts, lens, group, scale, out,
-                      workspace or Workspace())
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    bytes_per_token = 2 * num_kv_heads * head_dim * k_cache.element_size()
+    groups = _length_groups(decodes, lens, bytes_per_token, max_group_bytes)
+    # block-diagonal query rows for every token at once (one op per layer, not one per group)
+    q_rows = _query_rows(q, num_kv_heads, scale) if (
+        groups and num_kv_heads <= MAX_KV_HEADS_BLOCK_DIAGONAL) else None
+    for group in groups:
+        _decode_batch(q, q_rows, k_cache, v_cache, block_tables, seq_lens, starts, lens, group,
+                      scale, out, workspace or Workspace())
     for i in range(len(lens)):
         q_len = starts[i + 1] - starts[i]
         if q_len > 1:
@@ -61,23 +73,25 @@ def paged_attention(
     return out
 
 
-def _length_groups(decodes: list[int], lens: list[int]) -> list[list[int]]:
-    """Split decodes into groups of similar context length: each group pads to its longest, so
-    a few long sequences do not make every short one attend over padding."""
-    if not decodes:
-        return []
-    if max(lens[i] for i in decodes) <= 2 * min(lens[i] for i in decodes) + 64:
-        return [decodes]  # one batch: the padding is bounded anyway
+def _length_groups(decodes: list[int], lens: list[int], bytes_per_token: int,
+                   max_group_bytes: int) -> list[list[int]]:
+    """Split decodes into groups of similar context length (each pads to its longest, so a few
+    long sequences do not make every short one attend over padding), each small enough that its
+    gathered K/V stays in the CPU's cache between the gather and the two matmuls."""
     groups: list[list[int]] = []
+    first_len = 0
     for i in sorted(decodes, key=lambda j: lens[j]):
-        if groups and lens[i] <= 2 * lens[groups[-1][0]] + 64:
+        fits = bool(groups) and (len(groups[-1]) + 1) * lens[i] * bytes_per_token <= max_group_bytes
+        if fits and lens[i] <= 2 * first_len + 64:
             groups[-1].append(i)
         else:
             groups.append([i])
+            first_len = lens[i]
     return groups
 
 
-def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def _decode_batch(q: torch.Tensor, q_rows: torch.Tensor | None, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor, starts: list[int],
                   lens: list[int], decodes: list[int], scale: float, out: torch.Tensor,
                   workspace: Workspace) -> None:
@@ -86,13 +100,14 @@ def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     num_heads = q.shape[1]
     n = len(decodes)
     num_blocks = -(-max(lens[i] for i in decodes) // block_size)
+    q_src = q if q_rows is None else q_rows
     if n == len(lens):  # the common all-decode step: no index gathers on the small tensors
-        tables, ctx_lens, q_d = block_tables[:, :num_blocks], seq_lens, q
+        tables, ctx_lens, q_d = block_tables[:, :num_blocks], seq_lens, q_src
     else:
         seq_idx = torch.tensor(decodes, dtype=torch.int64)
         tok_idx = torch.tensor([starts[i] for i in decodes], dtype=torch.int64)
         tables = block_tables.index_select(0, seq_idx)[:, :num_blocks]
-        ctx_lens, q_d = seq_lens.index_select(0, seq_idx), q.index_select(0, tok_idx)
+        ctx_lens, q_d = seq_lens.index_select(0, seq_idx), q_src.index_select(0, tok_idx)
     max_len = num_blocks * block_size
     flat = tables.reshape(-1).long()
     row = block_size * num_kv_heads * head_dim
@@ -101,9 +116,9 @@ def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     torch.index_select(k_cache.view(-1, row), 0, flat, out=k)  # one copy per cache, 2-D rows
     torch.index_select(v_cache.view(-1, row), 0, flat, out=v)
     mask = torch.arange(max_len)[None, :] < ctx_lens[:, None]  # [n, max_len]
-    if num_kv_heads <= MAX_KV_HEADS_BLOCK_DIAGONAL:
+    if q_rows is not None:
         o = _block_diagonal(q_d, k.view(n, max_len, -1), v.view(n, max_len, -1), mask,
-                            num_kv_heads, scale)
+                            num_kv_heads)
     else:  # [n, num_kv_heads, max_len, head_dim] views: the layout SDPA wants
         k = k.view(n, max_len, num_kv_heads, head_dim).transpose(1, 2)
         v = v.view(n, max_len, num_kv_heads, head_dim).transpose(1, 2)
@@ -116,22 +131,30 @@ def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         out.index_copy_(0, tok_idx, o)
 
 
-def _block_diagonal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                    num_kv_heads: int, scale: float) -> torch.Tensor:
+def _query_rows(q: torch.Tensor, num_kv_heads: int, scale: float) -> torch.Tensor:
+    """q [num_tokens, num_heads, head_dim] -> scaled rows [num_tokens, num_heads, num_kv_heads *
+    head_dim], head h's query in the slot of its KV head and zeros elsewhere (_block_diagonal)."""
+    num_tokens, num_heads, head_dim = q.shape
+    group = num_heads // num_kv_heads
+    eye = torch.eye(num_kv_heads, dtype=q.dtype, device=q.device)
+    rows = (q.view(num_tokens, num_kv_heads, group, 1, head_dim) * scale
+            * eye.view(1, num_kv_heads, 1, num_kv_heads, 1))  # [T, kvh, group, kvh, head_dim]
+    return rows.view(num_tokens, num_heads, num_kv_heads * head_dim)
+
+
+def _block_diagonal(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                    num_kv_heads: int) -> torch.Tensor:
     """Decode attention as two plain batched matmuls over the gathered rows, no transposes.
 
-    q [n, num_heads, head_dim]; k, v [n, max_len, num_kv_heads * head_dim] (the cache's own row
-    layout); mask [n, max_len]. Each head's query is spread into a zero-padded row covering every
-    KV head, so `q_rows @ k^T` and `p @ v` read each key and value once (num_kv_heads times the
+    q_rows [n, num_heads, num_kv_heads * head_dim] from _query_rows; k, v [n, max_len,
+    num_kv_heads * head_dim] (the cache's own row layout); mask [n, max_len]. The zero-padded
+    query rows let `q_rows @ k^T` and `p @ v` read each key and value once (num_kv_heads times the
     FLOPs, negligible for few KV heads, and far fewer passes than SDPA's per-head decode loop).
     Returns [n, num_heads, head_dim].
     """
-    n, num_heads, head_dim = q.shape
-    group = num_heads // num_kv_heads
-    eye = torch.eye(num_kv_heads, dtype=q.dtype, device=q.device)
-    q_rows = (q.view(n, num_kv_heads, group, 1, head_dim) * scale
-              * eye.view(1, num_kv_heads, 1, num_kv_heads, 1))  # [n, kvh, group, kvh, head_dim]
-    scores = torch.bmm(q_rows.view(n, num_heads, -1), k.transpose(1, 2))  # [n, num_heads, max_len]
+    n, num_heads, width = q_rows.shape
+    group, head_dim = num_heads // num_kv_heads, width // num_kv_heads
+    scores = torch.bmm(q_rows, k.transpose(1, 2))  # [n, num_heads, max_len]
     scores.masked_fill_(~mask[:, None, :], float("-inf"))
     o = torch.bmm(scores.softmax(dim=-1), v)  # [n, num_heads, num_kv_heads * head_dim]
     o = o.view(n, num_kv_heads, group, num_kv_heads, head_dim)

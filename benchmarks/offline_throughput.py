@@ -59,7 +59,8 @@ def run_shoal(model: str, requests: list[Request], args: argparse.Namespace) -> 
     stats = llm.engine.stats()
     return {"seconds": elapsed, "output_tokens": num_out, "tokens_per_s": num_out / elapsed,
             "prompt_tokens": num_prompt, "total_tokens_per_s": (num_out + num_prompt) / elapsed,
-            "num_preemptions": stats.num_preemptions, "num_kv_blocks": llm.engine.runner.num_kv_blocks}
+            "num_preemptions": stats.num_preemptions,
+            "num_kv_blocks": llm.engine.runner.num_kv_blocks}
 
 
 def run_hf_static(hf: torch.nn.Module, requests: list[Request], batch_size: int) -> dict:
@@ -126,8 +127,9 @@ def main() -> None:
     folder = prepare_model(source, progress=tqdm_progress())
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     requests = make_workload(args.num_requests, args.seed, hf.config.vocab_size)
-    print(f"workload: {len(requests)} requests, prompt tokens {sum(len(r.prompt_token_ids) for r in requests)}"
-          f", output tokens {sum(r.output_len for r in requests)}, threads {args.threads}", flush=True)
+    num_prompt = sum(len(r.prompt_token_ids) for r in requests)
+    print(f"workload: {len(requests)} requests, prompt tokens {num_prompt}, output tokens "
+          f"{sum(r.output_len for r in requests)}, threads {args.threads}", flush=True)
     result: dict = {"model": source, "args": vars(args), "machine": platform.processor() or
                     platform.machine(), "cpu_count": os.cpu_count(), "torch": torch.__version__}
     result["ceiling"] = compute_ceiling(hf)

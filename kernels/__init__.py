@@ -51,5 +51,6 @@ def select_ops(device: torch.device | str, force: str | None = None) -> Ops:
     return TRITON_OPS
 
 
-__all__ = ["Ops", "Workspace", "TORCH_OPS", "select_ops", "paged_attention", "reshape_and_cache", "rms_norm",
+__all__ = ["Ops", "Workspace", "TORCH_OPS", "select_ops", "paged_attention", "reshape_and_cache",
+           "rms_norm",
            "apply_rotary"]

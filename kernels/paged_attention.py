@@ -34,7 +34,8 @@ class Workspace:
         for size in shape:
             numel *= size
         buf = self._buffers.get(name)
-        if buf is None or buf.numel() < numel or buf.dtype != like.dtype or buf.device != like.device:
+        if (buf is None or buf.numel() < numel or buf.dtype != like.dtype
+                or buf.device != like.device):
             buf = torch.empty(max(numel, 1), dtype=like.dtype, device=like.device)
             self._buffers[name] = buf
         return buf[:numel].view(shape)
@@ -69,7 +70,8 @@ def paged_attention(
     for i in range(len(lens)):
         q_len = starts[i + 1] - starts[i]
         if q_len > 1:
-            _prefill_one(q, k_cache, v_cache, block_tables[i], lens[i], starts[i], q_len, scale, out)
+            _prefill_one(q, k_cache, v_cache, block_tables[i], lens[i], starts[i], q_len, scale,
+                         out)
     return out
 
 

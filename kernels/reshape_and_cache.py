@@ -24,7 +24,8 @@ def reshape_and_cache(
     if bool(skip.any()):
         keep = ~skip
         k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
-    flat_k = k_cache.view(-1, num_kv_heads, head_dim)  # [num_blocks * block_size, num_kv_heads, head_dim]
+    # [num_blocks * block_size, num_kv_heads, head_dim]
+    flat_k = k_cache.view(-1, num_kv_heads, head_dim)
     flat_v = v_cache.view(-1, num_kv_heads, head_dim)
     flat_k.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     flat_v.index_copy_(0, slot_mapping, v.to(v_cache.dtype))

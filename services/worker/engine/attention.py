@@ -30,7 +30,8 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.ops = ops
-        self.k_cache = torch.empty(0)  # [num_blocks, block_size, num_kv_heads, head_dim], bound later
+        # [num_blocks, block_size, num_kv_heads, head_dim], bound by kv_cache.bind_kv_caches
+        self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
 
     def forward(

@@ -21,7 +21,8 @@ from shoal.services.worker.engine.input_batch import ModelInputs, build_model_in
 from shoal.services.worker.engine.kv_cache import bind_kv_caches, num_kv_blocks
 from shoal.services.worker.engine.loader import load_weights
 from shoal.services.worker.engine.models.registry import model_class
-from shoal.services.worker.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput, TokenLogprob
+from shoal.services.worker.engine.outputs import (RunnerOutput, ScheduledSeq, SchedulerOutput,
+                                                  TokenLogprob)
 from shoal.services.worker.engine.sampler import SeqState, logprob_entries, mix_seed, sample
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

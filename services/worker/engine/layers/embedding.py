@@ -15,7 +15,7 @@ class VocabEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
         self.weight.weight_loader = default_weight_loader  # type: ignore[attr-defined]
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [num_tokens] -> [num_tokens, hidden]
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [num_tokens] -> [.., hidden]
         return F.embedding(input_ids, self.weight)
 
 
@@ -29,7 +29,7 @@ class LMHead(nn.Module):
             self.weight.weight_loader = default_weight_loader  # type: ignore[attr-defined]
 
     def forward(self, hidden: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
-        """hidden [num_tokens, hidden], logits_indices [num_logits] -> [num_logits, vocab] float32."""
+        """hidden [num_tokens, hidden], logits_indices [num_logits] -> [num_logits, vocab] fp32."""
         if logits_indices.shape[0] != hidden.shape[0]:
             hidden = hidden.index_select(0, logits_indices)
         return F.linear(hidden, self.weight).float()

@@ -47,7 +47,7 @@ class PackedLinear(Linear):
     def _load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
         offset, size = self.shard_offsets[shard_id]
         target = param.data.narrow(0, offset, size)
-        assert target.shape == loaded.shape, f"{shard_id}: {tuple(loaded.shape)} != {tuple(target.shape)}"
+        assert target.shape == loaded.shape, (shard_id, tuple(loaded.shape), tuple(target.shape))
         target.copy_(loaded)
 
 

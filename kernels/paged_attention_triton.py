@@ -14,6 +14,7 @@ import triton.language as tl
 
 from shoal.kernels._utils import check_heads, check_kv_cache, check_same_device, is_interpreting
 from shoal.kernels._utils import next_power_of_2
+from shoal.kernels.paged_attention import DECODE_GROUP_BYTES
 from shoal.kernels.paged_attention_split_k import merge_splits_kernel, num_splits_for
 
 LOG2E = 1.4426950408889634
@@ -119,14 +120,16 @@ def paged_attention_triton(
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
     scale: float,
     workspace: object | None = None,
+    max_group_bytes: int = DECODE_GROUP_BYTES,
     *,
     num_splits: int | None = None,
     tile_size: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """Same contract as the torch op. `workspace` is accepted and unused (no host-side gather).
+    """Same contract as the torch op. `workspace` and `max_group_bytes` (the CPU path's gather
+    tuning) are accepted and unused: the kernel reads the paged cache in place.
     All-decode batches split the keys by `num_splits_for(num_seqs, max_seq_len)`, where
     max_seq_len is bounded by the block table's width (no sync); `num_splits` forces it."""
-    del workspace
+    del workspace, max_group_bytes
     block_size, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
     num_tokens, num_heads = q.shape[0], q.shape[1]
     check_heads(q, num_heads, head_dim, "q")

@@ -25,7 +25,8 @@ from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.schemas.registry import InstanceFilter, ModelCreate
 from shoal.shared.states import InstanceState
 from tests.integration.conftest import make_settings, running_registry
-from tests.integration.test_gateway import free_port, running_gateway
+from shoal.shared.embedded import free_port
+from tests.integration.test_gateway import running_gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 READY_TIMEOUT = 300
@@ -47,7 +48,7 @@ async def running_instance(client: RegistryClient, model_id: str, timeout: float
 async def stack(servers, tmp_path_factory):
     settings = make_settings(servers, tmp_path_factory.mktemp("serving-e2e"), drain_timeout=5.0,
                              engine_restart_max_backoff=2.0, gateway_engine_dead_after=2.0,
-                             gateway_port=free_port(), scheduler_interval=1.0)
+                             gateway_port=free_port(None), scheduler_interval=1.0)
     async with running_registry(settings):
         bus = await Bus.connect(settings, name="serving-e2e")
         stop = asyncio.Event()

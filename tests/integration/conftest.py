@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -13,6 +13,8 @@ from shoal.services.registry.service import run_registry
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
+
+ServiceMain = Callable[[Settings, asyncio.Event, asyncio.Event], Awaitable[None]]
 
 
 def make_settings(servers, data_dir: Path, **overrides: object) -> Settings:
@@ -31,21 +33,26 @@ def settings(servers, data_dir: Path) -> Settings:
 
 
 @contextlib.asynccontextmanager
-async def running_registry(settings: Settings) -> AsyncIterator[asyncio.Task[None]]:
-    """Start a registry task; stop it (and re-raise its error, if any) on exit."""
+async def running_service(main: ServiceMain, settings: Settings) -> AsyncIterator[asyncio.Task[None]]:
+    """Run `main(settings, stop, ready)` as a task until it is ready; stop it (and re-raise its
+    error, if any) on exit."""
     stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(run_registry(settings, stop, ready))
+    task = asyncio.create_task(main(settings, stop, ready))
     waiter = asyncio.create_task(ready.wait())
     done, _ = await asyncio.wait({task, waiter}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
     if task in done:
         waiter.cancel()
         task.result()
-    assert ready.is_set(), "registry did not become ready"
+    assert ready.is_set(), f"{getattr(main, '__name__', main)} did not become ready"
     try:
         yield task
     finally:
         stop.set()
         await asyncio.wait_for(task, 15)
+
+
+def running_registry(settings: Settings) -> contextlib.AbstractAsyncContextManager[asyncio.Task[None]]:
+    return running_service(run_registry, settings)
 
 
 class RegistryHandle:

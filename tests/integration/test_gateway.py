@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 import contextlib
-import socket
 import uuid
 from collections.abc import AsyncIterator
 
@@ -18,36 +17,22 @@ import pytest
 from shoal.services.gateway.service import run_gateway
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
+from shoal.shared.embedded import free_port
 from shoal.shared.schemas.registry import (
     ApiKeyCreate, DeviceStatus, InstanceCreate, InstanceTransition, ModelCreate, Placement, WorkerRegister,
 )
 from shoal.shared.states import InstanceState
+from tests.integration.conftest import running_service
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.asynccontextmanager
 async def running_gateway(settings: Settings) -> AsyncIterator[str]:
     """Run the gateway on a free port; yield its base URL."""
-    settings = settings.model_copy(update={"gateway_port": free_port()})
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(run_gateway(settings, stop, ready))
-    waiter = asyncio.create_task(ready.wait())
-    done, _ = await asyncio.wait({task, waiter}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-    if task in done:
-        waiter.cancel()
-        task.result()
-    try:
+    settings = settings.model_copy(update={"gateway_port": free_port(None)})
+    async with running_service(run_gateway, settings):
         yield f"http://127.0.0.1:{settings.gateway_port}"
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 15)
 
 
 @pytest.fixture(scope="module")

@@ -72,10 +72,11 @@ def test_truncation_keeps_draws_inside_the_allowed_set(kwargs: dict) -> None:
     logits = _logits(1)[0]
     probs = logits.softmax(-1)
     order = probs.argsort(descending=True)
-    allowed = set(order[: kwargs.get("top_k", VOCAB)].tolist())
-    if "top_p" in kwargs:
-        cum = probs[order].cumsum(0)
-        allowed &= set(order[: int((cum < kwargs["top_p"]).sum()) + 1].tolist())
+    top = order[: kwargs.get("top_k", VOCAB)]
+    allowed = set(top.tolist())
+    if "top_p" in kwargs:  # the nucleus of what top-k kept, renormalised (vLLM's order)
+        cum = (probs[top] / probs[top].sum()).cumsum(0)
+        allowed &= set(top[: int((cum < kwargs["top_p"]).sum()) + 1].tolist())
     if "min_p" in kwargs:
         allowed &= set(torch.nonzero(probs >= kwargs["min_p"] * probs.max()).flatten().tolist())
     state = _state(seed=3, temperature=1.0, **kwargs)

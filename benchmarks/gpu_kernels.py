@@ -2,7 +2,10 @@
 ceiling (bytes moved / measured bandwidth), then the engine on a Llama-3-8B-shaped model with
 random bf16 weights (benchmarks/gpu_engine.py). Prints JSON and writes it to --out.
 
-    .venv/bin/python -m benchmarks.gpu_kernels [--out PATH] [--skip-engine] [--smoke]
+    .venv/bin/python -m benchmarks.gpu_kernels [--out PATH] [--skip-kernels | --skip-engine]
+                                               [--skip-transformers] [--smoke]
+
+On a lent GPU machine (no venv of ours there) use benchmarks/device/run.sh instead.
 
 `--smoke` runs every step on tiny shapes on the CPU (Triton interpreter) to check the plumbing.
 """
@@ -114,6 +117,8 @@ def kernel_benchmarks(device: torch.device, bandwidth: float, smoke: bool) -> li
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results/gpu_kernels.json")
+    parser.add_argument("--skip-kernels", action="store_true",
+                        help="engine figures only (a lent machine's 10-minute call: split the run)")
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
@@ -132,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__}
     bandwidth = device_bandwidth(device, (1 << 20) if args.smoke else (2 << 30))
     result["bandwidth_GB/s"] = round(bandwidth / 1e9, 1)
-    result["kernels"] = kernel_benchmarks(device, bandwidth, args.smoke)
-    print(json.dumps(result, indent=1), flush=True)
+    if not args.skip_kernels:
+        result["kernels"] = kernel_benchmarks(device, bandwidth, args.smoke)
+        print(json.dumps(result, indent=1), flush=True)
     if not args.skip_engine:
         from benchmarks.gpu_engine import engine_benchmarks
 

@@ -6,6 +6,7 @@ vocabulary is a prefix of it), so the engine loads it exactly as it loads a real
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -49,6 +50,14 @@ def smollm2_dir() -> Path:
     return prepare_model(str(smollm2_gguf_path()))
 
 
+def tokenizer_dir() -> Path:
+    """SmolLM2's tokenizer files: SHOAL_TEST_TOKENIZER_DIR when set (a machine with torch but not
+    the GGUF package, such as a lent GPU machine: benchmarks/device/), else the converted GGUF."""
+    if folder := os.environ.get("SHOAL_TEST_TOKENIZER_DIR"):
+        return Path(folder)
+    return smollm2_dir()
+
+
 def save_tiny_model(arch: str, folder: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(arch), dtype=torch.float32)
@@ -57,7 +66,7 @@ def save_tiny_model(arch: str, folder: Path, seed: int = 0) -> Path:
             if "norm" in name:
                 param.uniform_(0.5, 1.5)
     model.save_pretrained(folder)
-    source = smollm2_dir()
+    source = tokenizer_dir()
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (source / name).is_file():
             shutil.copy(source / name, folder / name)

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Run HERE (the dev machine) before using a lent GPU machine: puts what the device lacks into
+# .device/ (git-ignored), which the `run` call must name in `carry`. The device's python3 has
+# torch, triton, transformers, tokenizers, safetensors, xxhash, pytest; it lacks the gguf package
+# and the SmolLM2 GGUF that the tiny test models take their tokenizer from.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p .device/tokenizer
+src=$(.venv/bin/python -c 'from tests.tiny_models import smollm2_dir; print(smollm2_dir())')
+for f in tokenizer.json tokenizer_config.json chat_template.jinja; do
+  if [ -f "$src/$f" ]; then cp "$src/$f" .device/tokenizer/; fi
+done
+du -sh .device

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Run THERE (a lent GPU machine), from the repository root, with `.device` carried
+# (benchmarks/device/prepare.sh made it):
+#   bash benchmarks/device/run.sh tests      # the kernel + CUDA-path tests compiled for the GPU
+#   bash benchmarks/device/run.sh kernels    # bandwidth and each kernel against its ceiling
+#   bash benchmarks/device/run.sh engine     # Llama-3-8B shape: batch-1 bound, 64/256 seqs, HF
+# Each step fits one 10-minute call; results land in $OUT (or benchmarks/results).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-benchmarks/results}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 SHOAL_TEST_TOKENIZER_DIR=$PWD/.device/tokenizer
+# Our package only (no deps: the image's torch/triton/transformers must stay as they are).
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+case "${1:-all}" in
+  tests)
+    python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/unit/kernels_triton \
+      2>&1 | tee "$out/gpu_tests.log" ;;
+  kernels)
+    python3 -m benchmarks.gpu_kernels --skip-engine --out "$out/gpu_kernels.json" ;;
+  engine)
+    python3 -m benchmarks.gpu_kernels --skip-kernels --out "$out/gpu_engine.json" ;;
+  all)
+    python3 -m benchmarks.gpu_kernels --out "$out/gpu_all.json" ;;
+  *) echo "usage: $0 tests|kernels|engine|all" >&2; exit 2 ;;
+esac

@@ -1,8 +1,9 @@
 """paged_attention over the paged KV cache, plain torch: the CPU path and the Triton reference.
 
-Varlen queries (decodes and prefill chunks mixed in one call), causal, grouped-query heads.
-All one-token queries (decodes) run as one padded batch, so a step costs a handful of torch
-calls per layer rather than one per sequence; multi-token chunks run one sequence at a time.
+Varlen queries (decodes and prefill chunks mixed in one call), causal, grouped-query heads,
+optionally a sliding window. All one-token queries (decodes) run as padded batches, so a step
+costs a handful of torch calls per layer rather than one per sequence; multi-token chunks run
+one sequence at a time. With a window only the blocks that hold visible keys are gathered.
 """
 
 from __future__ import annotations
@@ -49,30 +50,46 @@ def paged_attention(
     seq_lens: torch.Tensor,  # [num_seqs] int32, context length after this step
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
     scale: float,
+    window: int | None = None,
     workspace: Workspace | None = None,
     max_group_bytes: int = DECODE_GROUP_BYTES,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """`workspace` (optional, CPU path only) lends scratch buffers that outlive the call;
+    """`window` (None = full attention): a query at position p sees the keys at positions
+    (p - window, p], transformers' sliding-window convention (Mistral, Qwen2).
+    `workspace` (optional, CPU path only) lends scratch buffers that outlive the call;
     `max_group_bytes` caps the K/V gathered for one group of decodes (cache locality)."""
+    check_window(window)
     out = torch.empty_like(q)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     decodes = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     bytes_per_token = 2 * num_kv_heads * head_dim * k_cache.element_size()
-    groups = _length_groups(decodes, lens, bytes_per_token, max_group_bytes)
+    # keys a decode reads: its whole context, or the window (grouping and padding follow it)
+    spans = lens if window is None else [min(n, window) for n in lens]
+    groups = _length_groups(decodes, spans, bytes_per_token, max_group_bytes)
     # block-diagonal query rows for every token at once (one op per layer, not one per group)
     q_rows = _query_rows(q, num_kv_heads, scale) if (
         groups and num_kv_heads <= MAX_KV_HEADS_BLOCK_DIAGONAL) else None
     for group in groups:
         _decode_batch(q, q_rows, k_cache, v_cache, block_tables, seq_lens, starts, lens, group,
-                      scale, out, workspace or Workspace())
+                      scale, window, out, workspace or Workspace())
     for i in range(len(lens)):
         q_len = starts[i + 1] - starts[i]
         if q_len > 1:
             _prefill_one(q, k_cache, v_cache, block_tables[i], lens[i], starts[i], q_len, scale,
-                         out)
+                         window, out)
     return out
+
+
+def check_window(window: int | None) -> None:
+    """A window covers at least the query's own key (so no row is ever wholly masked)."""
+    assert window is None or (isinstance(window, int) and window >= 1), f"bad window {window!r}"
+
+
+def first_visible_key(first_query_pos: int, window: int | None) -> int:
+    """The lowest key position any query at or after `first_query_pos` can see."""
+    return 0 if window is None else max(0, first_query_pos - window + 1)
 
 
 def _length_groups(decodes: list[int], lens: list[int], bytes_per_token: int,
@@ -95,29 +112,43 @@ def _length_groups(decodes: list[int], lens: list[int], bytes_per_token: int,
 def _decode_batch(q: torch.Tensor, q_rows: torch.Tensor | None, k_cache: torch.Tensor,
                   v_cache: torch.Tensor,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor, starts: list[int],
-                  lens: list[int], decodes: list[int], scale: float, out: torch.Tensor,
-                  workspace: Workspace) -> None:
-    """One-token queries at once: gather each sequence's blocks, pad to the longest, mask."""
+                  lens: list[int], decodes: list[int], scale: float, window: int | None,
+                  out: torch.Tensor, workspace: Workspace) -> None:
+    """One-token queries at once: gather each sequence's blocks (from the first one holding a
+    key inside the window), pad to the longest, mask."""
     block_size, num_kv_heads, head_dim = k_cache.shape[1:]
     num_heads = q.shape[1]
     n = len(decodes)
-    num_blocks = -(-max(lens[i] for i in decodes) // block_size)
+    if n == len(lens):  # every sequence, in batch order (the group is sorted by length)
+        decodes = list(range(n))
+    first_blocks = [first_visible_key(lens[i] - 1, window) // block_size for i in decodes]
+    num_blocks = max(-(-lens[i] // block_size) - b for i, b in zip(decodes, first_blocks))
     q_src = q if q_rows is None else q_rows
     if n == len(lens):  # the common all-decode step: no index gathers on the small tensors
-        tables, ctx_lens, q_d = block_tables[:, :num_blocks], seq_lens, q_src
+        tables, ctx_lens, q_d = block_tables, seq_lens, q_src
     else:
         seq_idx = torch.tensor(decodes, dtype=torch.int64)
         tok_idx = torch.tensor([starts[i] for i in decodes], dtype=torch.int64)
-        tables = block_tables.index_select(0, seq_idx)[:, :num_blocks]
+        tables = block_tables.index_select(0, seq_idx)
         ctx_lens, q_d = seq_lens.index_select(0, seq_idx), q_src.index_select(0, tok_idx)
     max_len = num_blocks * block_size
+    key_pos = torch.arange(max_len)[None, :]  # [1, max_len] position within the gathered keys
+    if any(first_blocks):  # a window starts past block 0: shift each row of the table
+        first = torch.tensor(first_blocks, dtype=torch.int64)[:, None]  # [n, 1]
+        cols = (first + torch.arange(num_blocks)[None, :]).clamp_(max=tables.shape[1] - 1)
+        tables = torch.gather(tables, 1, cols)  # [n, num_blocks]; clamped columns are masked
+        key_pos = key_pos + first * block_size  # [n, max_len] absolute key positions
+    else:
+        tables = tables[:, :num_blocks]
     flat = tables.reshape(-1).long()
     row = block_size * num_kv_heads * head_dim
     k = workspace.get("k", (flat.shape[0], row), k_cache)
     v = workspace.get("v", (flat.shape[0], row), v_cache)
     torch.index_select(k_cache.view(-1, row), 0, flat, out=k)  # one copy per cache, 2-D rows
     torch.index_select(v_cache.view(-1, row), 0, flat, out=v)
-    mask = torch.arange(max_len)[None, :] < ctx_lens[:, None]  # [n, max_len]
+    mask = key_pos < ctx_lens[:, None]  # [n, max_len]
+    if window is not None:  # the query sits at ctx_len - 1: keys in (ctx_len - 1 - window, ..]
+        mask &= key_pos >= ctx_lens[:, None] - window
     if q_rows is not None:
         o = _block_diagonal(q_d, k.view(n, max_len, -1), v.view(n, max_len, -1), mask,
                             num_kv_heads)
@@ -165,21 +196,27 @@ def _block_diagonal(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
 
 def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_table: torch.Tensor, seq_len: int, start: int, q_len: int, scale: float,
-                 out: torch.Tensor) -> None:
-    """One chunk of q_len new tokens whose first sits at position seq_len - q_len."""
+                 window: int | None, out: torch.Tensor) -> None:
+    """One chunk of q_len new tokens whose first sits at position seq_len - q_len; only the
+    blocks from the first key the chunk's first query can see are read."""
     block_size, num_kv_heads, head_dim = k_cache.shape[1:]
     num_heads = q.shape[1]
-    blocks = block_table[: -(-seq_len // block_size)].long()
-    k = k_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:seq_len]
-    v = v_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:seq_len]
+    first_block = first_visible_key(seq_len - q_len, window) // block_size
+    base = first_block * block_size  # position of the first gathered key
+    blocks = block_table[first_block: -(-seq_len // block_size)].long()
+    k = k_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:seq_len - base]
+    v = v_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:seq_len - base]
     q_i = q[start:start + q_len].transpose(0, 1)[None]  # [1, num_heads, q_len, head_dim]
-    k = k.transpose(0, 1)[None]  # [1, num_kv_heads, seq_len, head_dim]
+    k = k.transpose(0, 1)[None]  # [1, num_kv_heads, seq_len - base, head_dim]
     v = v.transpose(0, 1)[None]
     gqa = num_heads != num_kv_heads
-    if q_len == seq_len:  # a whole prompt: plain causal
+    if q_len == seq_len and (window is None or window >= seq_len):  # a whole prompt: causal
         o = F.scaled_dot_product_attention(q_i, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
-    else:  # a later chunk: query j sees keys up to seq_len - q_len + j
+    else:  # query j (position seq_len - q_len + j) sees keys up to its position, in the window
         q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
-        mask = torch.arange(seq_len)[None, :] <= q_pos  # [q_len, seq_len]
+        k_pos = torch.arange(base, seq_len)[None, :]
+        mask = k_pos <= q_pos  # [q_len, seq_len - base]
+        if window is not None:
+            mask &= k_pos > q_pos - window
         o = F.scaled_dot_product_attention(q_i, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
     out[start:start + q_len] = o[0].transpose(0, 1)

@@ -1,9 +1,11 @@
 """paged_attention in Triton (the CUDA path): varlen queries over the paged cache, causal, GQA,
-fp16/bf16 inputs with fp32 accumulation and an online softmax (base 2).
+optional sliding window, fp16/bf16 inputs with fp32 accumulation and an online softmax (base 2).
 
 One program per (block of query rows, KV head[, split]): the rows are BLOCK_Q tokens x the
 QPKV query heads sharing that KV head, so decodes fill a 16-row tile and K/V are read once per
 group. Sequences are found by binary search over `query_start_loc` (no host sync, graph-safe).
+With a window, key tiles wholly before the window of a program's first query are never loaded;
+the tiles that straddle a window edge are masked per row.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import triton.language as tl
 
 from shoal.kernels._utils import check_heads, check_kv_cache, check_same_device, is_interpreting
 from shoal.kernels._utils import next_power_of_2
-from shoal.kernels.paged_attention import DECODE_GROUP_BYTES
+from shoal.kernels.paged_attention import DECODE_GROUP_BYTES, check_window
 from shoal.kernels.paged_attention_split_k import merge_splits_kernel, num_splits_for
 
 LOG2E = 1.4426950408889634
@@ -37,13 +39,13 @@ def _find_seq(qsl_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _paged_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-        block_tables_ptr, seq_lens_ptr, qsl_ptr, qk_scale, num_seqs,
+        block_tables_ptr, seq_lens_ptr, qsl_ptr, qk_scale, num_seqs, window,
         q_stride_t, q_stride_h, out_stride_t, out_stride_h, bt_stride,
         cache_stride_b, cache_stride_s, cache_stride_h,
         NUM_HEADS: tl.constexpr, QPKV: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        PRECISION: tl.constexpr):
+        HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -68,8 +70,11 @@ def _paged_attention_kernel(
 
     key_end = tl.minimum(seq_len, ctx_len + (local + 1) * BLOCK_Q)  # causal: no key past this
     num_tiles = tl.cdiv(key_end, TILE)
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-    tile_lo = split * tiles_per_split
+    first_tile = 0
+    if HAS_WINDOW:  # the first query (position ctx_len + local * BLOCK_Q) sees no key before this
+        first_tile = tl.maximum(ctx_len + local * BLOCK_Q - window + 1, 0) // TILE
+    tiles_per_split = tl.cdiv(num_tiles - first_tile, NUM_SPLITS)
+    tile_lo = first_tile + split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -87,6 +92,8 @@ def _paged_attention_kernel(
                     mask=pos_mask[None, :] & d_mask[:, None], other=0.0)  # [BLOCK_D, TILE]
         s = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [BLOCK_M, TILE], log2 units
         visible = pos_mask[None, :] & (pos[None, :] <= (ctx_len + q_idx)[:, None])
+        if HAS_WINDOW:  # query position p sees keys in (p - window, p]
+            visible = visible & (pos[None, :] > (ctx_len + q_idx - window)[:, None])
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no visible key yet
@@ -119,17 +126,20 @@ def paged_attention_triton(
     seq_lens: torch.Tensor,  # [num_seqs] int32, context length after this step
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
     scale: float,
+    window: int | None = None,
     workspace: object | None = None,
     max_group_bytes: int = DECODE_GROUP_BYTES,
     *,
     num_splits: int | None = None,
     tile_size: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """Same contract as the torch op. `workspace` and `max_group_bytes` (the CPU path's gather
-    tuning) are accepted and unused: the kernel reads the paged cache in place.
-    All-decode batches split the keys by `num_splits_for(num_seqs, max_seq_len)`, where
-    max_seq_len is bounded by the block table's width (no sync); `num_splits` forces it."""
+    """Same contract as the torch op (`window`: keys in (p - window, p], None = all).
+    `workspace` and `max_group_bytes` (the CPU path's gather tuning) are accepted and unused:
+    the kernel reads the paged cache in place. All-decode batches split the keys by
+    `num_splits_for(num_seqs, max_keys)`, where max_keys is bounded by the block table's width
+    and the window (no sync); `num_splits` forces it."""
     del workspace, max_group_bytes
+    check_window(window)
     block_size, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
     num_tokens, num_heads = q.shape[0], q.shape[1]
     check_heads(q, num_heads, head_dim, "q")
@@ -149,8 +159,10 @@ def paged_attention_triton(
     block_m = max(16 if is_decode else 64, next_power_of_2(qpkv))
     block_q = block_m // qpkv
     if num_splits is None:
-        max_seq_len = block_tables.shape[1] * block_size  # an upper bound, known without a sync
-        num_splits = num_splits_for(num_seqs, max_seq_len) if is_decode else 1
+        max_keys = block_tables.shape[1] * block_size  # an upper bound, known without a sync
+        if window is not None:  # a decode reads at most `window` keys (+ one straddled tile)
+            max_keys = min(max_keys, window)
+        num_splits = num_splits_for(num_seqs, max_keys) if is_decode else 1
     tile = tile_size or (32 if is_interpreting() else 64)
     block_d = max(16, next_power_of_2(head_dim))
     if num_splits > 1:
@@ -163,11 +175,13 @@ def paged_attention_triton(
     grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_splits)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out, part_acc, part_ml, block_tables, seq_lens, query_start_loc,
-        scale * LOG2E, num_seqs, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        scale * LOG2E, num_seqs, window or 0, q.stride(0), q.stride(1), out.stride(0),
+        out.stride(1),
         block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, QPKV=qpkv, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, TILE=tile, BLOCK_M=block_m, BLOCK_Q=block_q,
-        NUM_SPLITS=num_splits, PRECISION="ieee" if q.dtype == torch.float32 else None)
+        NUM_SPLITS=num_splits, HAS_WINDOW=window is not None,
+        PRECISION="ieee" if q.dtype == torch.float32 else None)
     if num_splits > 1:
         merge_splits_kernel[(num_tokens, num_heads)](
             part_acc, part_ml, out, out.stride(0), out.stride(1), NUM_HEADS=num_heads,

@@ -1,4 +1,5 @@
-"""paged_attention against dense attention with an explicit causal mask, per sequence in float64."""
+"""paged_attention against dense attention with an explicit causal (and sliding-window) mask,
+per sequence in float64."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import torch
 from shoal.kernels import paged_attention
 
 
-def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [q_len, H, D], k/v [seq_len, KVH, D]: the last q_len positions attend causally."""
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+               window: int | None = None) -> torch.Tensor:
+    """q [q_len, H, D], k/v [seq_len, KVH, D]: the last q_len positions attend causally; with a
+    window, position p sees keys p - window + 1 .. p (transformers: kv_idx > q_idx - window)."""
     q_len, num_heads, _ = q.shape
     seq_len, num_kv_heads, _ = k.shape
     group = num_heads // num_kv_heads
@@ -23,19 +26,24 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) 
             pos = seq_len - q_len + i
             row = scores[i].clone()
             row[pos + 1:] = float("-inf")
+            if window is not None:
+                row[:max(0, pos - window + 1)] = float("-inf")
             out[i, h] = torch.softmax(row, dim=0) @ vh
     return out
 
 
 def _run_case(q_lens: list[int], ctx_lens: list[int], num_heads: int, num_kv_heads: int,
-              head_dim: int, block_size: int, gen: torch.Generator) -> None:
+              head_dim: int, block_size: int, gen: torch.Generator,
+              window: int | None = None) -> None:
+    """With a window, the blocks before it hold NaN: the op must skip them, not mask them."""
     num_seqs = len(q_lens)
     seq_lens = [c + n for c, n in zip(ctx_lens, q_lens)]
     max_blocks = max(-(-s // block_size) for s in seq_lens) + 1  # one spare column: padding
     num_blocks = sum(-(-s // block_size) for s in seq_lens) + 3
     k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
     v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
-    free = torch.randperm(num_blocks, generator=gen).tolist()  # scattered, not in order
+    # scattered, not in order; block 0 stays clean: the table's padding columns point at it
+    free = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
     block_tables = torch.zeros(num_seqs, max_blocks, dtype=torch.int32)
     dense_k, dense_v = [], []
     for i, s in enumerate(seq_lens):
@@ -43,15 +51,18 @@ def _run_case(q_lens: list[int], ctx_lens: list[int], num_heads: int, num_kv_hea
         block_tables[i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
         dense_k.append(torch.cat([k_cache[b] for b in ids])[:s])
         dense_v.append(torch.cat([v_cache[b] for b in ids])[:s])
+        if window is not None:  # NaN in blocks wholly before the window: they must not be read
+            skipped = ids[:max(0, ctx_lens[i] - window + 1) // block_size]
+            k_cache[skipped] = v_cache[skipped] = float("nan")
     q = torch.randn(sum(q_lens), num_heads, head_dim, generator=gen)
     qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
     scale = 1.0 / math.sqrt(head_dim)
     out = paged_attention(q, k_cache, v_cache, block_tables,
-                          torch.tensor(seq_lens, dtype=torch.int32), qsl, scale)
+                          torch.tensor(seq_lens, dtype=torch.int32), qsl, scale, window)
     assert out.shape == q.shape
     for i in range(num_seqs):
         a, b = int(qsl[i]), int(qsl[i + 1])
-        ref = _reference(q[a:b], dense_k[i], dense_v[i], scale)
+        ref = _reference(q[a:b], dense_k[i], dense_v[i], scale, window)
         torch.testing.assert_close(out[a:b].double(), ref, atol=2e-5, rtol=2e-5)
 
 
@@ -83,3 +94,44 @@ def test_decodes_of_very_different_lengths_are_grouped_correctly() -> None:
     ctx = [3, 300, 5, 90, 700, 1, 150, 41]  # several length groups, out of order
     _run_case([1] * len(ctx), ctx, 9, 3, 16, 16, gen)
     _run_case([1, 9, 1, 1, 4], [500, 0, 2, 130, 64], 4, 2, 8, 8, gen)  # with chunks in between
+
+
+# windows: 1 (a query sees only itself), shorter than a block, at and past block boundaries,
+# and longer than every context (the same as full attention)
+WINDOWS = [1, 3, 4, 7, 16, 33, 500]
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (6, 1)])
+def test_sliding_window_mixed_batch(window: int, num_heads: int, num_kv_heads: int) -> None:
+    gen = torch.Generator().manual_seed(torch.seed())
+    block_size = 4
+    # whole prompts shorter and longer than the window, decodes at and across block boundaries,
+    # later chunks whose first query's window starts mid-block, odd lengths
+    q_lens = [7, 1, 1, 5, 1, 13, 1, 40, 1]
+    ctx_lens = [0, block_size - 1, block_size, 2 * block_size + 3, 0, 9, 37, 0, 61]
+    _run_case(q_lens, ctx_lens, num_heads, num_kv_heads, 16, block_size, gen, window)
+
+
+@pytest.mark.parametrize("window", [5, 16, 100])
+def test_sliding_window_decodes_of_different_lengths(window: int) -> None:
+    gen = torch.Generator().manual_seed(torch.seed())
+    # long and short contexts out of order (decodes are grouped by the keys they read)
+    ctx = torch.randint(0, 300, (9,), generator=gen).tolist()
+    ctx[2:2] = [window - 1, 2, window, 0, window + 1]
+    _run_case([1] * len(ctx), ctx, 8, 2, 16, 16, gen, window)  # all decodes: the fast path
+    _run_case([1] * len(ctx), ctx, 16, 16, 16, 16, gen, window)  # many KV heads: SDPA
+    _run_case([1, 9, 1, 1], [150, 0, window, 3], 8, 2, 16, 8, gen, window)  # with a chunk
+
+
+def test_window_changes_the_result() -> None:
+    """Past the window the output differs from full attention (the mask is not a no-op)."""
+    gen = torch.Generator().manual_seed(torch.seed())
+    k_cache = torch.randn(8, 4, 1, 8, generator=gen)
+    v_cache = torch.randn(8, 4, 1, 8, generator=gen)
+    tables = torch.arange(8, dtype=torch.int32)[None]
+    q = torch.randn(1, 2, 8, generator=gen)
+    args = (q, k_cache, v_cache, tables, torch.tensor([20], dtype=torch.int32),
+            torch.tensor([0, 1], dtype=torch.int32), 0.3)
+    assert not torch.allclose(paged_attention(*args, 6), paged_attention(*args))
+    torch.testing.assert_close(paged_attention(*args, 20), paged_attention(*args))

@@ -59,3 +59,19 @@ def tolerance(dtype: torch.dtype) -> dict[str, float]:
     return {torch.float32: {"atol": 2e-5, "rtol": 2e-5},
             torch.float16: {"atol": 2e-3, "rtol": 2e-3},
             torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}[dtype]
+
+
+def poison_before_window(case: PagedCase, window: int) -> PagedCase:
+    """A copy of `case` whose cache blocks wholly before the window of each sequence's first
+    query hold NaN: an op that reads any of them (rather than skipping it) returns NaN."""
+    block_size = case.k_cache.shape[1]
+    k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+    qsl = case.query_start_loc.tolist()
+    for i, seq_len in enumerate(case.seq_lens.tolist()):
+        first_query = seq_len - (qsl[i + 1] - qsl[i])
+        num_skipped = max(0, first_query - window + 1) // block_size
+        blocks = case.block_tables[i, :num_skipped].long()
+        k_cache[blocks] = float("nan")
+        v_cache[blocks] = float("nan")
+    return PagedCase(case.q, k_cache, v_cache, case.block_tables, case.seq_lens,
+                     case.query_start_loc, case.scale)

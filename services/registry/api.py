@@ -25,8 +25,9 @@ from shoal.shared.schemas.events import (
 )
 from shoal.shared.schemas.registry import (
     ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyVerified, ApiKeyVerify, ById, ByIdOrName,
-    DeleteRequest, Deleted, InstanceCreate, InstanceFilter, InstancePublic, InstanceTransition,
-    ListRequest, ModelCreate, ModelPublic, ModelUpdate, WorkerPublic, WorkerRegister,
+    DeleteRequest, Deleted, InstanceCreate, InstanceDelete, InstanceFilter, InstancePublic,
+    InstanceTransition, ListRequest, ModelCreate, ModelPublic, ModelUpdate, WorkerPublic,
+    WorkerRegister,
 )
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class RegistryApi:
             ("instances", "get", ById, self.instances.get),
             ("instances", "list", InstanceFilter, self.instances.list),
             ("instances", "transition", InstanceTransition, self.transition_instance),
-            ("instances", "delete", DeleteRequest, self.delete_instance),
+            ("instances", "delete", InstanceDelete, self.delete_instance),
             ("workers", "register", WorkerRegister, self.register_worker),
             ("workers", "get", ById, self.workers.get),
             ("workers", "list", ListRequest, self.workers.list),
@@ -91,7 +92,7 @@ class RegistryApi:
         await self.instance_event(EventKind.UPDATED, instance)
         return instance
 
-    async def delete_instance(self, req: DeleteRequest) -> Deleted:
+    async def delete_instance(self, req: InstanceDelete) -> Deleted:
         instance = await self.instances.delete(req)
         await self.instance_event(EventKind.DELETED, instance)
         return Deleted(id=instance.id)

@@ -170,8 +170,18 @@ class Placement(Wire):
     warnings: list[str] = Field(default_factory=list)
 
 
+class LeaderFence(Wire):
+    """Proof that a write comes from the scheduler that leads now: the Postgres backend pid of
+    its lock connection and the token it holds there (shared/db/leader_lock.py). The registry
+    refuses a fenced write (409 not_leader) unless that connection holds both locks."""
+
+    pid: int = Field(gt=0)
+    token: int = Field(gt=0, lt=2**31)
+
+
 class InstanceCreate(Wire):
     model_id: str
+    fence: LeaderFence | None = None
 
 
 class InstancePublic(Wire):
@@ -205,6 +215,8 @@ class InstanceTransition(Wire):
     state_message: str | None = None
     placement: Placement | None = None
     restart_count: int | None = Field(default=None, ge=0)
+    fence: LeaderFence | None = None
+    """Set by the scheduler (only the leader's write is accepted); None for everyone else."""
 
 
 class InstanceFilter(Wire):
@@ -259,6 +271,10 @@ class DeleteRequest(Wire):
     id: str
     version: int | None = None
     """When given, refused if the row changed since (optimistic)."""
+
+
+class InstanceDelete(DeleteRequest):
+    fence: LeaderFence | None = None
 
 
 class Deleted(Wire):

@@ -3,6 +3,7 @@
 A transition names the version it read; an illegal move or a stale version is refused before
 anything is written. SCHEDULED takes a placement; back to PENDING clears it. A transition to the
 same state only updates the message (the scheduler's "why not placed" on PENDING instances).
+The scheduler's writes carry a leader fence, checked in the same transaction (fencing.py).
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shoal.services.registry.repo.common import check_version, get_or_404, unit_of_work
 from shoal.services.registry.repo.convert import instance_public
+from shoal.services.registry.repo.fencing import check_fence
 from shoal.shared.db.base import new_id
 from shoal.shared.db.tables import InstanceRow, ModelRow, WorkerRow
 from shoal.shared.errors import InvalidRequest, NotFound
 from shoal.shared.schemas.common import Page, utcnow
 from shoal.shared.schemas.registry import (
-    ById, DeleteRequest, InstanceCreate, InstanceFilter, InstancePublic, InstanceTransition,
+    ById, InstanceCreate, InstanceDelete, InstanceFilter, InstancePublic, InstanceTransition,
 )
 from shoal.shared.states import InstanceState, check_transition
 
@@ -28,6 +30,7 @@ class InstanceRepo:
 
     async def create(self, req: InstanceCreate) -> InstancePublic:
         async with unit_of_work(self.sessions, "instance") as s:
+            await check_fence(s, req.fence)
             model = await get_or_404(s, ModelRow, req.model_id, "model")
             row = InstanceRow(
                 id=new_id(), model_id=model.id, model_name=model.name, state=InstanceState.PENDING.value,
@@ -58,6 +61,7 @@ class InstanceRepo:
         """One versioned write: every read happens before the row is touched (an autoflush in
         between would bump the version twice)."""
         async with unit_of_work(self.sessions, f"instance {req.id!r}") as s:
+            await check_fence(s, req.fence)
             row = await get_or_404(s, InstanceRow, req.id, "instance")
             check_version(row.version, req.version, f"instance {row.name!r}")
             current = InstanceState(row.state)
@@ -78,8 +82,9 @@ class InstanceRepo:
             await s.flush()
             return instance_public(row)
 
-    async def delete(self, req: DeleteRequest) -> InstancePublic:
+    async def delete(self, req: InstanceDelete) -> InstancePublic:
         async with unit_of_work(self.sessions, f"instance {req.id!r}") as s:
+            await check_fence(s, req.fence)
             row = await get_or_404(s, InstanceRow, req.id, "instance")
             check_version(row.version, req.version, f"instance {row.name!r}")
             public = instance_public(row)

@@ -40,6 +40,12 @@ class Settings(BaseSettings):
     scheduler_error_backoff: float = 10.0
     """First wait before an ERROR instance is rescheduled; doubles with each attempt."""
     scheduler_error_backoff_max: float = 600.0
+    scheduler_name: str | None = None
+    """This scheduler replica's name in logs and in the leader status; default <hostname>-<pid>."""
+    scheduler_election_interval: float = 1.0
+    """Seconds between the leader's checks that its Postgres lock connection answers (one slower
+    than this steps it down). Standbys wait on the lock itself, so a leader that exits or loses
+    its connection is replaced at once, not after this interval."""
 
     worker_name: str | None = None
     """Defaults to the host name."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from shoal.cli.runner import resolve_settings, run_service
-from shoal.services.scheduler.service import run_scheduler
+from shoal.services.scheduler.replica import run_scheduler
 
 
 def main() -> int:

@@ -1,7 +1,8 @@
 """The scheduler service: registry events (JetStream durable consumer) + a periodic reconcile.
 
-Every decision is written through the registry's API with the version it read, so two replicas
-cannot both place one instance: the second write is refused (Conflict) and simply dropped.
+With an election (run_scheduler always has one) it acts only while its replica leads, and every
+write carries the term's fence, so the registry refuses the writes of a leader that lost the lock.
+Every write also names the version it read, so two writers cannot both place one instance.
 """
 
 from __future__ import annotations
@@ -18,20 +19,22 @@ from typing import TypeVar
 from nats.aio.msg import Msg
 
 from shoal.services.scheduler.claim import ModelProfile
+from shoal.services.scheduler.election import Leadership, Term, first_of
 from shoal.services.scheduler.planner import Planner, ProfileCache, build_request
 from shoal.services.scheduler.policies.base import PlacementRequest
 from shoal.services.scheduler.reconcile import PassPlan, SchedulerConfig, plan_pass
 from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
-from shoal.shared.config import Settings
+from shoal.shared.db.leader_lock import NOT_LEADER
 from shoal.shared.errors import Conflict, NotFound, ShoalError
 from shoal.shared.schemas.common import utcnow
 from shoal.shared.schemas.registry import (
-    DeleteRequest,
     InstanceCreate,
+    InstanceDelete,
     InstancePublic,
     InstanceTransition,
+    LeaderFence,
     ListRequest,
     ModelPublic,
 )
@@ -63,26 +66,55 @@ class SchedulerService:
         self.lock = asyncio.Lock()
         self.passes = 0
         self.jitter = random.Random()
-        """Spreads the periodic passes of several replicas apart (each waits interval +-10%)."""
+        """Spreads the periodic passes of unelected writers apart (each waits interval +-10%)."""
+        self.fence: LeaderFence | None = None
+        """The current term's fence, sent with every write (None without an election)."""
 
     # ------------------------------------------------------------ loop
-    async def run(self, bus: Bus, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
-        consumer = asyncio.create_task(self._consume(bus, stop), name="scheduler-events")
+    async def run(self, bus: Bus, stop: asyncio.Event, ready: asyncio.Event | None = None,
+                  leadership: Leadership | None = None) -> None:
+        """Reconcile until `stop`: all along without `leadership` (a lone scheduler, tests),
+        else only during this replica's terms as leader."""
+        if ready is not None:
+            ready.set()
+        if leadership is None:
+            await self._lead(bus, stop)
+            return
+        while (term := await leadership.next_term(stop)) is not None:
+            await self._serve_term(bus, term, stop)
+
+    async def _serve_term(self, bus: Bus, term: Term, stop: asyncio.Event) -> None:
+        """Lead until the term ends or `stop`, then cancel the pass in flight: after a lost lock
+        its writes would be refused anyway; on a clean stop the lock is released only after."""
+        halt = asyncio.Event()
+        self.fence = term.fence
+        lead = asyncio.create_task(self._lead(bus, halt), name="scheduler-term")
         try:
-            if ready is not None:
-                ready.set()
-            while not stop.is_set():
+            await first_of(term.ended.wait(), stop.wait(), lead)
+        finally:
+            halt.set()
+            lead.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lead
+            self.fence = None
+
+    async def _lead(self, bus: Bus, halt: asyncio.Event) -> None:
+        """The event consumer plus a reconcile loop, until `halt` is set (or this is cancelled)."""
+        consumer = asyncio.create_task(self._consume(bus, halt), name="scheduler-events")
+        try:
+            while not halt.is_set():
                 try:
                     await self.reconcile()
                 except ShoalError as exc:
                     log.warning("reconcile failed: %s", exc.message)
                 except Exception:  # noqa: BLE001 - the loop must survive one bad pass
                     log.exception("reconcile failed")
-                await self._wait(stop)
+                await self._wait(halt)
         finally:
-            stop.set()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(consumer, 5)
+            halt.set()
+            consumer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await consumer
 
     async def _consume(self, bus: Bus, stop: asyncio.Event) -> None:
         """The durable consumer; restarted after a failure (the periodic reconcile goes on)."""
@@ -155,30 +187,32 @@ class SchedulerService:
     async def _execute(self, plan: PassPlan, current: dict[str, InstancePublic],
                        stats: PassStats) -> None:
         for inst in plan.delete:
-            if await self._write(self.registry.delete_instance(
-                    DeleteRequest(id=inst.id, version=inst.version)), stats) is not None:
+            if await self._write(self.registry.delete_instance(InstanceDelete(
+                    id=inst.id, version=inst.version, fence=self.fence)), stats) is not None:
                 current.pop(inst.id, None)
                 stats.deleted += 1
         for model in plan.create:
             created = await self._write(self.registry.create_instance(
-                InstanceCreate(model_id=model.id)), stats)
+                InstanceCreate(model_id=model.id, fence=self.fence)), stats)
             if created is not None:
                 current[created.id] = created
                 stats.created += 1
         for u in plan.unschedule:
             moved = await self._write(self.registry.transition_instance(InstanceTransition(
                 id=u.instance.id, version=u.instance.version, state=InstanceState.PENDING,
-                state_message=u.message, restart_count=u.restart_count)), stats)
+                state_message=u.message, restart_count=u.restart_count, fence=self.fence)), stats)
             if moved is not None:
                 log.info("instance %s back to PENDING: %s", moved.name, u.message)
                 current[moved.id] = moved
                 stats.unscheduled += 1
 
     async def _write(self, call: Awaitable[T], stats: PassStats) -> T | None:
-        """Run one registry write; a stale version or a vanished row means someone else acted."""
+        """Run one registry write; a stale version or a vanished row means someone else acted.
+        A refused fence (this replica no longer leads) ends the pass."""
         try:
             return await call
         except (Conflict, NotFound) as exc:
+            _raise_if_not_leader(exc)
             stats.conflicts += 1
             log.info("registry refused a write (%s); the next pass re-reads", exc.message)
             return None
@@ -203,8 +237,9 @@ class SchedulerService:
             placed = await self.registry.transition_instance(InstanceTransition(
                 id=inst.id, version=inst.version, state=InstanceState.SCHEDULED,
                 placement=result.placement, state_message=" ".join(result.placement.warnings)
-                or None))
+                or None, fence=self.fence))
         except (Conflict, NotFound) as exc:
+            _raise_if_not_leader(exc)
             log.info("instance %s was changed by someone else (%s): not placed", inst.name,
                      exc.message)
             return "conflict"
@@ -219,19 +254,14 @@ class SchedulerService:
         try:
             await self.registry.transition_instance(InstanceTransition(
                 id=inst.id, version=inst.version, state=InstanceState.PENDING,
-                state_message=reason))
-        except (Conflict, NotFound):
+                state_message=reason, fence=self.fence))
+        except (Conflict, NotFound) as exc:
+            _raise_if_not_leader(exc)
             return "conflict"
         log.info("instance %s stays PENDING: %s", inst.name, reason)
         return "pending"
 
 
-async def run_scheduler(settings: Settings, stop: asyncio.Event,
-                        ready: asyncio.Event | None = None) -> None:
-    """Serve until `stop` is set (the shape of run_registry / run_worker, for `shoal up`)."""
-    bus = await Bus.connect(settings, name="shoal-scheduler")
-    try:
-        service = SchedulerService(RegistryClient(bus), SchedulerConfig.from_settings(settings))
-        await service.run(bus, stop, ready)
-    finally:
-        await bus.close()
+def _raise_if_not_leader(exc: ShoalError) -> None:
+    if exc.code == NOT_LEADER:
+        raise exc

@@ -33,6 +33,13 @@ def registry(resource: str, verb: str) -> str:
     return f"{REGISTRY_GROUP}.{resource}.{_token(verb, 'verb')}"
 
 
+# ---------------------------------------------------------------- scheduler (request/reply)
+SCHEDULER_SERVICE = "shoal-scheduler"
+SCHEDULER_GROUP = f"{PREFIX}.scheduler"
+SCHEDULER_LEADER = f"{SCHEDULER_GROUP}.leader.get"
+"""Who leads, answered by any scheduler replica (standbys too): a SchedulerStatus."""
+
+
 # ---------------------------------------------------------------- events (JetStream)
 def event(resource: str, resource_id: str) -> str:
     """shoal.events.<resource>.<id>: created/updated/deleted with the new state and version."""

@@ -45,7 +45,7 @@ def dispatch(args: argparse.Namespace) -> int:
         deploy = None if args.no_model or args.simulate_devices else (DEFAULT_MODEL, str(smollm2_gguf_path()))
         return up(settings, SERVICES, extra, deploy)
     if args.command == "scheduler":
-        from shoal.services.scheduler.service import run_scheduler
+        from shoal.services.scheduler.replica import run_scheduler
 
         return run_service("scheduler", run_scheduler, resolve_settings(**overrides))
     if args.command == "registry":

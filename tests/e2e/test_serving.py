@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from shoal.services.gateway.service import run_gateway
-from shoal.services.scheduler.service import run_scheduler
+from shoal.services.scheduler.replica import run_scheduler
 from shoal.services.worker.agent import run_worker
 from shoal.services.worker.model_prep import prepare_model, smollm2_gguf_path
 from shoal.shared.bus.client import Bus

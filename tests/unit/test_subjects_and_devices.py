@@ -17,6 +17,7 @@ def test_subject_names_are_the_documented_ones() -> None:
     assert subjects.infer_model("SmolLM2-135M") == "shoal.infer.model.SmolLM2-135M"
     assert subjects.infer_model("qwen2.5-7b") == "shoal.infer.model.qwen2_5-7b"
     assert subjects.abort("i1") == "shoal.abort.i1" and subjects.load("i1") == "shoal.load.i1"
+    assert subjects.SCHEDULER_LEADER == "shoal.scheduler.leader.get"
 
 
 @pytest.mark.parametrize("bad", ["a.b", "a b", "", "x>"])

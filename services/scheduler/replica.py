@@ -1,0 +1,74 @@
+"""One scheduler process: its bus, its status endpoint, the leader election and the service.
+
+Every replica connects, registers the shoal-scheduler micro service (so `$SRV.PING` and
+shoal.scheduler.leader.get answer from standbys too) and campaigns for the lock; only the
+leader reconciles. On stop the service ends its term first, then the lock is released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from shoal.services.scheduler.election import PostgresElection, default_identity
+from shoal.services.scheduler.reconcile import SchedulerConfig
+from shoal.services.scheduler.service import SchedulerService
+from shoal.shared.bus import subjects
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.bus.service import RpcService
+from shoal.shared.config import Settings
+from shoal.shared.errors import Unavailable
+from shoal.shared.schemas.common import Empty
+from shoal.shared.schemas.scheduler import SchedulerStatus
+
+VERSION = "0.1.0"
+
+
+class SchedulerReplica:
+    def __init__(self, settings: Settings) -> None:
+        if not settings.database_url:
+            raise Unavailable("the scheduler elects its leader in the registry's Postgres: set "
+                              "SHOAL_DATABASE_URL or start the stack with `shoal up`")
+        self.settings = settings
+        self.identity = settings.scheduler_name or default_identity()
+        self.election = PostgresElection(settings.database_url, self.identity,
+                                         settings.scheduler_election_interval)
+        self.service: SchedulerService | None = None
+
+    async def serve(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        """Serve until `stop` is set; `ready` once registered and campaigning (leader or not)."""
+        bus = await Bus.connect(self.settings, name=subjects.SCHEDULER_SERVICE)
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(bus.close)
+            rpc = RpcService(bus, subjects.SCHEDULER_SERVICE, VERSION, subjects.SCHEDULER_GROUP,
+                             "Shoal scheduler: places instances; one replica leads")
+            await rpc.start()
+            stack.push_async_callback(rpc.stop)
+            await rpc.endpoint("leader", "get", Empty, self.status)
+            self.service = SchedulerService(RegistryClient(bus),
+                                            SchedulerConfig.from_settings(self.settings))
+            resign = asyncio.Event()
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self.election.run(resign), name="scheduler-election")
+                tasks.create_task(self._serve(bus, stop, ready, resign), name="scheduler")
+
+    async def _serve(self, bus: Bus, stop: asyncio.Event, ready: asyncio.Event | None,
+                     resign: asyncio.Event) -> None:
+        assert self.service is not None
+        try:
+            await self.service.run(bus, stop, ready, self.election)
+        finally:
+            resign.set()
+
+    async def status(self, _req: Empty) -> SchedulerStatus:
+        term = self.election.term
+        return SchedulerStatus(replica=self.identity, is_leader=term is not None,
+                               leader=self.election.leader,
+                               leader_since=term.started_at if term else None)
+
+
+async def run_scheduler(settings: Settings, stop: asyncio.Event,
+                        ready: asyncio.Event | None = None) -> None:
+    """Serve until `stop` is set (the shape of run_registry / run_worker, for `shoal up`)."""
+    await SchedulerReplica(settings).serve(stop, ready)

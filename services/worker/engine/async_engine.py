@@ -1,6 +1,8 @@
 """AsyncEngine: an EngineCore stepped on its own thread, so the model never blocks the
 asyncio loop that serves streams and heartbeats. Requests and aborts cross over as commands;
-outputs come back through loop.call_soon_threadsafe into one asyncio.Queue per request.
+a step's outputs come back in one loop.call_soon_threadsafe, into one collector per request
+that folds deltas together while its reader is behind (vLLM's RequestOutputCollector): a busy
+loop sends fewer, larger messages instead of falling further behind the engine.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.services.worker.engine.config import EngineConfig
@@ -24,8 +26,29 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class _Stream:
+    """What the engine produced for one request and its reader has not taken yet."""
+
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[RequestOutput | BaseException]
+    kind: RequestOutputKind
+    pending: RequestOutput | BaseException | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        """On the loop. Deltas merge; a cumulative or final output replaces; an error wins."""
+        pending = self.pending
+        if (isinstance(item, RequestOutput) and isinstance(pending, RequestOutput)
+                and self.kind is RequestOutputKind.DELTA):
+            pending.merge(item)
+        elif not isinstance(pending, BaseException):
+            self.pending = item
+        self.ready.set()
+
+    async def get(self) -> RequestOutput | BaseException:
+        while self.pending is None:
+            await self.ready.wait()
+            self.ready.clear()
+        item, self.pending = self.pending, None
+        return item
 
 
 @dataclass(slots=True)
@@ -84,14 +107,14 @@ class AsyncEngine:
         iteration early, or cancelling the task, aborts the request."""
         if request_id in self._streams:
             raise InvalidRequest(f"request id {request_id!r} is already in use", param="request_id")
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        stream = _Stream(asyncio.get_running_loop(), output_kind)
         self._streams[request_id] = stream
         finished = False
         try:
             self.add_request(request_id, prompt_token_ids, params, arrival_time, prompt=prompt,
                              output_kind=output_kind)
             while True:
-                item = await stream.queue.get()
+                item = await stream.get()
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
@@ -141,8 +164,7 @@ class AsyncEngine:
                     continue
                 outputs = self.core.step()
                 self._stats = self.core.stats()  # before delivery: a reader sees them together
-                for output in outputs:
-                    self._deliver(output.request_id, output)
+                self._deliver_all([(output.request_id, output) for output in outputs])
         except BaseException as exc:  # fail every stream instead of leaving it hanging
             log.exception("engine step loop failed")
             self._error = exc
@@ -153,25 +175,39 @@ class AsyncEngine:
     def _apply_commands(self) -> None:
         with self._lock:
             commands, self._commands = self._commands, []
+        items: list[tuple[str, RequestOutput | BaseException]] = []
         for command in commands:
             if isinstance(command, str):
                 output = self.core.abort(command)
                 if output is not None:
-                    self._deliver(command, output)
+                    items.append((command, output))
                 continue
             try:
                 self.core.add_request(command.request_id, command.prompt_token_ids, command.params,
                                       command.arrival_time, prompt=command.prompt,
                                       output_kind=command.output_kind)
             except ShoalError as exc:  # e.g. a duplicate id that slipped past add_request
-                self._deliver(command.request_id, exc)
+                items.append((command.request_id, exc))
         self._stats = self.core.stats()
+        self._deliver_all(items)
 
-    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
-        stream = self._streams.get(request_id)
-        if stream is not None and not stream.loop.is_closed():
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+    def _deliver_all(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
+        """One wake-up per event loop for a whole step (not one per request)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, Any]]] = {}
+        for request_id, item in items:
+            stream = self._streams.get(request_id)
+            if stream is not None and not stream.loop.is_closed():
+                by_loop.setdefault(stream.loop, []).append((stream, item))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, batch)
+            except RuntimeError:  # the loop closed meanwhile: nobody is reading
+                pass
 
     def _fail_all(self, error: BaseException) -> None:
-        for request_id in list(self._streams):
-            self._deliver(request_id, error)
+        self._deliver_all([(request_id, error) for request_id in list(self._streams)])
+
+
+def _put_all(batch: list[tuple[_Stream, RequestOutput | BaseException]]) -> None:
+    for stream, item in batch:
+        stream.put(item)

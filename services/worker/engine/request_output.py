@@ -67,6 +67,28 @@ class RequestOutput:
     def num_generated_tokens(self) -> int:
         return sum(len(o.token_ids) for o in self.outputs)
 
+    def merge(self, later: RequestOutput) -> None:
+        """Fold a later delta of the same request into this one, as if the two steps had been
+        one: the stream's consumer fell behind, so it gets one message instead of several."""
+        children = {c.index: c for c in self.outputs}
+        for new in later.outputs:
+            old = children.get(new.index)
+            if old is None:
+                children[new.index] = new
+                self.outputs.append(new)
+                continue
+            old.text += new.text
+            old.token_ids = old.token_ids + new.token_ids
+            if new.logprobs is not None:
+                old.logprobs = (old.logprobs or []) + new.logprobs
+            old.cumulative_logprob = new.cumulative_logprob
+            old.finish_reason, old.stop_reason = new.finish_reason, new.stop_reason
+        self.outputs.sort(key=lambda c: c.index)
+        self.prompt_logprobs = self.prompt_logprobs or later.prompt_logprobs
+        self.finished = later.finished
+        self.num_cached_tokens = later.num_cached_tokens
+        self.metrics = later.metrics
+
 
 @dataclass(slots=True)
 class EngineStats:

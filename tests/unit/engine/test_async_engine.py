@@ -204,3 +204,33 @@ async def test_shutdown_fails_open_streams():
     await asyncio.to_thread(engine.shutdown)
     with pytest.raises(Unavailable):
         await asyncio.wait_for(task, 5)
+
+
+async def test_a_slow_reader_gets_merged_deltas_that_add_up_to_the_same_result():
+    """While the reader is busy the engine goes on stepping; what it missed arrives folded into
+    fewer messages (never lost, never reordered), with the logprobs of every token."""
+    params = SamplingParams(n=2, seed=5, max_tokens=12, logprobs=1)
+    (fast_engine, fast_runner), (slow_engine, slow_runner) = make_engine(0.005), make_engine(0.005)
+    fast_runner.with_logprobs = slow_runner.with_logprobs = True
+    try:
+        fast = [o async for o in fast_engine.generate("r", [1, 2, 3], params)]
+        slow = []
+        async for out in slow_engine.generate("r", [1, 2, 3], params):
+            slow.append(out)
+            time.sleep(0.03)  # block the loop: several steps finish meanwhile
+        assert len(slow) < len(fast)
+        for outputs in (fast, slow):
+            assert outputs[-1].finished and sum(o.finished for o in outputs) == 1
+        for index in (0, 1):
+            def joined(outputs, index=index):
+                children = [c for o in outputs for c in o.outputs if c.index == index]
+                assert [c.finish_reason for c in children][-1] == "length"
+                assert all(c.finish_reason is None for c in children[:-1])
+                return (sum((c.token_ids for c in children), []), "".join(c.text for c in children),
+                        [lp.token_id for c in children for lp in c.logprobs])
+            tokens, text, logprob_ids = joined(slow)
+            assert (tokens, text, logprob_ids) == joined(fast)
+            assert len(tokens) == 12 and logprob_ids == tokens
+    finally:
+        fast_engine.shutdown()
+        slow_engine.shutdown()

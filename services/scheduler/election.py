@@ -100,6 +100,9 @@ class PostgresElection:
         self.dsn = asyncpg_dsn(database_url)
         self.identity = identity
         self.interval = interval
+        self.query_timeout = interval * (STANDBY_WAIT_INTERVALS + 2)
+        """Client-side bound on any query of the lock connection (a silent server raises
+        TimeoutError and the connection is replaced); the lock wait's lock_timeout is shorter."""
         self.term: Term | None = None
         self.leader: str | None = None
         """The leading replica as last seen (this one's identity while it leads)."""
@@ -153,28 +156,29 @@ class PostgresElection:
                 return "it is stopping"
             if closed.is_set():
                 return "its lock connection closed"
-            row = await conn.fetchrow(_HOLDER, LOCK_SPACE, LEADER_KEY)
+            row = await conn.fetchrow(_HOLDER, LOCK_SPACE, LEADER_KEY, timeout=self.query_timeout)
             self._see(None if row is None else
                       (row["application_name"] or "").removeprefix(APP_PREFIX)
                       or f"backend {row['pid']}")
             try:
-                if await first_of(conn.execute(_LOCK, LOCK_SPACE, LEADER_KEY), resign.wait(),
-                                  closed.wait()) and not (resign.is_set() or closed.is_set()):
+                lock = conn.execute(_LOCK, LOCK_SPACE, LEADER_KEY, timeout=self.query_timeout)
+                if await first_of(lock, resign.wait(), closed.wait()) and not (
+                        resign.is_set() or closed.is_set()):
                     break
             except asyncpg.LockNotAvailableError:
                 continue  # lock_timeout: look who leads now, then wait again
-        token = await self._take_token(conn)
-        await conn.execute(_BARRIER, LOCK_SPACE, BARRIER_KEY)
+        token = await self._take_token(conn, self.query_timeout)
+        await conn.execute(_BARRIER, LOCK_SPACE, BARRIER_KEY, timeout=self.query_timeout)
         self._start_term(LeaderFence(pid=conn.get_server_pid(), token=token),
                          time.monotonic() - started)
         return await self._hold(conn, resign, closed)
 
     @staticmethod
-    async def _take_token(conn: asyncpg.Connection) -> int:
+    async def _take_token(conn: asyncpg.Connection, timeout: float) -> int:
         """A random token, locked beside the leader lock for the term (retried if taken)."""
         while True:
             token = secrets.randbelow(2**31 - 1) + 1
-            if await conn.fetchval(_TRY_LOCK, TOKEN_SPACE, token):
+            if await conn.fetchval(_TRY_LOCK, TOKEN_SPACE, token, timeout=timeout):
                 return token
 
     async def _hold(self, conn: asyncpg.Connection, resign: asyncio.Event,

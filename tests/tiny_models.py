@@ -6,6 +6,7 @@ vocabulary is a prefix of it), so the engine loads it exactly as it loads a real
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -71,3 +72,13 @@ def save_tiny_model(arch: str, folder: Path, seed: int = 0) -> Path:
         if (source / name).is_file():
             shutil.copy(source / name, folder / name)
     return folder
+
+
+def with_config(folder: Path, dest: Path, **overrides: object) -> Path:
+    """A copy of a saved tiny model whose config.json has `overrides` (e.g. a sliding window):
+    the same weights under another attention setting."""
+    shutil.copytree(folder, dest)
+    config = json.loads((dest / "config.json").read_text())
+    config.update(overrides)
+    (dest / "config.json").write_text(json.dumps(config))
+    return dest

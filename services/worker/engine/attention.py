@@ -1,7 +1,8 @@
 """AttentionMetadata (one step's KV-cache addressing) and the Attention layer over the paged cache.
 
 The metadata is passed down the forward explicitly (no module-global context, unlike nano-vllm);
-each Attention layer holds its own k/v cache tensors, bound once by kv_cache.py.
+each Attention layer holds its own k/v cache tensors, bound once by kv_cache.py, and its own
+sliding window (None = full attention), which the kernels apply to absolute positions.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ class AttentionMetadata:
 
 class Attention(nn.Module):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 ops: Ops) -> None:
+                 ops: Ops, sliding_window: int | None = None) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
+        self.sliding_window = sliding_window  # a query at p sees keys (p - window, p]
         self.ops = ops
         # [num_blocks, block_size, num_kv_heads, head_dim], bound by kv_cache.bind_kv_caches
         self.k_cache = torch.empty(0)
@@ -45,4 +47,4 @@ class Attention(nn.Module):
         self.ops.reshape_and_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         return self.ops.paged_attention(q, self.k_cache, self.v_cache, meta.block_tables,
                                         meta.seq_lens, meta.query_start_loc, self.scale,
-                                        workspace=meta.workspace)
+                                        self.sliding_window, workspace=meta.workspace)

@@ -142,10 +142,9 @@ class ModelRunner:
 
 
 def _max_model_len(config: EngineConfig, hf_config: Any) -> int:
+    """The user's limit, or the model's whole length (sliding-window layers need no cap: the
+    kernels apply the window, as vLLM does)."""
     limit = int(getattr(hf_config, "max_position_embeddings", 0) or 0) or 2048
-    window = getattr(hf_config, "sliding_window", None)
-    if window and getattr(hf_config, "use_sliding_window", True) and window < limit:
-        limit = int(window)  # no sliding-window attention yet: stay inside one window
     if config.max_model_len is None:
         return limit
     if config.max_model_len > limit:

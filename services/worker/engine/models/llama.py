@@ -1,8 +1,9 @@
 """Llama-family decoder (Llama, Mistral, Qwen2; Qwen3 adds q/k norms in qwen3.py).
 
 One flattened varlen batch per forward: `input_ids`/`positions` are `[num_tokens]` and attention
-goes through the paged KV cache. Module names mirror transformers' so checkpoints load directly,
-with q/k/v and gate/up packed (see `packed_modules_mapping`).
+goes through the paged KV cache, over a sliding window in the layers whose config says so
+(sliding_window.py). Module names mirror transformers' so checkpoints load directly, with q/k/v
+and gate/up packed (see `packed_modules_mapping`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from shoal.services.worker.engine.layers.embedding import LMHead, VocabEmbedding
 from shoal.services.worker.engine.layers.layernorm import RMSNorm
 from shoal.services.worker.engine.layers.linear import GateUpLinear, Linear, QKVLinear
 from shoal.services.worker.engine.layers.rotary import RotaryEmbedding, rope_parameters
+from shoal.services.worker.engine.models import sliding_window
 
 
 def head_dim_of(cfg: Any) -> int:
@@ -27,7 +29,7 @@ def head_dim_of(cfg: Any) -> int:
 
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: Any, max_model_len: int, ops: Ops, qkv_bias: bool, o_bias: bool,
-                 qk_norm: bool) -> None:
+                 qk_norm: bool, window: int | None) -> None:
         super().__init__()
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
@@ -40,7 +42,7 @@ class LlamaAttention(nn.Module):
         self.rotary_emb = RotaryEmbedding(rope_parameters(cfg), self.head_dim,
                                           cfg.max_position_embeddings, max_model_len, ops)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim,
-                              self.head_dim ** -0.5, ops)
+                              self.head_dim ** -0.5, ops, window)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -70,9 +72,10 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: Any, max_model_len: int, ops: Ops, qkv_bias: bool, o_bias: bool,
-                 qk_norm: bool) -> None:
+                 qk_norm: bool, window: int | None) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm)
+        self.self_attn = LlamaAttention(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm,
+                                        window)
         self.mlp = LlamaMLP(cfg, bias=bool(getattr(cfg, "mlp_bias", False)))
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
@@ -90,12 +93,13 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(self, cfg: Any, max_model_len: int, ops: Ops, qkv_bias: bool, o_bias: bool,
-                 qk_norm: bool) -> None:
+                 qk_norm: bool, windows: list[int | None]) -> None:
         super().__init__()
+        assert len(windows) == cfg.num_hidden_layers, (len(windows), cfg.num_hidden_layers)
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm)
-            for _ in range(cfg.num_hidden_layers))
+            LlamaDecoderLayer(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm, window)
+            for window in windows)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -117,7 +121,8 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: Any, max_model_len: int, ops: Ops) -> None:
         super().__init__()
         qkv_bias, o_bias, qk_norm = self.attention_options(cfg)
-        self.model = LlamaModel(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm)
+        self.model = LlamaModel(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm,
+                                self.sliding_windows(cfg))
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         tied = self.model.embed_tokens if self.tie_word_embeddings else None
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, tied)
@@ -128,6 +133,9 @@ class LlamaForCausalLM(nn.Module):
         bias = bool(getattr(cfg, "attention_bias", False))
         return bias, bias, False
 
+    sliding_windows = staticmethod(sliding_window.full_attention)
+    """Per layer: its attention window, None = full (models/sliding_window.py)."""
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, meta)
@@ -136,7 +144,13 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden, logits_indices)  # [num_logits, vocab] float32
 
 
+class MistralForCausalLM(LlamaForCausalLM):
+    sliding_windows = staticmethod(sliding_window.every_layer)
+
+
 class Qwen2ForCausalLM(LlamaForCausalLM):
+    sliding_windows = staticmethod(sliding_window.by_layer_types)
+
     @staticmethod
     def attention_options(cfg: Any) -> tuple[bool, bool, bool]:
         return True, False, False  # Qwen2: biased q/k/v, unbiased o_proj

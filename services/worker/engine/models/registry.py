@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.services.worker.engine.config import ConfigError
-from shoal.services.worker.engine.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
+from shoal.services.worker.engine.models.llama import (LlamaForCausalLM, MistralForCausalLM,
+                                                       Qwen2ForCausalLM)
 from shoal.services.worker.engine.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
 }

@@ -59,7 +59,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
             hashes = text_prefix_hashes(prompt) if isinstance(prompt, str) else token_prefix_hashes(prompt)
             echo = prompt if body.echo and isinstance(prompt, str) else ""
             jobs.append(Job(body.generate(f"{builder.id}-{i}", prompt), hashes, i * body.n, echo))
-        answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model), body.include_usage)
+        answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model), body.include_usage,
+                        body.continuous_usage)
         return await _answer(request, answer, body.stream)
 
 
@@ -71,7 +72,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         builder = ResponseBuilder("chat", body.model, want_logprobs=body.logprobs)
         hashes = messages_prefix_hashes([(m.role, m.text() or "") for m in body.messages])
         jobs = [Job(body.generate(builder.id), hashes)]
-        answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model), body.include_usage)
+        answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model), body.include_usage,
+                        body.continuous_usage)
         return await _answer(request, answer, body.stream)
 
 

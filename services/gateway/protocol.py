@@ -55,6 +55,12 @@ class _SamplingBody(_Body):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's stream_options.continuous_usage_stats: usage so far on every streamed chunk."""
+        return self.include_usage and bool(self.stream_options
+                                           and self.stream_options.continuous_usage_stats)
+
     def sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingOptions:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not s for s in stops):

@@ -19,7 +19,7 @@ from shoal.services.gateway.metrics import RequestObserver
 from shoal.services.gateway.responses import ChoiceState, ResponseBuilder, add_usage
 from shoal.services.gateway.streaming import DONE, SSE_HEADERS, sse_error, sse_event
 from shoal.shared.errors import ShoalError
-from shoal.shared.schemas.infer import GenerateRequest, InferChunk, InferEnd
+from shoal.shared.schemas.infer import GenerateRequest, InferChunk, InferEnd, Usage
 
 Reply = InferChunk | InferEnd
 
@@ -71,18 +71,33 @@ class Answer:
     """Runs the jobs for one OpenAI request and writes its answer."""
 
     def __init__(self, client: InferClient, builder: ResponseBuilder, jobs: Sequence[Job], n: int,
-                 observer: RequestObserver, include_usage: bool = False) -> None:
+                 observer: RequestObserver, include_usage: bool = False,
+                 continuous_usage: bool = False) -> None:
         self.client = client
         self.builder = builder
         self.jobs = jobs
         self.n = n
         self.observer = observer
         self.include_usage = include_usage
+        self.continuous_usage = continuous_usage
+        self.prompt_tokens: dict[int, int] = {}  # job index -> its prompt's length (seq 0)
 
-    def _entries(self, job: Job, reply: Reply) -> list[dict[str, object]]:
+    def usage_so_far(self) -> Usage:
+        """Prompt tokens of the jobs accepted so far and every token streamed until now."""
+        return Usage(prompt_tokens=sum(self.prompt_tokens.values()),
+                     completion_tokens=sum(c.num_tokens for c in self.builder.choices.values()))
+
+    def _chunk(self, entries: list[dict[str, object]]) -> bytes:
+        usage = self.usage_so_far() if self.continuous_usage else None
+        return sse_event(self.builder.chunk(entries, usage, with_usage=self.include_usage))
+
+    def _entries(self, i: int, reply: Reply) -> list[dict[str, object]]:
+        job = self.jobs[i]
         entries: list[dict[str, object]] = []
         if isinstance(reply, InferChunk):
             self.observer.on_chunk(reply)
+            if reply.prompt_token_ids is not None:
+                self.prompt_tokens[i] = len(reply.prompt_token_ids)
             for delta in reply.choices:
                 entry = self.builder.apply(delta, job.index_offset + delta.index)
                 if self.builder.kind != "chat" or entry["delta"] or entry["finish_reason"] or entry["logprobs"]:
@@ -100,7 +115,7 @@ class Answer:
     async def whole(self) -> web.Response:
         async with contextlib.aclosing(merged(self.client, self.jobs)) as replies:
             async for i, reply in replies:
-                self._entries(self.jobs[i], reply)
+                self._entries(i, reply)
         prefix = {job.index_offset + k: job.echo for job in self.jobs for k in range(self.n) if job.echo}
         for job in self.jobs:  # choices that produced nothing still appear
             for k in range(self.n):
@@ -136,9 +151,9 @@ class Answer:
                              "stop_reason": None}
                 else:
                     continue
-                await response.write(sse_event(self.builder.chunk([entry], with_usage=self.include_usage)))
+                await response.write(self._chunk([entry]))
 
     async def _write(self, response: web.StreamResponse, i: int, reply: Reply) -> None:
-        for entry in self._entries(self.jobs[i], reply):
-            await response.write(sse_event(self.builder.chunk([entry], with_usage=self.include_usage)))
+        for entry in self._entries(i, reply):
+            await response.write(self._chunk([entry]))
 

@@ -107,6 +107,28 @@ async def test_chat_sync_and_async_stream_answer_paris(stack) -> None:
         [reply.choices[0].finish_reason]
 
 
+async def test_continuous_usage_stats_count_every_chunk(stack) -> None:
+    """vLLM's stream_options.continuous_usage_stats: each chunk carries the usage so far, its
+    completion tokens growing to the final count; without it the chunks carry usage null."""
+    settings, client, model, inst, url = stack
+    for continuous in (True, False):
+        stream = await async_api(url).completions.create(
+            model=model.name, prompt="Count: one, two, three,", temperature=0, max_tokens=12,
+            stream=True, stream_options={"include_usage": True,
+                                         "continuous_usage_stats": continuous})
+        chunks = [c async for c in stream]
+        final = chunks[-1].usage
+        assert not chunks[-1].choices and final is not None and final.completion_tokens == 12
+        middle = [c.usage for c in chunks[:-1]]
+        if not continuous:
+            assert middle and all(u is None for u in middle)
+            continue
+        assert all(u is not None and u.prompt_tokens == final.prompt_tokens for u in middle)
+        counts = [u.completion_tokens for u in middle]
+        assert counts == sorted(counts) and counts[-1] == 12
+        assert all(u.total_tokens == u.prompt_tokens + u.completion_tokens for u in middle)
+
+
 async def test_greedy_completion_equals_offline_llm(stack) -> None:
     settings, client, model, inst, url = stack
     from shoal import LLM

@@ -68,7 +68,8 @@ def _run_case(q_lens: list[int], ctx_lens: list[int], num_heads: int, num_kv_hea
 
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (8, 2), (6, 1), (12, 12)])
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_mixed_prefill_chunks_and_decodes(num_heads: int, num_kv_heads: int, block_size: int) -> None:
+def test_mixed_prefill_chunks_and_decodes(num_heads: int, num_kv_heads: int,
+                                          block_size: int) -> None:
     gen = torch.Generator().manual_seed(torch.seed())
     # a fresh prompt, decodes at and across block boundaries, a later chunk, odd lengths
     q_lens = [7, 1, 1, 5, 1, 13, 1]

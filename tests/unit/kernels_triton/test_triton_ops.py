@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.tiny_models import VOCAB, save_tiny_model
+from tests.tiny_models import VOCAB, save_tiny_model, with_config
 from tests.unit.kernels_triton.triton_helpers import DEVICE
 
 from shoal.kernels import TORCH_OPS, Ops, select_ops
@@ -52,12 +52,15 @@ def _blocks(i: int) -> list[int]:
     return list(range(i * 16, i * 16 + 16))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])  # the rope variants and q/k norms;
-# mistral and qwen2 add nothing the kernel tests do not cover (GQA 4:1, linear rope)
+# llama, qwen3: the rope variants and q/k norms; mistral with a 6-token sliding window (every
+# layer), which the prompts and decodes pass; qwen2 adds nothing the kernel tests do not cover
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
 def test_tiny_model_greedy_parity(arch: str, tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Same greedy tokens and close logits: a chunked prompt next to a whole one, then decodes."""
     folder = save_tiny_model(arch, tmp_path / arch)
+    if arch == "mistral":
+        folder = with_config(folder, tmp_path / "windowed", sliding_window=6)
     runners = [_runner(folder, TORCH_OPS, monkeypatch),
                _runner(folder, select_ops(DEVICE, force="triton"), monkeypatch)]
     gen = torch.Generator().manual_seed(torch.seed())

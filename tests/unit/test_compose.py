@@ -27,4 +27,12 @@ def test_compose_file_shape() -> None:
     assert env["SHOAL_NATS_URL"].startswith("nats://nats:")
     assert env["SHOAL_DATABASE_URL"].startswith("postgresql+asyncpg://")
     assert services["worker"]["command"][0] == "worker"
+    # every service of the stack runs, from the one image, against the same NATS and Postgres
+    for name in ("scheduler", "worker", "gateway"):
+        assert services[name]["image"] == services["registry"]["image"], name
+        assert services[name]["environment"]["SHOAL_DATABASE_URL"] == env["SHOAL_DATABASE_URL"]
+    assert services["scheduler"]["command"] == ["scheduler"]
+    assert services["gateway"]["command"] == ["gateway"]
+    assert services["gateway"]["environment"]["SHOAL_GATEWAY_HOST"] == "0.0.0.0"
+    assert services["gateway"]["ports"] == ["8000:8000"]
     assert (ROOT / services["registry"]["build"]["dockerfile"]).exists()

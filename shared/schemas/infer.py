@@ -9,11 +9,27 @@ needs no model files. Tokenize / detokenize get one reply each.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from shoal.shared.schemas.common import ErrorBody, Wire
+
+
+class StructuredOutputsOptions(Wire):
+    """StructuredOutputsParams on the wire: exactly one of json / regex / choice / grammar /
+    json_object (the engine checks it, and that the schema, regex or grammar parses)."""
+
+    model_config = ConfigDict(extra="forbid", serialize_by_alias=True, validate_by_name=True,
+                              validate_by_alias=True)
+
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
+    """A JSON schema ("json" on the wire; the name would shadow BaseModel.json)."""
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
 
 
 class SamplingOptions(Wire):
@@ -37,6 +53,7 @@ class SamplingOptions(Wire):
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsOptions | None = None
 
 
 class ChatMessage(Wire):

@@ -1,11 +1,16 @@
 """EngineCore: one engine instance, synchronous. A step is schedule -> runner.execute ->
 update (STYLE.md "One step, three calls"), then detokenization, stop strings and the
 RequestOutputs of the requests that changed. The async and offline front ends wrap it.
+
+A request with structured outputs waits outside the scheduler until its grammar is compiled
+(on the compiler's thread), then enters the waiting queue carrying it.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,7 +24,13 @@ from shoal.services.worker.engine.request_output import (CompletionOutput, Engin
 from shoal.services.worker.engine.sampling_params import SamplingParams
 from shoal.services.worker.engine.scheduler import Scheduler
 from shoal.services.worker.engine.sequence import Sequence, SequenceStatus
+from shoal.services.worker.engine.structured_output import (GrammarCompiler, to_grammar,
+                                                            tokenizer_info)
 from shoal.shared.errors import InvalidRequest
+
+log = logging.getLogger(__name__)
+COMPILE_WAIT_S = 0.05
+"""With nothing to run but grammars compiling, a step waits this long for one at most."""
 
 
 class Runner(Protocol):
@@ -56,6 +67,8 @@ class _Request:
     sent_finished: list[bool] = field(default_factory=list)
     sent_prompt_logprobs: bool = False
     has_first_token: bool = False
+    grammar: futures.Future[Any] | None = None
+    """The compiling grammar of a request that has not entered the scheduler yet."""
 
 
 class EngineCore:
@@ -77,6 +90,10 @@ class EngineCore:
         self.scheduler = Scheduler(config, runner.num_kv_blocks, runner.max_model_len,
                                    frozenset(runner.eos_token_ids))
         self._requests: dict[str, _Request] = {}
+        self._compiling: dict[str, _Request] = {}
+        """Requests waiting for their grammar, in arrival order."""
+        self.grammars = GrammarCompiler(lambda: tokenizer_info(
+            self.tokenizer, runner.vocab_size, runner.eos_token_ids))
         self._next_seq_id = 0
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
@@ -91,6 +108,8 @@ class EngineCore:
         if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt_token_ids):
             raise InvalidRequest(f"prompt token ids must be integers in [0, {vocab})", param="prompt")
         self.scheduler.check_request(len(prompt_token_ids), params)
+        if params.structured_outputs is not None:
+            to_grammar(params.structured_outputs)  # a bad schema / regex / grammar: 400 now
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     arrival_time: float | None = None, *, prompt: str | None = None,
@@ -105,11 +124,16 @@ class EngineCore:
             seqs.append(Sequence(self._next_seq_id, request_id, list(prompt_token_ids),
                                  len(prompt_token_ids), params, index=i, arrival_time=arrival))
             self._next_seq_id += 1
-        self.scheduler.add(seqs)
         detoks = [IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params) for _ in seqs]
-        self._requests[request_id] = _Request(
+        req = _Request(
             request_id, prompt, prompt_token_ids, params, seqs, detoks, output_kind, arrival,
             num_decoded=[0] * params.n, num_sent=[0] * params.n, sent_finished=[False] * params.n)
+        if params.structured_outputs is not None:
+            req.grammar = self.grammars.compile(params.structured_outputs)
+            self._compiling[request_id] = req
+        else:
+            self.scheduler.add(seqs)
+        self._requests[request_id] = req
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Abort a request wherever it is; returns its final output (finish_reason "abort")."""
@@ -117,15 +141,19 @@ class EngineCore:
         if req is None:
             return None
         self.scheduler.abort(request_id)
+        if self._compiling.pop(request_id, None) is not None:
+            for seq in req.seqs:  # never scheduled: the scheduler does not know them
+                seq.status = SequenceStatus.FINISHED_ABORTED
         for detok in req.detoks:
             detok.finish()
         del self._requests[request_id]
         return self._make_output(req, force=True)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self._compiling)
 
     def step(self) -> list[RequestOutput]:
+        failed = self._admit_compiled()
         out = self.scheduler.schedule()
         run = (self.runner.execute(out) if out.scheduled or out.finished_seq_ids
                else RunnerOutput({}))
@@ -137,7 +165,7 @@ class EngineCore:
                 continue
             touched[req.request_id] = req
             self._detokenize(req, seq)
-        outputs = []
+        outputs = failed
         for req in touched.values():
             if not req.has_first_token and any(s.first_token_time for s in req.seqs):
                 req.has_first_token = True
@@ -149,10 +177,40 @@ class EngineCore:
                 del self._requests[req.request_id]
         return outputs
 
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Move requests whose grammar is ready into the scheduler (waiting briefly when nothing
+        else can run). A compile that fails after the spec parsed ends its request as aborted."""
+        if not self._compiling:
+            return []
+        if not self.scheduler.has_unfinished():
+            pending = [req.grammar for req in self._compiling.values() if req.grammar is not None]
+            futures.wait(pending, timeout=COMPILE_WAIT_S, return_when=futures.FIRST_COMPLETED)
+        failed = []
+        for request_id, req in list(self._compiling.items()):
+            grammar = req.grammar
+            assert grammar is not None
+            if not grammar.done():
+                continue
+            if grammar.exception() is not None:
+                log.error("compiling the grammar of request %s failed", request_id,
+                          exc_info=grammar.exception())
+                output = self.abort(request_id)
+                failed += [output] if output is not None else []
+                continue
+            del self._compiling[request_id]
+            req.grammar = None
+            params = req.params.with_compiled_grammar(grammar.result())
+            for seq in req.seqs:
+                seq.params = params
+            self.scheduler.add(req.seqs)
+        return failed
+
     def stats(self) -> EngineStats:
         bm = self.scheduler.block_manager
+        num_compiling = sum(len(req.seqs) for req in self._compiling.values())
         return EngineStats(
-            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting + num_compiling,
             kv_cache_usage=bm.usage, num_preemptions=self.scheduler.num_preemptions,
             prefix_cache_queries=bm.num_prefix_queries, prefix_cache_hits=bm.num_prefix_hits,
             prompt_tokens=self._num_prompt_tokens, generation_tokens=self._num_generation_tokens)

@@ -1,8 +1,11 @@
-"""Sampling: penalties -> min_tokens -> temperature -> top-k / top-p / min-p -> draw, and logprobs.
+"""Sampling: grammar mask -> penalties -> min_tokens -> temperature -> top-k / top-p / min-p ->
+draw, and logprobs.
 
-Logprobs come from the raw logits' log_softmax (vLLM's default). Every sampled sequence draws
-only from its own torch.Generator, so a seeded request gives the same tokens whatever else is in
-the batch. All-greedy batches take a one-argmax fast path.
+Logprobs come from the logits' log_softmax before penalties (vLLM's raw logprobs; a grammar mask,
+applied first as in vLLM, shows as -inf). Every sampled sequence draws only from its own
+torch.Generator, so a seeded request gives the same tokens whatever else is in the batch.
+All-greedy batches take a one-argmax fast path; batches with no constrained row do no grammar
+work at all.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import torch
 
 from shoal.services.worker.engine.outputs import TokenLogprob
 from shoal.services.worker.engine.sampling_params import SamplingParams
+from shoal.services.worker.engine.structured_output import GrammarRows, GrammarState, apply_bitmask
 
 
 @dataclass(slots=True)
@@ -27,6 +31,8 @@ class SeqState:
     pending_prompt_lp: torch.Tensor | None = None
     """[vocab] log-probs at the previous chunk's last position: they score the next chunk's first
     token, which that chunk did not know."""
+    grammar: GrammarState | None = None
+    """The matcher of a constrained sequence, made at its first sample (params.compiled_grammar)."""
 
 
 def mix_seed(seed: int, offset: int) -> int:
@@ -36,10 +42,20 @@ def mix_seed(seed: int, offset: int) -> int:
 def sample(logits: torch.Tensor, states: list[SeqState], eos_token_ids: frozenset[int]
            ) -> tuple[list[int], list[TokenLogprob | None]]:
     """logits [num_seqs, vocab] float32 (modified in place) -> (token per seq, logprob per seq)."""
+    grammar_rows = _grammar_rows(states)
+    if grammar_rows.rows:
+        apply_bitmask(logits, grammar_rows)
     lp_rows = [i for i, s in enumerate(states) if s.params.logprobs is not None]
     raw_lps = torch.log_softmax(logits[lp_rows], dim=-1) if lp_rows else None  # [len, vocab]
+    # A finished grammar allows only EOS, which min_tokens bans: the grammar wins.
+    guarded = [i for i in grammar_rows.rows
+               if len(states[i].token_ids) - states[i].prompt_len < states[i].params.min_tokens]
+    masked = logits[guarded].clone() if guarded else None  # [len(guarded), vocab]
     for i, s in enumerate(states):
         _apply_penalties(logits[i], s, eos_token_ids)
+    for k, i in enumerate(guarded):
+        if masked is not None and not bool(torch.isfinite(logits[i]).any()):
+            logits[i] = masked[k]
     greedy = [s.params.temperature == 0.0 for s in states]
     if all(greedy):
         tokens = logits.argmax(dim=-1)
@@ -58,6 +74,21 @@ def sample(logits: torch.Tensor, states: list[SeqState], eos_token_ids: frozense
         for i, entry in zip(lp_rows, entries):
             logprobs[i] = entry
     return token_list, logprobs
+
+
+def _grammar_rows(states: list[SeqState]) -> GrammarRows:
+    """The constrained rows, each matcher (made on first use) caught up with its output tokens."""
+    found = GrammarRows()
+    for i, s in enumerate(states):
+        compiled = s.params.compiled_grammar
+        if compiled is None:
+            continue
+        if s.grammar is None:
+            s.grammar = GrammarState.create(compiled)
+        s.grammar.catch_up(s.token_ids[s.prompt_len:])
+        found.rows.append(i)
+        found.states.append(s.grammar)
+    return found
 
 
 def _apply_penalties(row: torch.Tensor, s: SeqState, eos_token_ids: frozenset[int]) -> None:

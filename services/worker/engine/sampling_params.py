@@ -2,16 +2,92 @@
 
 The names and meanings are vLLM's, so users transfer. `validate()` runs in `__post_init__`:
 an invalid value raises InvalidRequest (HTTP 400 at the gateway) before anything is queued.
+`StructuredOutputsParams` (vLLM's name) constrains the output; the engine checks that its schema,
+regex or grammar parses (structured_output.py) and compiles it before the request is scheduled.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json as jsonlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from shoal.shared.errors import InvalidRequest
 
 MAX_LOGPROBS = 20
 """The most alternatives per token we return (OpenAI's top_logprobs limit is 20)."""
+
+
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutputsParams:
+    """Exactly one constraint on the output text (vLLM's StructuredOutputsParams)."""
+
+    json: str | dict[str, Any] | None = None
+    """A JSON schema (object, or its JSON text): the output is a JSON value it validates."""
+    regex: str | None = None
+    choice: list[str] | None = None
+    """The output is exactly one of these strings."""
+    grammar: str | None = None
+    """An EBNF grammar (GBNF style, rule `root`), as xgrammar reads it."""
+    json_object: bool | None = None
+    """Any JSON object (OpenAI's response_format json_object)."""
+    disable_any_whitespace: bool = False
+    """JSON without free whitespace between tokens (small models can loop on whitespace)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.choice, (list, tuple)):
+            object.__setattr__(self, "choice", list(self.choice))
+        self.validate()
+
+    @property
+    def kind(self) -> str:
+        """Which constraint is set: one of STRUCTURED_KINDS."""
+        return next(k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False))
+
+    @property
+    def json_text(self) -> str:
+        """The schema as JSON text, property order kept (it is the order of generation)."""
+        schema = jsonlib.loads(self.json) if isinstance(self.json, str) else self.json
+        return jsonlib.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+
+    @property
+    def key(self) -> tuple[str, str, bool]:
+        """The compiled-grammar cache key: equal keys compile to the same grammar."""
+        kind = self.kind
+        text = {"json": self.json_text if kind == "json" else "", "regex": self.regex or "",
+                "choice": jsonlib.dumps(self.choice), "grammar": self.grammar or "",
+                "json_object": ""}[kind]
+        return kind, text, self.disable_any_whitespace
+
+    def validate(self) -> None:
+        set_kinds = [k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False)]
+        _check(len(set_kinds) == 1, "structured_outputs",
+               f"must set exactly one of {', '.join(STRUCTURED_KINDS)}, got "
+               f"{', '.join(set_kinds) or 'none'}")
+        _check(isinstance(self.disable_any_whitespace, bool),
+               "structured_outputs.disable_any_whitespace", "must be a boolean")
+        kind = set_kinds[0]
+        value = getattr(self, kind)
+        param = f"structured_outputs.{kind}"
+        if kind == "json":
+            if isinstance(value, str):
+                try:
+                    value = jsonlib.loads(value)
+                except ValueError as exc:
+                    raise InvalidRequest(f"{param} is not valid JSON: {exc}", param=param) from None
+            _check(isinstance(value, (dict, bool)), param, "must be a JSON schema (an object)")
+        elif kind == "choice":
+            _check(isinstance(value, list) and len(value) > 0
+                   and all(isinstance(c, str) and c for c in value), param,
+                   "must be a non-empty list of non-empty strings")
+        elif kind == "json_object":
+            _check(value is True, param, "must be true")
+        else:
+            _check(isinstance(value, str) and bool(value), param, "must be a non-empty string")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +116,20 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
+    """Constrain the output (guided decoding); None = free text."""
+    compiled_grammar: Any = field(default=None, init=False, repr=False, compare=False)
+    """Set by the engine (never by users, never on the wire): the compiled form of
+    structured_outputs, from which the sampler makes each sequence's matcher."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.structured_outputs, dict):  # from the wire: SamplingOptions dumped
+            try:
+                spec = StructuredOutputsParams(**self.structured_outputs)
+            except TypeError as exc:
+                raise InvalidRequest(f"structured_outputs: {exc}",
+                                     param="structured_outputs") from None
+            object.__setattr__(self, "structured_outputs", spec)
         if isinstance(self.stop, str):  # accept stop="x" as vLLM and OpenAI do
             object.__setattr__(self, "stop", [self.stop])
         else:
@@ -54,6 +142,12 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def with_compiled_grammar(self, grammar: Any) -> SamplingParams:
+        """A copy carrying the compiled grammar (the engine calls this at admission)."""
+        params = dataclasses.replace(self)
+        object.__setattr__(params, "compiled_grammar", grammar)
+        return params
 
     def validate(self) -> None:
         _check(isinstance(self.n, int) and self.n >= 1, "n", f"must be an integer >= 1, got {self.n!r}")
@@ -89,6 +183,9 @@ class SamplingParams:
             value = getattr(self, name)
             _check(value is None or (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS), name,
                    f"must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
+        _check(self.structured_outputs is None
+               or isinstance(self.structured_outputs, StructuredOutputsParams),
+               "structured_outputs", "must be a StructuredOutputsParams or a dict of its fields")
 
 
 def _is_number(value: object) -> bool:

@@ -1,0 +1,99 @@
+"""EngineCore with structured outputs over the fake runner: a request waits outside the scheduler
+until its grammar is compiled, then runs carrying it; a bad spec is refused at add time; an
+abort while compiling ends the request; unconstrained requests are not held up."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import xgrammar as xgr
+
+from shoal.services.worker.engine.config import EngineConfig
+from shoal.services.worker.engine.engine_core import EngineCore
+from shoal.services.worker.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from shoal.services.worker.engine.structured_output import GrammarCompiler
+from shoal.shared.errors import InvalidRequest
+from tests.unit.engine.engine_helpers import EOS, VOCAB, CharTokenizer, FakeRunner
+
+JSON = StructuredOutputsParams(json={"type": "object"})
+
+
+def make_core(gate: threading.Event | None = None) -> EngineCore:
+    """A core whose grammar compiler waits for `gate` before its first compile."""
+    runner = FakeRunner(num_kv_blocks=64, block_size=4)
+    core = EngineCore(EngineConfig(model="fake", block_size=4), runner=runner,
+                      tokenizer=CharTokenizer())
+
+    def make_info() -> xgr.TokenizerInfo:
+        if gate is not None:
+            assert gate.wait(30)
+        vocab = [f"<{i}>" if i == EOS else chr(ord("a") + i % 26) for i in range(VOCAB)]
+        return xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, stop_token_ids=[EOS])
+
+    core.grammars = GrammarCompiler(make_info)
+    return core
+
+
+def test_a_constrained_request_waits_for_its_grammar_then_runs_with_it() -> None:
+    gate = threading.Event()
+    core = make_core(gate)
+    core.add_request("free", [1, 2], SamplingParams(max_tokens=3))
+    core.add_request("json", [1, 2], SamplingParams(max_tokens=3, structured_outputs=JSON))
+    assert core.stats().num_waiting == 2
+    core.step()
+    assert core.stats().num_waiting == 1  # still compiling; the free request runs meanwhile
+    scheduled = {s.seq_id for out in core.runner.steps for s in out.scheduled}
+    assert scheduled == {0}
+    gate.set()
+    while core.has_unfinished():
+        core.step()
+    grammars = {s.seq_id: s.sampling_params.compiled_grammar for out in core.runner.steps
+                for s in out.scheduled}
+    assert grammars[0] is None and isinstance(grammars[1], xgr.CompiledGrammar)
+
+
+def test_bad_spec_is_refused_at_add_time_and_nothing_is_queued() -> None:
+    core = make_core()
+    bad = SamplingParams(structured_outputs=StructuredOutputsParams(regex="(ab"))
+    with pytest.raises(InvalidRequest) as err:
+        core.add_request("r", [1, 2], bad)
+    assert err.value.param == "structured_outputs.regex"
+    assert not core.has_unfinished() and core.grammars.num_compiled == 0
+
+
+def test_abort_while_compiling_ends_the_request() -> None:
+    gate = threading.Event()
+    core = make_core(gate)
+    core.add_request("json", [1, 2], SamplingParams(n=2, structured_outputs=JSON))
+    output = core.abort("json")
+    assert output is not None and output.finished
+    assert [c.finish_reason for c in output.outputs] == ["abort", "abort"]
+    gate.set()
+    assert not core.has_unfinished() and core.step() == []
+
+
+def test_a_failed_compile_ends_its_request_and_the_engine_goes_on() -> None:
+    core = make_core()
+
+    def broken_info() -> xgr.TokenizerInfo:
+        raise RuntimeError("no vocabulary")
+
+    core.grammars = GrammarCompiler(broken_info)
+    core.add_request("json", [1, 2], SamplingParams(max_tokens=2, structured_outputs=JSON))
+    core.add_request("free", [1, 2], SamplingParams(max_tokens=2))
+    finished = {}
+    while core.has_unfinished():
+        for out in core.step():
+            if out.finished:
+                finished[out.request_id] = out.outputs[0].finish_reason
+    assert finished == {"json": "abort", "free": "length"}
+
+
+def test_one_compile_serves_every_request_with_the_same_spec() -> None:
+    core = make_core()
+    for i in range(4):
+        core.add_request(str(i), [1, 2], SamplingParams(max_tokens=2, structured_outputs=JSON))
+    while core.has_unfinished():
+        core.step()
+    assert core.grammars.num_compiled == 1

@@ -14,7 +14,8 @@ from shoal.services.gateway.responses import ResponseBuilder
 from shoal.services.gateway.router import messages_prefix_hashes, text_prefix_hashes, token_prefix_hashes
 from shoal.services.gateway.serve import Answer, Job
 from shoal.services.gateway.state import STATE
-from shoal.shared.errors import ShoalError
+from shoal.services.gateway.structured import rename_param
+from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.logging import log_context
 from shoal.shared.schemas.infer import DetokenizeReply, DetokenizeRequest, TokenizeReply, TokenizeRequest
 from shoal.shared.telemetry import get_tracer
@@ -61,7 +62,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             jobs.append(Job(body.generate(f"{builder.id}-{i}", prompt), hashes, i * body.n, echo))
         answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model), body.include_usage,
                         body.continuous_usage)
-        return await _answer(request, answer, body.stream)
+        return await _answer(request, answer, body.stream, body.spec()[1])
 
 
 @routes.post("/v1/chat/completions")
@@ -69,21 +70,27 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
     body = parse_body(await read_body(request), ChatCompletionRequest)
     with st.admission.slot():
-        builder = ResponseBuilder("chat", body.model, want_logprobs=body.logprobs)
+        builder = ResponseBuilder("chat", body.model, want_logprobs=body.logprobs,
+                                  tool_mode=body.tool_plan().mode)
         hashes = messages_prefix_hashes([(m.role, m.text() or "") for m in body.messages])
         jobs = [Job(body.generate(builder.id), hashes)]
         answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model), body.include_usage,
                         body.continuous_usage)
-        return await _answer(request, answer, body.stream)
+        return await _answer(request, answer, body.stream, body.spec()[1])
 
 
-async def _answer(request: web.Request, answer: Answer, stream: bool) -> web.StreamResponse:
-    """Run the answer inside a span (its traceparent rides to the engine) and a log context."""
+async def _answer(request: web.Request, answer: Answer, stream: bool,
+                  spec_source: str | None = None) -> web.StreamResponse:
+    """Run the answer inside a span (its traceparent rides to the engine) and a log context.
+    An engine 400 about the output constraint names the field the client sent."""
     with log_context(request_id=answer.builder.id, model=answer.builder.model), \
             get_tracer("shoal.gateway").start_as_current_span(f"{request.method} {request.path}") as span:
         span.set_attribute("shoal.request_id", answer.builder.id)
         span.set_attribute("shoal.model", answer.builder.model)
-        return await (answer.stream(request) if stream else answer.whole())
+        try:
+            return await (answer.stream(request) if stream else answer.whole())
+        except InvalidRequest as exc:
+            raise rename_param(exc, spec_source) from None
 
 
 @routes.post("/tokenize")

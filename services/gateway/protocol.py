@@ -11,8 +11,11 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from shoal.services.gateway.structured import StructuredFields
+from shoal.services.gateway.tools import ToolBody, ToolCallIn, ToolChoice, ToolPlan, plan_tools
 from shoal.shared.errors import InvalidRequest
-from shoal.shared.schemas.infer import ChatMessage, GenerateRequest, SamplingOptions
+from shoal.shared.schemas.infer import (ChatMessage, GenerateRequest, SamplingOptions,
+                                        StructuredOutputsOptions)
 
 MAX_LOGPROBS = 20
 T = TypeVar("T", bound=BaseModel)
@@ -28,8 +31,9 @@ class StreamOptions(_Body):
     continuous_usage_stats: bool = False
 
 
-class _SamplingBody(_Body):
-    """Fields shared by completions and chat (OpenAI's, plus vLLM's extra sampling knobs)."""
+class _SamplingBody(StructuredFields):
+    """Fields shared by completions and chat (OpenAI's, plus vLLM's extra sampling knobs and
+    structured outputs)."""
 
     model: str = Field(min_length=1)
     n: int = Field(default=1, ge=1, le=128)
@@ -61,6 +65,10 @@ class _SamplingBody(_Body):
         return self.include_usage and bool(self.stream_options
                                            and self.stream_options.continuous_usage_stats)
 
+    def spec(self) -> tuple[StructuredOutputsOptions | None, str | None]:
+        """The output constraint and the request field it came from (for a 400's param)."""
+        return self.structured_spec()
+
     def sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingOptions:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not s for s in stops):
@@ -83,6 +91,7 @@ class _SamplingBody(_Body):
             ignore_eos=self.ignore_eos, max_tokens=max_tokens, min_tokens=self.min_tokens,
             logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            structured_outputs=self.spec()[0],
         )
 
 
@@ -134,6 +143,8 @@ class ChatMessageIn(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str | None:
         if isinstance(self.content, list):
@@ -148,9 +159,28 @@ class ChatCompletionRequest(_SamplingBody):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
+    tools: list[ToolBody] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    """Accepted and ignored, as vLLM does ("required" may return several calls)."""
 
     def wire_messages(self) -> list[ChatMessage]:
-        return [ChatMessage(role=m.role, content=m.text(), name=m.name) for m in self.messages]
+        return [ChatMessage(role=m.role, content=m.text(), name=m.name, tool_call_id=m.tool_call_id,
+                            tool_calls=[c.wire() for c in m.tool_calls] if m.tool_calls else None)
+                for m in self.messages]
+
+    def tool_plan(self) -> ToolPlan:
+        return plan_tools(self.tools, self.tool_choice)
+
+    def spec(self) -> tuple[StructuredOutputsOptions | None, str | None]:
+        plan = self.tool_plan()
+        spec, source = self.structured_spec()
+        if plan.spec is None:
+            return spec, source
+        if spec is not None:
+            raise InvalidRequest(f"tool_choice {plan.mode and plan.mode.kind} cannot be combined "
+                                 f"with {source}", param="tool_choice")
+        return plan.spec, plan.spec_param
 
     def check(self) -> None:
         if self.top_logprobs is not None and not self.logprobs:
@@ -160,9 +190,14 @@ class ChatCompletionRequest(_SamplingBody):
     def generate(self, request_id: str) -> GenerateRequest:
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        sampling = self.sampling(max_tokens, logprobs)
+        is_auto = (mode := self.tool_plan().mode) is not None and mode.kind == "auto"
+        if is_auto:  # a parser's tags may be special tokens (vLLM's hermes parser does this too)
+            sampling.skip_special_tokens = False
         return GenerateRequest(request_id=request_id, model=self.model, messages=self.wire_messages(),
-                               add_generation_prompt=self.add_generation_prompt,
-                               sampling=self.sampling(max_tokens, logprobs))
+                               add_generation_prompt=self.add_generation_prompt, sampling=sampling,
+                               tools=[t.wire() for t in self.tools] if self.tools else None,
+                               needs_tool_call_parser=is_auto)
 
 
 class TokenizeBody(_Body):

@@ -1,5 +1,6 @@
 """OpenAI response bodies built from the engine's stream (pure): completion and chat objects,
-their streamed chunks, logprobs in each API's shape, and usage with cached tokens.
+their streamed chunks, logprobs in each API's shape, usage with cached tokens, and tool calls
+read out of the text (tool_parsers.py) as `message.tool_calls` or streamed tool_call deltas.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from shoal.services.gateway.tool_parsers import ParsedDelta, ToolCallParser, make_parser
+from shoal.services.gateway.tools import ToolMode
 from shoal.shared.schemas.infer import ChoiceDelta, TokenLogprobWire, Usage
 
 JSON = dict[str, Any]
@@ -62,6 +65,43 @@ class ChoiceState:
     logprobs: list[TokenLogprobWire] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    parser: ToolCallParser | None = None
+    """Reads tool calls out of the text (chat with tools); None = the text is the content."""
+    content: str = ""
+    """With a parser: the text that is not a tool call."""
+    tool_calls: list[JSON] = field(default_factory=list)
+
+    def read(self, text: str, is_last: bool) -> ParsedDelta:
+        """Run the parser over a delta (and flush it on the last one); keep what it found."""
+        assert self.parser is not None
+        parsed = self.parser.feed(text)
+        if is_last:
+            tail = self.parser.finish()
+            parsed.content += tail.content
+            parsed.tool_calls += tail.tool_calls
+        self.content += parsed.content
+        for call in parsed.tool_calls:
+            if call.id is not None:
+                self.tool_calls.append({"id": call.id, "type": "function",
+                                        "function": {"name": call.name, "arguments": ""}})
+            self.tool_calls[call.index]["function"]["arguments"] += call.arguments
+        return parsed
+
+    def reason(self, reason: str) -> str:
+        """OpenAI's finish_reason: "tool_calls" when the answer ended by calling tools."""
+        return "tool_calls" if self.tool_calls and reason == "stop" else reason
+
+
+def _chat_delta(parsed: ParsedDelta) -> JSON:
+    """A parsed delta in OpenAI's streamed shape (a call's first delta has its id and name)."""
+    payload: JSON = {"content": parsed.content} if parsed.content else {}
+    if parsed.tool_calls:
+        payload["tool_calls"] = [
+            {"index": c.index, "id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}} if c.id is not None
+            else {"index": c.index, "function": {"arguments": c.arguments}}
+            for c in parsed.tool_calls]
+    return payload
 
 
 @dataclass(slots=True)
@@ -78,6 +118,9 @@ class ResponseBuilder:
     created: int = field(default_factory=lambda: int(time.time()))
     choices: dict[int, ChoiceState] = field(default_factory=dict)
     usage: Usage | None = None
+    tool_mode: ToolMode | None = None
+    tool_call_parser: str | None = None
+    """For tool_choice "auto": the instance's parser, learned from the engine's first reply."""
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -88,7 +131,13 @@ class ResponseBuilder:
         return "chat.completion" if self.kind == "chat" else "text_completion"
 
     def _state(self, index: int) -> ChoiceState:
-        return self.choices.setdefault(index, ChoiceState())
+        state = self.choices.get(index)
+        if state is None:
+            mode = self.tool_mode
+            parser = (make_parser(mode.kind, mode.function_name, self.tool_call_parser)
+                      if mode is not None else None)
+            state = self.choices[index] = ChoiceState(parser=parser)
+        return state
 
     def apply(self, delta: ChoiceDelta, index: int) -> JSON:
         """Record a delta and return its streamed choice entry."""
@@ -98,14 +147,17 @@ class ResponseBuilder:
         state.num_tokens += len(delta.token_ids)
         if delta.logprobs:
             state.logprobs.extend(delta.logprobs)
-        if delta.finish_reason is not None:
-            state.finish_reason, state.stop_reason = delta.finish_reason, delta.stop_reason
+        parsed = (state.read(delta.text, delta.finish_reason is not None)
+                  if state.parser is not None else ParsedDelta(content=delta.text))
+        reason = state.reason(delta.finish_reason) if delta.finish_reason is not None else None
+        if reason is not None:
+            state.finish_reason, state.stop_reason = reason, delta.stop_reason
         lp: JSON | None = None
         if self.want_logprobs and delta.logprobs is not None:
             lp = chat_logprobs(delta.logprobs) if self.kind == "chat" else completion_logprobs(delta.logprobs, offset)
         if self.kind == "chat":
-            payload: JSON = {"content": delta.text} if delta.text else {}
-            return {"index": index, "delta": payload, "logprobs": lp, "finish_reason": delta.finish_reason}
+            return {"index": index, "delta": _chat_delta(parsed), "logprobs": lp,
+                    "finish_reason": reason}
         return {"index": index, "text": delta.text, "logprobs": lp, "finish_reason": delta.finish_reason,
                 "stop_reason": delta.stop_reason}
 
@@ -114,9 +166,11 @@ class ResponseBuilder:
         state = self._state(index)
         if state.finish_reason is not None:
             return None
-        state.finish_reason = reason
+        parsed = state.read("", is_last=True) if state.parser is not None else ParsedDelta()
+        state.finish_reason = reason = state.reason(reason)
         if self.kind == "chat":
-            return {"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}
+            return {"index": index, "delta": _chat_delta(parsed), "logprobs": None,
+                    "finish_reason": reason}
         return {"index": index, "text": "", "logprobs": None, "finish_reason": reason, "stop_reason": None}
 
     def role_entry(self, index: int) -> JSON:
@@ -130,14 +184,25 @@ class ResponseBuilder:
             body["usage"] = usage_body(usage) if usage is not None else None
         return body
 
+    @staticmethod
+    def _message(state: ChoiceState, text: str) -> JSON:
+        if state.parser is None:
+            return {"role": "assistant", "content": text}
+        if not state.tool_calls:
+            return {"role": "assistant", "content": state.content}
+        return {"role": "assistant", "content": state.content if state.content.strip() else None,
+                "tool_calls": state.tool_calls}
+
     def final(self, prefix_text: dict[int, str] | None = None) -> JSON:
         """The non-streamed answer; `prefix_text` (echo) is put before each choice's text."""
         entries: list[JSON] = []
         for index in sorted(self.choices):
             state = self.choices[index]
+            if state.finish_reason is None:
+                self.finish(index, "stop")  # flushes what a tool-call parser still holds
             text = (prefix_text or {}).get(index, "") + state.text
             if self.kind == "chat":
-                entries.append({"index": index, "message": {"role": "assistant", "content": text},
+                entries.append({"index": index, "message": self._message(state, text),
                                 "logprobs": chat_logprobs(state.logprobs) if self.want_logprobs else None,
                                 "finish_reason": state.finish_reason or "stop"})
             else:

@@ -98,6 +98,8 @@ class Answer:
             self.observer.on_chunk(reply)
             if reply.prompt_token_ids is not None:
                 self.prompt_tokens[i] = len(reply.prompt_token_ids)
+            if reply.tool_call_parser is not None:  # seq 0 of an "auto" tool choice request
+                self.builder.tool_call_parser = reply.tool_call_parser
             for delta in reply.choices:
                 entry = self.builder.apply(delta, job.index_offset + delta.index)
                 if self.builder.kind != "chat" or entry["delta"] or entry["finish_reason"] or entry["logprobs"]:

@@ -8,6 +8,7 @@ InferError with its HTTP status. Engine compute stays on the engine's own thread
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -26,9 +27,9 @@ from shoal.shared.bus.client import Bus, decode, encode
 from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.schemas.common import ErrorBody
 from shoal.shared.schemas.infer import (
-    AbortRequest, ChoiceDelta, DetokenizeReply, DetokenizeRequest, EngineLoad, GenerateRequest, InferChunk,
-    InferEnd, InferError, InferReplyEnvelope, InferRequestEnvelope, TokenizeReply, TokenizeRequest,
-    TokenLogprobWire, TopLogprob, Usage,
+    AbortRequest, ChatMessage, ChoiceDelta, DetokenizeReply, DetokenizeRequest, EngineLoad,
+    GenerateRequest, InferChunk, InferEnd, InferError, InferReplyEnvelope, InferRequestEnvelope,
+    TokenizeReply, TokenizeRequest, TokenLogprobWire, TopLogprob, Usage,
 )
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,9 @@ class EngineHandlers:
             token_ids = self.prompt_token_ids(req)
             params = SamplingParams(**req.sampling.model_dump())
             self.engine.core.check_request(token_ids, params)
-            await send(InferChunk(request_id=req.request_id, seq=seq, choices=[], prompt_token_ids=token_ids))
+            parser = self.tool_call_parser(req)
+            await send(InferChunk(request_id=req.request_id, seq=seq, choices=[],
+                                  prompt_token_ids=token_ids, tool_call_parser=parser))
             last: RequestOutput | None = None
             finish_reasons: dict[int, str] = {}
             completion_tokens = 0
@@ -153,10 +156,12 @@ class EngineHandlers:
         if req.messages is not None:
             if not req.messages:
                 raise InvalidRequest("messages must not be empty", param="messages")
-            messages = [m.model_dump(exclude_none=True) for m in req.messages]
+            messages = [_template_message(m) for m in req.messages]
+            tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
             try:
-                ids = tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
-                                                    tokenize=True, return_dict=False)
+                ids = tokenizer.apply_chat_template(
+                    messages, tools=tools, tokenize=True, return_dict=False,
+                    add_generation_prompt=req.add_generation_prompt)
             except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
                 raise InvalidRequest(f"cannot apply the chat template: {exc}", param="messages") from None
             return list(ids["input_ids"] if isinstance(ids, dict) else ids)
@@ -172,6 +177,19 @@ class EngineHandlers:
         if not ids:
             raise InvalidRequest("the prompt is empty", param="prompt")
         return list(ids)
+
+    def tool_call_parser(self, req: GenerateRequest) -> str | None:
+        """The parser the gateway applies to an "auto" tool choice answer (vLLM refuses "auto"
+        without --tool-call-parser; so do we)."""
+        if not req.needs_tool_call_parser:
+            return None
+        parser = self.engine.core.config.tool_call_parser
+        if parser is None:
+            raise InvalidRequest(
+                f'"auto" tool choice needs a model served with a tool call parser (engine_args '
+                f'tool_call_parser=hermes); model {self.model_name} has none: use tool_choice '
+                f'"required", a named function or "none"', param="tool_choice")
+        return parser
 
     def tokenize(self, req: TokenizeRequest) -> TokenizeReply:
         ids = self.prompt_token_ids(req)
@@ -223,6 +241,18 @@ class EngineHandlers:
                 await asyncio.wait_for(stop.wait(), LOAD_INTERVAL_S)
             except asyncio.TimeoutError:
                 pass
+
+
+def _template_message(message: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates expect it: tool call arguments as a dict, not JSON text
+    (transformers' convention, which vLLM follows)."""
+    data = message.model_dump(exclude_none=True)
+    for call in data.get("tool_calls", []):
+        try:
+            call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        except ValueError:
+            pass  # not JSON: the template gets the text as sent
+    return data
 
 
 def _error(request_id: str, seq: int, exc: ShoalError, status: int) -> InferError:

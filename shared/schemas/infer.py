@@ -56,10 +56,46 @@ class SamplingOptions(Wire):
     structured_outputs: StructuredOutputsOptions | None = None
 
 
+TOOL_CALL_PARSERS = ("hermes",)
+"""The tool-call parsers an engine can be configured with (engine_args tool_call_parser), as
+vLLM's --tool-call-parser; the gateway parses "auto" tool choice answers with the instance's."""
+
+
+class FunctionDefinition(Wire):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    """The arguments' JSON schema."""
+    strict: bool | None = None
+
+
+class ToolDefinition(Wire):
+    """An OpenAI tool, as the chat template receives it."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class FunctionCall(Wire):
+    name: str
+    arguments: str
+    """JSON text (OpenAI's shape); the engine hands templates a dict, as vLLM does."""
+
+
+class ToolCall(Wire):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Wire):
     role: str
     content: str | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    """An assistant turn that called tools (sent back by the client in later turns)."""
+    tool_call_id: str | None = None
+    """A tool turn: the call it answers."""
 
 
 class GenerateRequest(Wire):
@@ -72,6 +108,11 @@ class GenerateRequest(Wire):
     """Chat: rendered with the model's chat template by the engine."""
     add_generation_prompt: bool = True
     sampling: SamplingOptions = Field(default_factory=SamplingOptions)
+    tools: list[ToolDefinition] | None = None
+    """Offered to the chat template (apply_chat_template(tools=...))."""
+    needs_tool_call_parser: bool = False
+    """tool_choice "auto": the gateway parses tool calls out of the answer with the engine's
+    tool_call_parser, named in seq 0; an engine without one refuses (400, param tool_choice)."""
 
 
 class TokenizeRequest(Wire):
@@ -79,6 +120,7 @@ class TokenizeRequest(Wire):
     model: str
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[ToolDefinition] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
@@ -136,6 +178,8 @@ class InferChunk(Wire):
     prompt_token_ids: list[int] | None = None
     """Sent with seq 0 (for echo / prompt logprobs)."""
     prompt_logprobs: list[TokenLogprobWire | None] | None = None
+    tool_call_parser: str | None = None
+    """Sent with seq 0 of a request that needs_tool_call_parser: the parser to apply."""
 
 
 class InferEnd(Wire):

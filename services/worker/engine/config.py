@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shoal.shared.errors import InvalidRequest
+from shoal.shared.schemas.infer import TOOL_CALL_PARSERS
 
 
 class ConfigError(InvalidRequest):
@@ -46,6 +47,9 @@ class EngineConfig:
     """torch intra-op threads on CPU; None leaves torch's default."""
     enforce_eager: bool = False
     """Disable CUDA graphs (CUDA path only)."""
+    tool_call_parser: str | None = None
+    """How "auto" tool-choice answers are parsed for tool calls (vLLM's --tool-call-parser):
+    "hermes" (<tool_call>{...}</tool_call>); None refuses tool_choice "auto"."""
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -65,6 +69,9 @@ class EngineConfig:
             raise ConfigError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ConfigError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                              f"got {self.tool_call_parser!r}")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ConfigError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
         if not self.enable_chunked_prefill and self.max_model_len is not None:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 GATEWAY = Path(__file__).resolve().parents[3] / "services" / "gateway"
-PURE = ["router.py", "protocol.py", "responses.py", "streaming.py", "admission.py"]
+PURE = ["router.py", "protocol.py", "responses.py", "streaming.py", "admission.py", "structured.py",
+        "tools.py", "tool_parsers.py"]
 FORBIDDEN = {"nats", "aiohttp", "sqlalchemy", "asyncpg"}
 
 

@@ -1,0 +1,193 @@
+"""Structured outputs and tool calls through the whole stack (gateway -> NATS -> engine process
+running SmolLM2), driven with the `openai` SDK: response_format json_schema (also through the
+SDK's `parse` helper), vLLM's guided_* fields, tool_choice named and "required" (whole and
+streamed as tool_call deltas), "auto" with the hermes parser, and the 400s."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+from typing import Literal
+
+import openai
+import pydantic
+import pytest
+
+from shoal.services.worker.model_prep import smollm2_gguf_path
+from shoal.shared.schemas.registry import ModelCreate
+from tests.e2e.test_serving import (ENGINE_ARGS, async_api, running_instance,  # noqa: F401
+                                    stack, sync_api)  # stack: that module's fixture, run here
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+WEATHER_ARGS = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 30},
+    "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}
+TIME_ARGS = {"type": "object", "properties": {"zone": {"enum": ["CET", "UTC", "JST"]}},
+             "required": ["zone"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+                                           "parameters": WEATHER_ARGS}},
+         {"type": "function", "function": {"name": "get_time", "description": "Time now",
+                                           "parameters": TIME_ARGS}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30},
+                                           "age": {"type": "integer", "minimum": 0}},
+          "required": ["name", "age"]}
+
+
+class Person(pydantic.BaseModel):
+    name: str
+    age: int
+    city: Literal["Paris", "London", "Tokyo"]
+
+
+def check_arguments(name: str, arguments: str) -> None:
+    """jsonschema is not installed here: the tools' schemas checked by hand."""
+    args = json.loads(arguments)
+    if name == "get_weather":
+        assert set(args) == {"city", "unit"} and isinstance(args["city"], str)
+        assert args["unit"] in ("celsius", "fahrenheit")
+    else:
+        assert name == "get_time" and args["zone"] in ("CET", "UTC", "JST")
+
+
+async def test_json_schema_response_format_validates(stack) -> None:
+    settings, client, model, inst, url = stack
+    api = sync_api(url)
+    reply = await asyncio.to_thread(lambda: api.chat.completions.create(
+        model=model.name, temperature=0, max_tokens=80,
+        messages=[{"role": "user", "content": "Invent a person, as JSON."}],
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "person", "schema": PERSON, "strict": True}}))
+    person = json.loads(reply.choices[0].message.content)
+    assert set(person) <= {"name", "age"} and isinstance(person["name"], str)
+    assert isinstance(person["age"], int) and person["age"] >= 0
+    assert reply.choices[0].finish_reason == "stop"
+    parsed = await asyncio.to_thread(lambda: api.chat.completions.parse(
+        model=model.name, temperature=0, max_tokens=80, response_format=Person,
+        messages=[{"role": "user", "content": "Invent a person who lives in a big city."}]))
+    assert isinstance(parsed.choices[0].message.parsed, Person)
+
+
+async def test_guided_fields_of_vllm_constrain_completions(stack) -> None:
+    settings, client, model, inst, url = stack
+    api = async_api(url)
+    regex = await api.completions.create(
+        model=model.name, prompt="The year the Berlin wall fell:", temperature=0, max_tokens=10,
+        extra_body={"guided_regex": r" (19|20)[0-9]{2}"})
+    assert re.fullmatch(r" (19|20)[0-9]{2}", regex.choices[0].text), regex.choices[0].text
+    choice = await api.chat.completions.create(
+        model=model.name, messages=[{"role": "user", "content": "Is Paris in France?"}],
+        temperature=0, max_tokens=5, n=2, extra_body={"guided_choice": ["yes", "no"]})
+    assert {c.message.content for c in choice.choices} <= {"yes", "no"}
+
+
+async def test_named_tool_choice_answers_with_a_tool_call(stack) -> None:
+    settings, client, model, inst, url = stack
+    reply = await async_api(url).chat.completions.create(
+        model=model.name, messages=ASK, temperature=0, max_tokens=60, tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function"
+    assert call.function.name == "get_weather"
+    check_arguments(call.function.name, call.function.arguments)
+
+
+async def test_required_tool_choice_calls_the_given_tools(stack) -> None:
+    settings, client, model, inst, url = stack
+    reply = await async_api(url).chat.completions.create(
+        model=model.name, messages=ASK, temperature=0, max_tokens=120, tools=TOOLS,
+        tool_choice="required")
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        check_arguments(call.function.name, call.function.arguments)
+
+
+@pytest.mark.parametrize("tool_choice", [
+    {"type": "function", "function": {"name": "get_time"}}, "required"])
+async def test_streamed_tool_call_deltas_add_up_to_the_answer(stack, tool_choice) -> None:
+    settings, client, model, inst, url = stack
+    api = async_api(url)
+    args = dict(model=model.name, messages=ASK, temperature=0, max_tokens=120, tools=TOOLS,
+                tool_choice=tool_choice)
+    whole = (await api.chat.completions.create(**args)).choices[0].message.tool_calls
+    chunks = [c async for c in await api.chat.completions.create(**args, stream=True)]
+    calls: dict[int, dict[str, str]] = {}
+    for chunk in chunks:
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            if delta.id is not None:  # a call's first delta: its id, type and name
+                assert delta.index not in calls and delta.type == "function"
+                calls[delta.index] = {"id": delta.id, "name": delta.function.name,
+                                      "arguments": ""}
+            else:
+                assert delta.function.name is None
+            calls[delta.index]["arguments"] += delta.function.arguments or ""
+    assert [(c["name"], c["arguments"]) for c in calls.values()] == \
+        [(c.function.name, c.function.arguments) for c in whole]
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+    assert reasons == ["tool_calls"]
+    assert all(not c.choices[0].delta.content for c in chunks)
+
+
+async def test_bad_structured_requests_are_400s_naming_the_param(stack) -> None:
+    settings, client, model, inst, url = stack
+    api = async_api(url)
+    bad = [
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         "tool_choice"),
+        ({"response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "nonsense"}}}}, "response_format.json_schema.schema"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+         "response_format.json_schema.schema"),
+        ({"response_format": {"type": "json_object"}, "extra_body": {"guided_json": PERSON}},
+         "guided_json"),
+        ({"extra_body": {"guided_regex": "(unclosed"}}, "guided_regex"),
+        ({"tools": TOOLS}, "tool_choice"),  # "auto" on a model without a tool call parser
+    ]
+    for fields, param in bad:
+        with pytest.raises(openai.BadRequestError) as err:
+            await api.chat.completions.create(model=model.name, messages=ASK, max_tokens=5,
+                                              **fields)
+        assert err.value.status_code == 400 and err.value.param == param, (fields, err.value)
+
+
+@pytest.fixture(scope="module")
+async def hermes_model(stack):
+    """A second deployment of SmolLM2 whose engine parses "auto" answers with hermes."""
+    settings, client, model, inst, url = stack
+    hermes = await client.create_model(ModelCreate(
+        name=f"smol-hermes-{uuid.uuid4().hex[:6]}", source=str(smollm2_gguf_path()), device="cpu",
+        max_model_len=512, engine_args={**ENGINE_ARGS, "tool_call_parser": "hermes"}))
+    await running_instance(client, hermes.id)
+    return hermes
+
+
+async def test_auto_tool_choice_reads_hermes_tool_calls(stack, hermes_model) -> None:
+    """SmolLM2 was not trained for tools, so guided_choice makes it answer in hermes' format:
+    the parser, not the model, is under test. Without the guide it answers in plain text."""
+    settings, client, model, inst, url = stack
+    api = async_api(url)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": ' \
+           '"celsius"}}\n</tool_call>'
+    args = dict(model=hermes_model.name, messages=ASK, temperature=0, max_tokens=150,
+                tools=TOOLS, extra_body={"guided_choice": [call]})
+    reply = (await api.chat.completions.create(**args)).choices[0]
+    assert reply.finish_reason == "tool_calls" and not reply.message.content
+    [tool_call] = reply.message.tool_calls
+    assert tool_call.function.name == "get_weather"
+    assert json.loads(tool_call.function.arguments) == {"city": "Paris", "unit": "celsius"}
+    chunks = [c async for c in await api.chat.completions.create(**args, stream=True)]
+    streamed = [d for c in chunks for d in c.choices[0].delta.tool_calls or []]
+    assert [(d.function.name, d.function.arguments) for d in streamed] == \
+        [("get_weather", tool_call.function.arguments)]
+    plain = (await api.chat.completions.create(
+        model=hermes_model.name, messages=ASK, temperature=0, max_tokens=20, tools=TOOLS,
+        tool_choice="auto")).choices[0]
+    assert plain.message.tool_calls is None and plain.message.content
+    assert plain.finish_reason in ("stop", "length")

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Run HERE (the dev machine) before using a lent GPU machine: puts what the device lacks into
 # .device/ (git-ignored), which the `run` call must name in `carry`. The device's python3 has
-# torch, triton, transformers, tokenizers, safetensors, xxhash, pytest; it lacks the gguf package
-# and the SmolLM2 GGUF that the tiny test models take their tokenizer from.
+# torch, triton, transformers, tokenizers, safetensors, xxhash, pytest (Python 3.12); it lacks
+# xgrammar (structured outputs; the engine imports it) and the SmolLM2 GGUF that the tiny test
+# models take their tokenizer from.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-mkdir -p .device/tokenizer
+mkdir -p .device/tokenizer .device/whl
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+  --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 -d .device/whl \
+  "$(.venv/bin/pip freeze | grep -i '^xgrammar==')" \
+  "$(.venv/bin/pip freeze | grep -i '^apache-tvm-ffi==')"
 src=$(.venv/bin/python -c 'from tests.tiny_models import smollm2_dir; print(smollm2_dir())')
 for f in tokenizer.json tokenizer_config.json chat_template.jinja; do
   if [ -f "$src/$f" ]; then cp "$src/$f" .device/tokenizer/; fi

@@ -10,7 +10,9 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-benchmarks/results}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 SHOAL_TEST_TOKENIZER_DIR=$PWD/.device/tokenizer
-# Our package only (no deps: the image's torch/triton/transformers must stay as they are).
+# Our package and the wheels prepare.sh fetched, no deps: the image's torch/triton/transformers
+# must stay as they are.
+python3 -m pip install -q --no-deps --no-index .device/whl/*.whl >/dev/null
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 case "${1:-all}" in

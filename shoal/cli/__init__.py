@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", help="the name clients use (default: from the path)")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8000)")
+    serve.add_argument("--tool-call-parser", choices=["hermes"],
+                       help='parse tool calls of tool_choice "auto" answers (as vllm serve does)')
     sub.add_parser("registry", help="run the registry service")
     engine = sub.add_parser("engine", help="run one engine instance (started by a worker)")
     engine.add_argument("--instance-id", required=True)

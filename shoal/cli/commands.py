@@ -33,7 +33,8 @@ def dispatch(args: argparse.Namespace) -> int:
             raise NotFound(f"{path} does not exist")
         name = args.served_model_name or path.stem.split(".")[0]
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
-        return up(settings, SERVICES, {}, (name, str(path)))
+        engine_args = {"tool_call_parser": args.tool_call_parser} if args.tool_call_parser else None
+        return up(settings, SERVICES, {}, (name, str(path)), engine_args)
     if args.command == "up":
         from shoal.cli.stack import up
 

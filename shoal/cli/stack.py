@@ -123,7 +123,9 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 
 async def deploy_and_wait(settings: Settings, name: str, source: str, deadline: float,
-                          stopping: Callable[[], bool], since: datetime) -> InstancePublic | None:
+                          stopping: Callable[[], bool], since: datetime,
+                          engine_args: dict[str, int | float | bool | str] | None = None
+                          ) -> InstancePublic | None:
     """Deploy `name` (unless it exists) and wait for a RUNNING instance, printing its progress.
     None when stopped or timed out (the stack keeps running)."""
     bus = await Bus.connect(settings, name="shoal-up")
@@ -132,7 +134,8 @@ async def deploy_and_wait(settings: Settings, name: str, source: str, deadline: 
         try:
             model = await client.get_model(name=name)
         except NotFound:
-            model = await client.create_model(ModelCreate(name=name, source=source, device=DeviceKind.CPU))
+            model = await client.create_model(ModelCreate(name=name, source=source, device=DeviceKind.CPU,
+                                                          engine_args=engine_args or {}))
             print(f"shoal: deployed {name} from {source}", flush=True)
         last = ""
         while time.monotonic() < deadline and not stopping():
@@ -176,8 +179,10 @@ async def wait_ready(settings: Settings, deadline: float, since: datetime) -> st
 
 
 def up(settings: Settings, services: list[str], extra_args: dict[str, list[str]],
-       model: tuple[str, str] | None = None) -> int:
-    """Run the stack; with `model` = (name, source), deploy it and wait until it serves."""
+       model: tuple[str, str] | None = None,
+       engine_args: dict[str, int | float | bool | str] | None = None) -> int:
+    """Run the stack; with `model` = (name, source), deploy it (with `engine_args`) and wait
+    until it serves."""
     started = time.monotonic()
     since = datetime.now(timezone.utc)
     stopping = False
@@ -202,7 +207,8 @@ def up(settings: Settings, services: list[str], extra_args: dict[str, list[str]]
         if model is not None:
             name, source = model
             instance = asyncio.run(deploy_and_wait(stack.settings, name, source,
-                                                   time.monotonic() + MODEL_TIMEOUT_S, lambda: stopping, since))
+                                                   time.monotonic() + MODEL_TIMEOUT_S, lambda: stopping, since,
+                                                   engine_args))
             if instance is not None:
                 print(f"shoal: {name} RUNNING as {instance.name} after {time.monotonic() - started:.1f}s",
                       flush=True)

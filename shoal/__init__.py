@@ -1,4 +1,5 @@
-"""Shoal: an LLM serving system. `from shoal import LLM, SamplingParams` as with vLLM.
+"""Shoal: an LLM serving system. `from shoal import LLM, SamplingParams` as with vLLM
+(and StructuredOutputsParams, for guided decoding).
 
 The engine loads lazily (module __getattr__) so `import shoal` stays light for the CLI.
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams"]
 
 
 def __getattr__(name: str) -> Any:
@@ -19,4 +20,8 @@ def __getattr__(name: str) -> Any:
         from shoal.services.worker.engine.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "StructuredOutputsParams":
+        from shoal.services.worker.engine.sampling_params import StructuredOutputsParams
+
+        return StructuredOutputsParams
     raise AttributeError(f"module 'shoal' has no attribute {name!r}")

@@ -12,6 +12,7 @@ from typing import Any
 _EXPORTS = {
     "LLM": "llm",
     "SamplingParams": "sampling_params",
+    "StructuredOutputsParams": "sampling_params",
     "AsyncEngine": "async_engine",
     "EngineConfig": "config",
     "RequestOutput": "request_output",

@@ -14,9 +14,11 @@ def run(code: str) -> str:
 
 
 def test_import_shoal_and_sampling_params_do_not_load_torch():
-    assert run("import sys, shoal\nfrom shoal import SamplingParams\n"
+    assert run("import sys, shoal\nfrom shoal import SamplingParams, StructuredOutputsParams\n"
                "from shoal.services.worker.engine import EngineConfig, SamplingParams as S\n"
-               "assert S is SamplingParams\nprint('torch' in sys.modules)") == "False"
+               "from shoal.services.worker.engine import StructuredOutputsParams as G\n"
+               "assert S is SamplingParams and G is StructuredOutputsParams\n"
+               "print('torch' in sys.modules)") == "False"
 
 
 def test_llm_and_the_engine_exports_resolve():

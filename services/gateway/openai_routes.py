@@ -102,7 +102,8 @@ async def tokenize(request: web.Request) -> web.Response:
         messages = ChatCompletionRequest(model=body.model, messages=body.messages).wire_messages()
     req = TokenizeRequest(model=body.model, prompt=body.prompt, messages=messages,
                           add_special_tokens=body.add_special_tokens,
-                          add_generation_prompt=body.add_generation_prompt)
+                          add_generation_prompt=body.add_generation_prompt,
+                          tools=[t.wire() for t in body.tools] if body.tools else None)
     reply = await st.client.call(body.model, req, TokenizeReply)
     return web.json_response({"count": reply.count, "max_model_len": reply.max_model_len, "tokens": reply.tokens})
 

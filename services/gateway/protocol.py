@@ -206,6 +206,8 @@ class TokenizeBody(_Body):
     messages: list[ChatMessageIn] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    tools: list[ToolBody] | None = None
+    """Rendered into the chat template, as for a chat request (vLLM's /tokenize does too)."""
 
     def check(self) -> None:
         if (self.prompt is None) == (self.messages is None):

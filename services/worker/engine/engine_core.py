@@ -8,9 +8,7 @@ A request with structured outputs waits outside the scheduler until its grammar 
 
 from __future__ import annotations
 
-import logging
 import time
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,11 +22,10 @@ from shoal.services.worker.engine.request_output import (CompletionOutput, Engin
 from shoal.services.worker.engine.sampling_params import SamplingParams
 from shoal.services.worker.engine.scheduler import Scheduler
 from shoal.services.worker.engine.sequence import Sequence, SequenceStatus
-from shoal.services.worker.engine.structured_output import (GrammarCompiler, to_grammar,
-                                                            tokenizer_info)
+from shoal.services.worker.engine.structured_output import (GrammarCompiler, GrammarWaitingRoom,
+                                                            to_grammar, tokenizer_info)
 from shoal.shared.errors import InvalidRequest
 
-log = logging.getLogger(__name__)
 COMPILE_WAIT_S = 0.05
 """With nothing to run but grammars compiling, a step waits this long for one at most."""
 
@@ -67,8 +64,6 @@ class _Request:
     sent_finished: list[bool] = field(default_factory=list)
     sent_prompt_logprobs: bool = False
     has_first_token: bool = False
-    grammar: futures.Future[Any] | None = None
-    """The compiling grammar of a request that has not entered the scheduler yet."""
 
 
 class EngineCore:
@@ -90,8 +85,7 @@ class EngineCore:
         self.scheduler = Scheduler(config, runner.num_kv_blocks, runner.max_model_len,
                                    frozenset(runner.eos_token_ids))
         self._requests: dict[str, _Request] = {}
-        self._compiling: dict[str, _Request] = {}
-        """Requests waiting for their grammar, in arrival order."""
+        self._compiling = GrammarWaitingRoom()
         self.grammars = GrammarCompiler(lambda: tokenizer_info(
             self.tokenizer, runner.vocab_size, runner.eos_token_ids))
         self._next_seq_id = 0
@@ -129,8 +123,7 @@ class EngineCore:
             request_id, prompt, prompt_token_ids, params, seqs, detoks, output_kind, arrival,
             num_decoded=[0] * params.n, num_sent=[0] * params.n, sent_finished=[False] * params.n)
         if params.structured_outputs is not None:
-            req.grammar = self.grammars.compile(params.structured_outputs)
-            self._compiling[request_id] = req
+            self._compiling.park(request_id, self.grammars.compile(params.structured_outputs), seqs)
         else:
             self.scheduler.add(seqs)
         self._requests[request_id] = req
@@ -141,9 +134,7 @@ class EngineCore:
         if req is None:
             return None
         self.scheduler.abort(request_id)
-        if self._compiling.pop(request_id, None) is not None:
-            for seq in req.seqs:  # never scheduled: the scheduler does not know them
-                seq.status = SequenceStatus.FINISHED_ABORTED
+        self._compiling.discard(request_id)
         for detok in req.detoks:
             detok.finish()
         del self._requests[request_id]
@@ -178,39 +169,22 @@ class EngineCore:
         return outputs
 
     def _admit_compiled(self) -> list[RequestOutput]:
-        """Move requests whose grammar is ready into the scheduler (waiting briefly when nothing
-        else can run). A compile that fails after the spec parsed ends its request as aborted."""
+        """Requests whose grammar is ready join the scheduler (the step waits a little for one
+        when nothing else can run). A compile that fails after the spec parsed aborts it."""
         if not self._compiling:
             return []
-        if not self.scheduler.has_unfinished():
-            pending = [req.grammar for req in self._compiling.values() if req.grammar is not None]
-            futures.wait(pending, timeout=COMPILE_WAIT_S, return_when=futures.FIRST_COMPLETED)
-        failed = []
-        for request_id, req in list(self._compiling.items()):
-            grammar = req.grammar
-            assert grammar is not None
-            if not grammar.done():
-                continue
-            if grammar.exception() is not None:
-                log.error("compiling the grammar of request %s failed", request_id,
-                          exc_info=grammar.exception())
-                output = self.abort(request_id)
-                failed += [output] if output is not None else []
-                continue
-            del self._compiling[request_id]
-            req.grammar = None
-            params = req.params.with_compiled_grammar(grammar.result())
-            for seq in req.seqs:
-                seq.params = params
-            self.scheduler.add(req.seqs)
-        return failed
+        ready, failed = self._compiling.take_ready(
+            0.0 if self.scheduler.has_unfinished() else COMPILE_WAIT_S)
+        for seqs in ready:
+            self.scheduler.add(seqs)
+        outputs = [self.abort(request_id) for request_id in failed]
+        return [output for output in outputs if output is not None]
 
     def stats(self) -> EngineStats:
         bm = self.scheduler.block_manager
-        num_compiling = sum(len(req.seqs) for req in self._compiling.values())
         return EngineStats(
             num_running=self.scheduler.num_running,
-            num_waiting=self.scheduler.num_waiting + num_compiling,
+            num_waiting=self.scheduler.num_waiting + self._compiling.num_seqs,
             kv_cache_usage=bm.usage, num_preemptions=self.scheduler.num_preemptions,
             prefix_cache_queries=bm.num_prefix_queries, prefix_cache_hits=bm.num_prefix_hits,
             prompt_tokens=self._num_prompt_tokens, generation_tokens=self._num_generation_tokens)

@@ -10,7 +10,8 @@ import logging
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ import torch
 import xgrammar as xgr
 
 from shoal.services.worker.engine.sampling_params import StructuredOutputsParams
+from shoal.services.worker.engine.sequence import Sequence, SequenceStatus
 from shoal.shared.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -48,13 +50,13 @@ def to_grammar(spec: StructuredOutputsParams) -> xgr.Grammar:
                              param=f"structured_outputs.{kind}") from None
 
 
-def choice_ebnf(choices: Sequence[str]) -> str:
+def choice_ebnf(choices: Iterable[str]) -> str:
     """root ::= "a" | "b": JSON string escapes are valid EBNF literal escapes."""
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
 def tokenizer_info(tokenizer: Any, vocab_size: int,
-                   eos_token_ids: Sequence[int]) -> xgr.TokenizerInfo:
+                   eos_token_ids: Iterable[int]) -> xgr.TokenizerInfo:
     """xgrammar's view of a Hugging Face tokenizer; the engine's EOS ids end a finished grammar."""
     return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                               stop_token_ids=sorted(eos_token_ids))
@@ -99,6 +101,61 @@ class GrammarCompiler:
 
 
 @dataclass(slots=True)
+class _Parked:
+    grammar: Future[xgr.CompiledGrammar]
+    seqs: list[Sequence]
+
+
+class GrammarWaitingRoom:
+    """Requests whose grammar is still compiling, in arrival order: they reach the scheduler
+    only once it is ready, their sequences carrying it (SamplingParams.compiled_grammar)."""
+
+    def __init__(self) -> None:
+        self._parked: dict[str, _Parked] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._parked)
+
+    @property
+    def num_seqs(self) -> int:
+        return sum(len(parked.seqs) for parked in self._parked.values())
+
+    def park(self, request_id: str, grammar: Future[xgr.CompiledGrammar],
+             seqs: list[Sequence]) -> None:
+        self._parked[request_id] = _Parked(grammar, seqs)
+
+    def discard(self, request_id: str) -> bool:
+        """Forget a parked request (aborted): its sequences end as aborted."""
+        parked = self._parked.pop(request_id, None)
+        for seq in parked.seqs if parked is not None else []:
+            seq.status = SequenceStatus.FINISHED_ABORTED
+        return parked is not None
+
+    def take_ready(self, wait_s: float = 0.0) -> tuple[list[list[Sequence]], list[str]]:
+        """(the sequences of each request whose grammar is ready, now carrying it; the ids of
+        requests whose compile failed, still parked). Waits up to wait_s when none is ready."""
+        if wait_s > 0 and self._parked:
+            futures.wait([p.grammar for p in self._parked.values()], timeout=wait_s,
+                         return_when=futures.FIRST_COMPLETED)
+        ready: list[list[Sequence]] = []
+        failed: list[str] = []
+        for request_id, parked in list(self._parked.items()):
+            if not parked.grammar.done():
+                continue
+            if parked.grammar.exception() is not None:
+                log.error("compiling the grammar of request %s failed", request_id,
+                          exc_info=parked.grammar.exception())
+                failed.append(request_id)
+                continue
+            del self._parked[request_id]
+            params = parked.seqs[0].params.with_compiled_grammar(parked.grammar.result())
+            for seq in parked.seqs:
+                seq.params = params
+            ready.append(parked.seqs)
+        return ready, failed
+
+
+@dataclass(slots=True)
 class GrammarState:
     """One sequence's matcher. It follows the sequence's output tokens lazily (`catch_up`), so a
     preempted and recomputed sequence, whose tokens do not change, needs nothing special."""
@@ -114,7 +171,7 @@ class GrammarState:
         matcher = xgr.GrammarMatcher(compiled)
         return cls(matcher, list(compiled.tokenizer_info.stop_token_ids))
 
-    def catch_up(self, output_token_ids: Sequence[int]) -> None:
+    def catch_up(self, output_token_ids: list[int]) -> None:
         """Accept the output tokens sampled since the last call."""
         for token in output_token_ids[self.num_accepted:]:
             self.num_accepted += 1

@@ -11,12 +11,15 @@ work at all.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from shoal.services.worker.engine.outputs import TokenLogprob
 from shoal.services.worker.engine.sampling_params import SamplingParams
-from shoal.services.worker.engine.structured_output import GrammarRows, GrammarState, apply_bitmask
+
+if TYPE_CHECKING:
+    from shoal.services.worker.engine.structured_output import GrammarState
 
 
 @dataclass(slots=True)
@@ -42,13 +45,13 @@ def mix_seed(seed: int, offset: int) -> int:
 def sample(logits: torch.Tensor, states: list[SeqState], eos_token_ids: frozenset[int]
            ) -> tuple[list[int], list[TokenLogprob | None]]:
     """logits [num_seqs, vocab] float32 (modified in place) -> (token per seq, logprob per seq)."""
-    grammar_rows = _grammar_rows(states)
-    if grammar_rows.rows:
-        apply_bitmask(logits, grammar_rows)
+    grammar_rows = [i for i, s in enumerate(states) if s.params.compiled_grammar is not None]
+    if grammar_rows:
+        _apply_grammars(logits, states, grammar_rows)
     lp_rows = [i for i, s in enumerate(states) if s.params.logprobs is not None]
     raw_lps = torch.log_softmax(logits[lp_rows], dim=-1) if lp_rows else None  # [len, vocab]
     # A finished grammar allows only EOS, which min_tokens bans: the grammar wins.
-    guarded = [i for i in grammar_rows.rows
+    guarded = [i for i in grammar_rows
                if len(states[i].token_ids) - states[i].prompt_len < states[i].params.min_tokens]
     masked = logits[guarded].clone() if guarded else None  # [len(guarded), vocab]
     for i, s in enumerate(states):
@@ -76,19 +79,19 @@ def sample(logits: torch.Tensor, states: list[SeqState], eos_token_ids: frozense
     return token_list, logprobs
 
 
-def _grammar_rows(states: list[SeqState]) -> GrammarRows:
-    """The constrained rows, each matcher (made on first use) caught up with its output tokens."""
-    found = GrammarRows()
-    for i, s in enumerate(states):
-        compiled = s.params.compiled_grammar
-        if compiled is None:
-            continue
+def _apply_grammars(logits: torch.Tensor, states: list[SeqState], rows: list[int]) -> None:
+    """Mask the constrained rows: each sequence's matcher (made at its first sample) catches up
+    with its output tokens, then forbids what its grammar does not allow next."""
+    from shoal.services.worker.engine.structured_output import GrammarState, apply_bitmask
+
+    grammars = []
+    for i in rows:
+        s = states[i]
         if s.grammar is None:
-            s.grammar = GrammarState.create(compiled)
+            s.grammar = GrammarState.create(s.params.compiled_grammar)
         s.grammar.catch_up(s.token_ids[s.prompt_len:])
-        found.rows.append(i)
-        found.states.append(s.grammar)
-    return found
+        grammars.append(s.grammar)
+    apply_bitmask(logits, rows, grammars)
 
 
 def _apply_penalties(row: torch.Tensor, s: SeqState, eos_token_ids: frozenset[int]) -> None:

@@ -1,6 +1,9 @@
 """Structured outputs (guided decoding) on xgrammar: check a spec when a request is added, compile
 it once per distinct spec on a background thread (never on the step loop), and per sequence a
 matcher that fills the token bitmask each step and follows the tokens the sequence sampled.
+
+The engine imports this module only for its first constrained request, so an engine that never
+sees one never loads xgrammar.
 """
 
 from __future__ import annotations
@@ -11,16 +14,14 @@ import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import xgrammar as xgr
 
 from shoal.services.worker.engine.sampling_params import StructuredOutputsParams
-from shoal.services.worker.engine.sequence import Sequence, SequenceStatus
 from shoal.shared.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -101,61 +102,6 @@ class GrammarCompiler:
 
 
 @dataclass(slots=True)
-class _Parked:
-    grammar: Future[xgr.CompiledGrammar]
-    seqs: list[Sequence]
-
-
-class GrammarWaitingRoom:
-    """Requests whose grammar is still compiling, in arrival order: they reach the scheduler
-    only once it is ready, their sequences carrying it (SamplingParams.compiled_grammar)."""
-
-    def __init__(self) -> None:
-        self._parked: dict[str, _Parked] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._parked)
-
-    @property
-    def num_seqs(self) -> int:
-        return sum(len(parked.seqs) for parked in self._parked.values())
-
-    def park(self, request_id: str, grammar: Future[xgr.CompiledGrammar],
-             seqs: list[Sequence]) -> None:
-        self._parked[request_id] = _Parked(grammar, seqs)
-
-    def discard(self, request_id: str) -> bool:
-        """Forget a parked request (aborted): its sequences end as aborted."""
-        parked = self._parked.pop(request_id, None)
-        for seq in parked.seqs if parked is not None else []:
-            seq.status = SequenceStatus.FINISHED_ABORTED
-        return parked is not None
-
-    def take_ready(self, wait_s: float = 0.0) -> tuple[list[list[Sequence]], list[str]]:
-        """(the sequences of each request whose grammar is ready, now carrying it; the ids of
-        requests whose compile failed, still parked). Waits up to wait_s when none is ready."""
-        if wait_s > 0 and self._parked:
-            futures.wait([p.grammar for p in self._parked.values()], timeout=wait_s,
-                         return_when=futures.FIRST_COMPLETED)
-        ready: list[list[Sequence]] = []
-        failed: list[str] = []
-        for request_id, parked in list(self._parked.items()):
-            if not parked.grammar.done():
-                continue
-            if parked.grammar.exception() is not None:
-                log.error("compiling the grammar of request %s failed", request_id,
-                          exc_info=parked.grammar.exception())
-                failed.append(request_id)
-                continue
-            del self._parked[request_id]
-            params = parked.seqs[0].params.with_compiled_grammar(parked.grammar.result())
-            for seq in parked.seqs:
-                seq.params = params
-            ready.append(parked.seqs)
-        return ready, failed
-
-
-@dataclass(slots=True)
 class GrammarState:
     """One sequence's matcher. It follows the sequence's output tokens lazily (`catch_up`), so a
     preempted and recomputed sequence, whose tokens do not change, needs nothing special."""
@@ -197,23 +143,14 @@ def _bit(offset: int) -> int:
     return (1 << offset) - (1 << 32 if offset == 31 else 0)
 
 
-@dataclass(slots=True)
-class GrammarRows:
-    """The constrained rows of one sampling step and their states (rows index the logits)."""
-
-    rows: list[int] = field(default_factory=list)
-    states: list[GrammarState] = field(default_factory=list)
-
-
-def apply_bitmask(logits: torch.Tensor, grammar_rows: GrammarRows) -> None:
-    """logits [num_rows, vocab] (in place): every token the row's grammar forbids gets -inf.
-
-    Only the listed rows are touched; xgrammar's kernel does the masking (C++ on CPU, Triton on
-    CUDA). The bitmask is filled on the CPU and copied once to the logits' device."""
+def apply_bitmask(logits: torch.Tensor, rows: list[int], states: list[GrammarState]) -> None:
+    """logits [num_rows, vocab] (in place): in each listed row, every token its grammar forbids
+    gets -inf; other rows are untouched. xgrammar's kernel masks (C++ on CPU, Triton on CUDA);
+    the bitmask is filled on the CPU and copied once to the logits' device."""
     num_rows, vocab = logits.shape
     bitmask = xgr.allocate_token_bitmask(num_rows, vocab)  # [num_rows, ceil(vocab / 32)], all -1
-    for row, state in zip(grammar_rows.rows, grammar_rows.states):
+    for row, state in zip(rows, states):
         state.fill(bitmask, row)
     if logits.device.type != "cpu":
         bitmask = bitmask.to(logits.device, non_blocking=True)
-    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=grammar_rows.rows)
+    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=rows)

@@ -1,10 +1,14 @@
 """EngineCore with structured outputs over the fake runner: a request waits outside the scheduler
 until its grammar is compiled, then runs carrying it; a bad spec is refused at add time; an
-abort while compiling ends the request; unconstrained requests are not held up."""
+abort while compiling ends the request; unconstrained requests are not held up, and an engine
+that never sees a constrained request never loads xgrammar."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import xgrammar as xgr
@@ -31,7 +35,7 @@ def make_core(gate: threading.Event | None = None) -> EngineCore:
         vocab = [f"<{i}>" if i == EOS else chr(ord("a") + i % 26) for i in range(VOCAB)]
         return xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, stop_token_ids=[EOS])
 
-    core.grammars = GrammarCompiler(make_info)
+    core.grammar_gate.compiler = GrammarCompiler(make_info)
     return core
 
 
@@ -59,7 +63,7 @@ def test_bad_spec_is_refused_at_add_time_and_nothing_is_queued() -> None:
     with pytest.raises(InvalidRequest) as err:
         core.add_request("r", [1, 2], bad)
     assert err.value.param == "structured_outputs.regex"
-    assert not core.has_unfinished() and core.grammars.num_compiled == 0
+    assert not core.has_unfinished() and core.grammar_gate.compiler.num_compiled == 0
 
 
 def test_abort_while_compiling_ends_the_request() -> None:
@@ -79,7 +83,7 @@ def test_a_failed_compile_ends_its_request_and_the_engine_goes_on() -> None:
     def broken_info() -> xgr.TokenizerInfo:
         raise RuntimeError("no vocabulary")
 
-    core.grammars = GrammarCompiler(broken_info)
+    core.grammar_gate.compiler = GrammarCompiler(broken_info)
     core.add_request("json", [1, 2], SamplingParams(max_tokens=2, structured_outputs=JSON))
     core.add_request("free", [1, 2], SamplingParams(max_tokens=2))
     finished = {}
@@ -96,4 +100,25 @@ def test_one_compile_serves_every_request_with_the_same_spec() -> None:
         core.add_request(str(i), [1, 2], SamplingParams(max_tokens=2, structured_outputs=JSON))
     while core.has_unfinished():
         core.step()
-    assert core.grammars.num_compiled == 1
+    assert core.grammar_gate.compiler.num_compiled == 1
+
+
+def test_an_engine_without_constrained_requests_never_loads_xgrammar() -> None:
+    code = (
+        "import sys, torch\n"
+        "from tests.unit.engine.engine_helpers import CharTokenizer, FakeRunner\n"
+        "from shoal.services.worker.engine.config import EngineConfig\n"
+        "from shoal.services.worker.engine.engine_core import EngineCore\n"
+        "from shoal.services.worker.engine.sampler import SeqState, sample\n"
+        "from shoal.services.worker.engine.sampling_params import SamplingParams\n"
+        "core = EngineCore(EngineConfig(model='fake', block_size=4), runner=FakeRunner(\n"
+        "    block_size=4), tokenizer=CharTokenizer())\n"
+        "core.add_request('r', [1, 2], SamplingParams(max_tokens=3))\n"
+        "while core.has_unfinished():\n"
+        "    core.step()\n"
+        "state = SeqState(params=SamplingParams(temperature=0), token_ids=[1], prompt_len=1)\n"
+        "sample(torch.zeros(2, 8), [state, state], frozenset())\n"
+        "print('xgrammar' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[3], check=True)
+    assert out.stdout.strip() == "False"

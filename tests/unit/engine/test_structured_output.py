@@ -12,12 +12,12 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from shoal.services.worker.engine import sampler
+from shoal.services.worker.engine import structured_output
 from shoal.services.worker.engine.sampler import SeqState, sample
 from shoal.services.worker.engine.sampling_params import SamplingParams, StructuredOutputsParams
-from shoal.services.worker.engine.structured_output import (GrammarCompiler, GrammarRows,
-                                                            GrammarState, apply_bitmask,
-                                                            choice_ebnf, to_grammar)
+from shoal.services.worker.engine.structured_output import (GrammarCompiler, GrammarState,
+                                                            apply_bitmask, choice_ebnf,
+                                                            to_grammar)
 from shoal.shared.errors import InvalidRequest
 
 VOCAB = ["a", "b", "c", "1", "2", "{", "}", '"', ":", " ", "ab", "<eos>", "x"]
@@ -154,14 +154,14 @@ def test_bitmask_forbids_exactly_the_illegal_tokens_of_the_listed_rows() -> None
     logits = torch.randn(3, len(VOCAB))
     before = logits.clone()
     state = GrammarState.create(grammar)
-    apply_bitmask(logits, GrammarRows([1], [state]))
+    apply_bitmask(logits, [1], [state])
     assert torch.equal(logits[0], before[0]) and torch.equal(logits[2], before[2])
     allowed = {i for i in range(len(VOCAB)) if logits[1, i] != float("-inf")}
     assert allowed == {TOKEN["a"], TOKEN["ab"]}
     assert torch.equal(logits[1, sorted(allowed)], before[1, sorted(allowed)])
     state.catch_up([TOKEN["ab"]])
     logits = torch.zeros(2, len(VOCAB))
-    apply_bitmask(logits, GrammarRows([0], [state]))
+    apply_bitmask(logits, [0], [state])
     assert {i for i in range(len(VOCAB)) if logits[0, i] == 0} == {TOKEN["1"]}
 
 
@@ -171,7 +171,7 @@ def test_a_finished_grammar_allows_only_eos_also_after_eos() -> None:
     for extra in ([], [EOS], [EOS, EOS]):  # ignore_eos keeps sampling after the stop token
         state.catch_up([TOKEN["ab"], *extra])
         logits = torch.zeros(1, len(VOCAB))
-        apply_bitmask(logits, GrammarRows([0], [state]))
+        apply_bitmask(logits, [0], [state])
         assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [EOS]
 
 
@@ -251,7 +251,8 @@ def test_unconstrained_batches_do_no_grammar_work(monkeypatch) -> None:
     def boom(*args: object) -> None:
         raise AssertionError("bitmask work for an unconstrained batch")
 
-    monkeypatch.setattr(sampler, "apply_bitmask", boom)
+    monkeypatch.setattr(structured_output, "apply_bitmask", boom)
+    monkeypatch.setattr(structured_output.GrammarState, "create", boom)
     states = [SeqState(params=SamplingParams(temperature=0.0), token_ids=[1], prompt_len=1)
               for _ in range(3)]
     logits = torch.randn(3, len(VOCAB))

@@ -22,8 +22,7 @@ from shoal.services.worker.engine.request_output import (CompletionOutput, Engin
 from shoal.services.worker.engine.sampling_params import SamplingParams
 from shoal.services.worker.engine.scheduler import Scheduler
 from shoal.services.worker.engine.sequence import Sequence, SequenceStatus
-from shoal.services.worker.engine.structured_output import (GrammarCompiler, GrammarWaitingRoom,
-                                                            to_grammar, tokenizer_info)
+from shoal.services.worker.engine.grammar_gate import GrammarGate
 from shoal.shared.errors import InvalidRequest
 
 COMPILE_WAIT_S = 0.05
@@ -85,9 +84,7 @@ class EngineCore:
         self.scheduler = Scheduler(config, runner.num_kv_blocks, runner.max_model_len,
                                    frozenset(runner.eos_token_ids))
         self._requests: dict[str, _Request] = {}
-        self._compiling = GrammarWaitingRoom()
-        self.grammars = GrammarCompiler(lambda: tokenizer_info(
-            self.tokenizer, runner.vocab_size, runner.eos_token_ids))
+        self.grammar_gate = GrammarGate(tokenizer, runner.vocab_size, runner.eos_token_ids)
         self._next_seq_id = 0
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
@@ -103,7 +100,7 @@ class EngineCore:
             raise InvalidRequest(f"prompt token ids must be integers in [0, {vocab})", param="prompt")
         self.scheduler.check_request(len(prompt_token_ids), params)
         if params.structured_outputs is not None:
-            to_grammar(params.structured_outputs)  # a bad schema / regex / grammar: 400 now
+            self.grammar_gate.check(params.structured_outputs)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     arrival_time: float | None = None, *, prompt: str | None = None,
@@ -123,7 +120,7 @@ class EngineCore:
             request_id, prompt, prompt_token_ids, params, seqs, detoks, output_kind, arrival,
             num_decoded=[0] * params.n, num_sent=[0] * params.n, sent_finished=[False] * params.n)
         if params.structured_outputs is not None:
-            self._compiling.park(request_id, self.grammars.compile(params.structured_outputs), seqs)
+            self.grammar_gate.park(request_id, params.structured_outputs, seqs)
         else:
             self.scheduler.add(seqs)
         self._requests[request_id] = req
@@ -134,14 +131,14 @@ class EngineCore:
         if req is None:
             return None
         self.scheduler.abort(request_id)
-        self._compiling.discard(request_id)
+        self.grammar_gate.discard(request_id)
         for detok in req.detoks:
             detok.finish()
         del self._requests[request_id]
         return self._make_output(req, force=True)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._compiling)
+        return self.scheduler.has_unfinished() or bool(self.grammar_gate)
 
     def step(self) -> list[RequestOutput]:
         failed = self._admit_compiled()
@@ -171,9 +168,9 @@ class EngineCore:
     def _admit_compiled(self) -> list[RequestOutput]:
         """Requests whose grammar is ready join the scheduler (the step waits a little for one
         when nothing else can run). A compile that fails after the spec parsed aborts it."""
-        if not self._compiling:
+        if not self.grammar_gate:
             return []
-        ready, failed = self._compiling.take_ready(
+        ready, failed = self.grammar_gate.take_ready(
             0.0 if self.scheduler.has_unfinished() else COMPILE_WAIT_S)
         for seqs in ready:
             self.scheduler.add(seqs)
@@ -184,7 +181,7 @@ class EngineCore:
         bm = self.scheduler.block_manager
         return EngineStats(
             num_running=self.scheduler.num_running,
-            num_waiting=self.scheduler.num_waiting + self._compiling.num_seqs,
+            num_waiting=self.scheduler.num_waiting + self.grammar_gate.num_seqs,
             kv_cache_usage=bm.usage, num_preemptions=self.scheduler.num_preemptions,
             prefix_cache_queries=bm.num_prefix_queries, prefix_cache_hits=bm.num_prefix_hits,
             prompt_tokens=self._num_prompt_tokens, generation_tokens=self._num_generation_tokens)

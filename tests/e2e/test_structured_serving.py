@@ -15,12 +15,57 @@ import openai
 import pydantic
 import pytest
 
+from shoal.services.gateway.service import run_gateway
+from shoal.services.scheduler.replica import run_scheduler
+from shoal.services.worker.agent import run_worker
 from shoal.services.worker.model_prep import smollm2_gguf_path
-from shoal.shared.schemas.registry import ModelCreate
-from tests.e2e.test_serving import (ENGINE_ARGS, async_api, running_instance,  # noqa: F401
-                                    stack, sync_api)  # stack: that module's fixture, run here
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.embedded import free_port
+from shoal.shared.schemas.registry import DeleteRequest, ModelCreate
+from tests.e2e.test_serving import ENGINE_ARGS, async_api, running_instance, sync_api
+from tests.integration.conftest import make_settings, running_registry
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+async def stack(servers, tmp_path_factory):
+    """test_serving's stack, isolated from the modules before it in the session (they share the
+    database): their models are deleted first, and ours run only on this stack's worker (a
+    label), never on a worker of theirs that has not yet been seen to stop heartbeating. It
+    serves two deployments of SmolLM2: the plain one, and one with tool_call_parser=hermes."""
+    settings = make_settings(servers, tmp_path_factory.mktemp("structured-e2e"), drain_timeout=5.0,
+                             engine_restart_max_backoff=2.0, gateway_engine_dead_after=2.0,
+                             gateway_port=free_port(None), scheduler_interval=1.0)
+    tag = uuid.uuid4().hex[:6]
+    async with running_registry(settings):
+        bus = await Bus.connect(settings, name="structured-e2e")
+        client = RegistryClient(bus)
+        for leftover in await client.list_models():
+            await client.delete_model(DeleteRequest(id=leftover.id))
+        stop = asyncio.Event()
+        tasks = []
+        worker = {"worker_name": f"real-{tag}", "worker_labels": {"stack": tag}}
+        for run, extra in ((run_scheduler, {}), (run_worker, worker), (run_gateway, {})):
+            ready = asyncio.Event()
+            tasks.append(asyncio.create_task(run(settings.model_copy(update=extra), stop, ready)))
+            await asyncio.wait_for(ready.wait(), 30)
+        models = []
+        for name, args in ((f"smol-{tag}", ENGINE_ARGS),
+                           (f"smol-hermes-{tag}", {**ENGINE_ARGS, "tool_call_parser": "hermes"})):
+            models.append(await client.create_model(ModelCreate(
+                name=name, source=str(smollm2_gguf_path()), device="cpu", max_model_len=512,
+                worker_selector={"stack": tag}, engine_args=args)))
+        for model in models:
+            await running_instance(client, model.id)
+        try:
+            yield settings, models[0], models[1], f"http://127.0.0.1:{settings.gateway_port}"
+        finally:
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
+            await bus.close()
+
 
 WEATHER_ARGS = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 30},
@@ -54,7 +99,7 @@ def check_arguments(name: str, arguments: str) -> None:
 
 
 async def test_json_schema_response_format_validates(stack) -> None:
-    settings, client, model, inst, url = stack
+    settings, model, hermes_model, url = stack
     api = sync_api(url)
     reply = await asyncio.to_thread(lambda: api.chat.completions.create(
         model=model.name, temperature=0, max_tokens=80,
@@ -72,7 +117,7 @@ async def test_json_schema_response_format_validates(stack) -> None:
 
 
 async def test_guided_fields_of_vllm_constrain_completions(stack) -> None:
-    settings, client, model, inst, url = stack
+    settings, model, hermes_model, url = stack
     api = async_api(url)
     regex = await api.completions.create(
         model=model.name, prompt="The year the Berlin wall fell:", temperature=0, max_tokens=10,
@@ -85,7 +130,7 @@ async def test_guided_fields_of_vllm_constrain_completions(stack) -> None:
 
 
 async def test_named_tool_choice_answers_with_a_tool_call(stack) -> None:
-    settings, client, model, inst, url = stack
+    settings, model, hermes_model, url = stack
     reply = await async_api(url).chat.completions.create(
         model=model.name, messages=ASK, temperature=0, max_tokens=60, tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_weather"}})
@@ -98,7 +143,7 @@ async def test_named_tool_choice_answers_with_a_tool_call(stack) -> None:
 
 
 async def test_required_tool_choice_calls_the_given_tools(stack) -> None:
-    settings, client, model, inst, url = stack
+    settings, model, hermes_model, url = stack
     reply = await async_api(url).chat.completions.create(
         model=model.name, messages=ASK, temperature=0, max_tokens=120, tools=TOOLS,
         tool_choice="required")
@@ -112,7 +157,7 @@ async def test_required_tool_choice_calls_the_given_tools(stack) -> None:
 @pytest.mark.parametrize("tool_choice", [
     {"type": "function", "function": {"name": "get_time"}}, "required"])
 async def test_streamed_tool_call_deltas_add_up_to_the_answer(stack, tool_choice) -> None:
-    settings, client, model, inst, url = stack
+    settings, model, hermes_model, url = stack
     api = async_api(url)
     args = dict(model=model.name, messages=ASK, temperature=0, max_tokens=120, tools=TOOLS,
                 tool_choice=tool_choice)
@@ -136,7 +181,7 @@ async def test_streamed_tool_call_deltas_add_up_to_the_answer(stack, tool_choice
 
 
 async def test_bad_structured_requests_are_400s_naming_the_param(stack) -> None:
-    settings, client, model, inst, url = stack
+    settings, model, hermes_model, url = stack
     api = async_api(url)
     bad = [
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
@@ -157,21 +202,10 @@ async def test_bad_structured_requests_are_400s_naming_the_param(stack) -> None:
         assert err.value.status_code == 400 and err.value.param == param, (fields, err.value)
 
 
-@pytest.fixture(scope="module")
-async def hermes_model(stack):
-    """A second deployment of SmolLM2 whose engine parses "auto" answers with hermes."""
-    settings, client, model, inst, url = stack
-    hermes = await client.create_model(ModelCreate(
-        name=f"smol-hermes-{uuid.uuid4().hex[:6]}", source=str(smollm2_gguf_path()), device="cpu",
-        max_model_len=512, engine_args={**ENGINE_ARGS, "tool_call_parser": "hermes"}))
-    await running_instance(client, hermes.id)
-    return hermes
-
-
-async def test_auto_tool_choice_reads_hermes_tool_calls(stack, hermes_model) -> None:
+async def test_auto_tool_choice_reads_hermes_tool_calls(stack) -> None:
     """SmolLM2 was not trained for tools, so guided_choice makes it answer in hermes' format:
     the parser, not the model, is under test. Without the guide it answers in plain text."""
-    settings, client, model, inst, url = stack
+    settings, model, hermes_model, url = stack
     api = async_api(url)
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": ' \
            '"celsius"}}\n</tool_call>'

@@ -88,6 +88,8 @@ class WorkerAgent:
                     await self._verify_registration()
             except ShoalError as exc:
                 log.warning("heartbeat failed: %s", exc.message)
+            except Exception:  # noqa: BLE001 - one bad beat must not end the heartbeats for good
+                log.exception("heartbeat failed")
             try:
                 await asyncio.wait_for(stop.wait(), self.settings.heartbeat_interval)
             except asyncio.TimeoutError:

@@ -46,7 +46,10 @@ async def running_instance(client: RegistryClient, model_id: str, timeout: float
 
 @pytest.fixture(scope="module")
 async def stack(servers, tmp_path_factory):
+    # heartbeat_timeout 10 s, not the integration tests' 2 s: a test here loads an offline LLM
+    # in this process, which can starve the worker's heartbeats for seconds on a loaded machine
     settings = make_settings(servers, tmp_path_factory.mktemp("serving-e2e"), drain_timeout=5.0,
+                             heartbeat_timeout=10.0,
                              engine_restart_max_backoff=2.0, gateway_engine_dead_after=2.0,
                              gateway_port=free_port(None), scheduler_interval=1.0)
     async with running_registry(settings):

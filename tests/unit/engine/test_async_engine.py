@@ -234,3 +234,30 @@ async def test_a_slow_reader_gets_merged_deltas_that_add_up_to_the_same_result()
     finally:
         fast_engine.shutdown()
         slow_engine.shutdown()
+
+
+async def test_a_config_engine_loads_its_model_on_the_stepping_thread(tmp_path, monkeypatch):
+    """torch stepped 1.5-1.8x slower on a thread other than the one that loaded the model (2 CPU
+    cores): the engine thread builds the core itself, and a load error reaches the caller."""
+    from tests.tiny_models import save_tiny_model
+    from shoal.services.worker.engine import model_runner as model_runner_module
+
+    loaded_on: list[str] = []
+    real_runner = model_runner_module.ModelRunner
+
+    def recording_runner(*args, **kwargs):
+        loaded_on.append(threading.current_thread().name)
+        return real_runner(*args, **kwargs)
+
+    monkeypatch.setattr(model_runner_module, "ModelRunner", recording_runner)
+    folder = save_tiny_model("llama", tmp_path / "llama")
+    engine = AsyncEngine(EngineConfig(model=str(folder), num_kv_blocks=32, block_size=4))
+    try:
+        out = [o async for o in engine.generate("r", [5, 6, 7], SamplingParams(max_tokens=3))]
+        assert out[-1].finished and out[-1].num_generated_tokens >= 1
+        assert loaded_on == ["shoal-engine"] and engine.is_running
+    finally:
+        engine.shutdown()
+    with pytest.raises(Exception) as failed:
+        AsyncEngine(EngineConfig(model=str(tmp_path / "missing")))
+    assert "missing" in str(failed.value)

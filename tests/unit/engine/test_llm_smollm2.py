@@ -14,16 +14,6 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, t
 
 
 @pytest.fixture(scope="module")
-def gguf() -> str:
-    from shoal.services.worker.model_prep import smollm2_gguf_path
-
-    try:
-        return str(smollm2_gguf_path())
-    except Exception as exc:
-        pytest.skip(f"SmolLM2 is not available: {exc}")
-
-
-@pytest.fixture(scope="module")
 def llm(gguf):
     from shoal.services.worker.engine.llm import LLM
 

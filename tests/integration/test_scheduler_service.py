@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 from tests.integration.sched_helpers import (
-    all_scheduled, instances_of, llama_config, start_worker, wait_for,
+    all_scheduled, delete_models, instances_of, llama_config, start_worker, stop_workers,
+    wait_for,
 )
 
 from shoal.services.scheduler.planner import Planner, plan_placement
@@ -22,7 +23,7 @@ from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.schemas.registry import (
-    DeleteRequest, InstanceCreate, InstancePublic, ModelCreate, ModelUpdate,
+    InstanceCreate, InstancePublic, ModelCreate, ModelUpdate,
 )
 from shoal.shared.states import InstanceState, WorkerState
 
@@ -119,13 +120,8 @@ async def test_place_reschedule_and_explain(client: RegistryClient, settings: Se
             await client.update_model(ModelUpdate(id=small.id, version=small.version, replicas=1))
             await wait_for(lambda: all_scheduled(client, small.id, 1), 10, "small scaled to 1")
     finally:
-        for task, stop in workers:
-            stop.set()
-            with contextlib.suppress(Exception):
-                await task
-        for m in await client.list_models():
-            if m.name.endswith(tag):
-                await client.delete_model(DeleteRequest(id=m.id))
+        await stop_workers(workers)
+        await delete_models(client, tag)
 
 
 async def test_two_schedulers_never_double_place(client: RegistryClient, bus: Bus,
@@ -162,10 +158,5 @@ async def test_two_schedulers_never_double_place(client: RegistryClient, bus: Bu
         gpus = [(i.worker_id, g) for i in again for g in i.gpu_indexes]
         assert len(gpus) == 4 and len(set(gpus)) == 4
     finally:
-        for task, stop in workers:
-            stop.set()
-            with contextlib.suppress(Exception):
-                await task
-        for m in await client.list_models():
-            if m.name.endswith(tag):
-                await client.delete_model(DeleteRequest(id=m.id))
+        await stop_workers(workers)
+        await delete_models(client, tag)

@@ -89,7 +89,7 @@ def _apply_grammars(logits: torch.Tensor, states: list[SeqState], rows: list[int
         s = states[i]
         if s.grammar is None:
             s.grammar = GrammarState.create(s.params.compiled_grammar)
-        s.grammar.catch_up(s.token_ids[s.prompt_len:])
+        s.grammar.catch_up(s.token_ids, s.prompt_len)
         grammars.append(s.grammar)
     apply_bitmask(logits, rows, grammars)
 

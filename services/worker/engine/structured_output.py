@@ -8,6 +8,7 @@ sees one never loads xgrammar.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -117,9 +118,10 @@ class GrammarState:
         matcher = xgr.GrammarMatcher(compiled)
         return cls(matcher, list(compiled.tokenizer_info.stop_token_ids))
 
-    def catch_up(self, output_token_ids: list[int]) -> None:
-        """Accept the output tokens sampled since the last call."""
-        for token in output_token_ids[self.num_accepted:]:
+    def catch_up(self, token_ids: list[int], output_start: int = 0) -> None:
+        """Accept the output tokens (token_ids[output_start:]) sampled since the last call;
+        only the new ones are read, so a long answer costs nothing more per step."""
+        for token in itertools.islice(token_ids, output_start + self.num_accepted, None):
             self.num_accepted += 1
             if self.is_broken or self.matcher.is_terminated():
                 continue

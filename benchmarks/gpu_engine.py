@@ -91,7 +91,7 @@ def _lengths(smoke: bool) -> tuple[int, int]:
 
 
 def shoal_runs(folder: Path, vocab: int, device: torch.device, smoke: bool) -> dict[str, Any]:
-    from shoal.services.worker.engine import LLM, SamplingParams
+    from shoal.services.engine import LLM, SamplingParams
 
     prompt_len, output_len = _lengths(smoke)
 

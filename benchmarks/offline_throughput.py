@@ -40,8 +40,8 @@ def make_workload(num: int, seed: int, vocab: int) -> list[Request]:
 
 
 def run_shoal(model: str, requests: list[Request], args: argparse.Namespace) -> dict:
-    from shoal.services.worker.engine.llm import LLM
-    from shoal.services.worker.engine.sampling_params import SamplingParams
+    from shoal.services.engine.llm import LLM
+    from shoal.services.engine.sampling_params import SamplingParams
 
     llm = LLM(model, device="cpu", dtype="float32", num_threads=args.threads,
               kv_cache_memory=int(args.kv_cache_gb * (1 << 30)), max_num_seqs=args.max_num_seqs,
@@ -121,7 +121,7 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from shoal.services.worker.model_prep import prepare_model, smollm2_gguf_path, tqdm_progress
+    from shoal.services.engine.model_prep import prepare_model, smollm2_gguf_path, tqdm_progress
 
     source = args.model or str(smollm2_gguf_path())
     folder = prepare_model(source, progress=tqdm_progress())

@@ -36,8 +36,8 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLengt
 def compile_times(llm: object) -> dict[str, float]:
     """Milliseconds for a cold compile (fresh compiler, tokenizer info built beforehand)."""
     from shoal.services.gateway.tools import ToolBody, required_schema
-    from shoal.services.worker.engine.sampling_params import StructuredOutputsParams
-    from shoal.services.worker.engine.structured_output import GrammarCompiler, tokenizer_info
+    from shoal.services.engine.sampling_params import StructuredOutputsParams
+    from shoal.services.engine.structured_output import GrammarCompiler, tokenizer_info
 
     core = llm.engine  # type: ignore[attr-defined]
     info = tokenizer_info(core.tokenizer, core.runner.vocab_size, core.runner.eos_token_ids)
@@ -67,10 +67,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 
-    from shoal.services.worker.engine.llm import LLM
-    from shoal.services.worker.engine.sampling_params import (SamplingParams,
+    from shoal.services.engine.llm import LLM
+    from shoal.services.engine.sampling_params import (SamplingParams,
                                                               StructuredOutputsParams)
-    from shoal.services.worker.model_prep import smollm2_gguf_path
+    from shoal.services.engine.model_prep import smollm2_gguf_path
 
     llm = LLM(str(smollm2_gguf_path()), device="cpu", dtype="float32", num_threads=args.threads,
               max_num_seqs=args.num_requests, num_kv_blocks=64 * args.num_requests // 8)

@@ -12,16 +12,8 @@ __all__ = ["LLM", "SamplingParams", "StructuredOutputsParams"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "LLM":
-        from shoal.services.worker.engine.llm import LLM
+    if name in __all__:
+        from shoal.services import engine
 
-        return LLM
-    if name == "SamplingParams":
-        from shoal.services.worker.engine.sampling_params import SamplingParams
-
-        return SamplingParams
-    if name == "StructuredOutputsParams":
-        from shoal.services.worker.engine.sampling_params import StructuredOutputsParams
-
-        return StructuredOutputsParams
+        return getattr(engine, name)
     raise AttributeError(f"module 'shoal' has no attribute {name!r}")

@@ -46,7 +46,7 @@ def tiny_config(arch: str) -> PretrainedConfig:
 
 
 def smollm2_dir() -> Path:
-    from shoal.services.worker.model_prep import prepare_model, smollm2_gguf_path
+    from shoal.services.engine.model_prep import prepare_model, smollm2_gguf_path
 
     return prepare_model(str(smollm2_gguf_path()))
 

@@ -15,8 +15,8 @@ import psutil
 
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.registry import DeviceStatus, GpuDevice
+from shoal.shared.units import GIB
 
-GIB = 1024**3
 _ITEM = re.compile(r"^(?P<count>\d+)x(?P<what>[A-Za-z0-9_.\-]+)$")
 _GPU = re.compile(r"^(?P<name>[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*?)-(?P<gib>\d+)(?:GB|G|GiB)$", re.IGNORECASE)
 SIMULATED_CPU_CORES = 16

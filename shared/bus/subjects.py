@@ -68,14 +68,6 @@ def infer(instance_id: str) -> str:
     return f"{PREFIX}.infer.{_token(instance_id, 'instance id')}"
 
 
-def infer_model(model_name: str) -> str:
-    """Queue group subject: any running instance of the model answers."""
-    return f"{PREFIX}.infer.model.{_token(model_name.replace('.', '_'), 'model name')}"
-
-
-INFER_MODEL_QUEUE = "shoal-engines"
-
-
 def abort(instance_id: str) -> str:
     return f"{PREFIX}.abort.{_token(instance_id, 'instance id')}"
 

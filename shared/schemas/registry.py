@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import Enum
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from shoal.shared.schemas.common import Wire
+from shoal.shared.schemas.engine_args import EngineArgs
 from shoal.shared.states import InstanceState, WorkerState
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$"
@@ -101,9 +102,20 @@ class ModelSpec(Wire):
     pp: int | None = Field(default=None, ge=1)
     gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
     max_model_len: int | None = Field(default=None, ge=1)
-    dtype: str = "auto"
-    engine_args: dict[str, int | float | bool | str] = Field(default_factory=dict)
-    """Extra engine settings (max_num_seqs, max_num_batched_tokens, kv_cache_memory, ...)."""
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    engine_args: EngineArgs = Field(default_factory=EngineArgs)
+    """Engine settings (max_num_seqs, max_num_batched_tokens, kv_cache_memory, ...)."""
+
+    @model_validator(mode="after")
+    def _fits_without_chunked_prefill(self) -> ModelSpec:
+        args = self.engine_args
+        if (args.enable_chunked_prefill is False and self.max_model_len is not None
+                and args.max_num_batched_tokens is not None
+                and args.max_num_batched_tokens < self.max_model_len):
+            raise ValueError("without chunked prefill engine_args.max_num_batched_tokens must be "
+                             f">= max_model_len ({args.max_num_batched_tokens} < "
+                             f"{self.max_model_len})")
+        return self
 
 
 class ModelCreate(ModelSpec):
@@ -127,7 +139,7 @@ class ModelUpdate(Wire):
     pp: int | None = Field(default=None, ge=1)
     gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
     max_model_len: int | None = Field(default=None, ge=1)
-    engine_args: dict[str, int | float | bool | str] | None = None
+    engine_args: EngineArgs | None = None
 
 
 class ModelPublic(ModelSpec):

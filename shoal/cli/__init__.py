@@ -11,6 +11,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from shoal.shared.errors import ShoalError
 
 SERVICES = ["registry", "scheduler", "worker", "gateway"]
@@ -97,5 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ShoalError as exc:
         print(f"shoal: {exc.message}", file=sys.stderr)
         return 1
+    except ValidationError as exc:  # a bad flag value, caught by the wire model it fills
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "input"
+        print(f"shoal: {where}: {first['msg']}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # `shoal ... | head`
         return 0

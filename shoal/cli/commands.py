@@ -39,7 +39,7 @@ def dispatch(args: argparse.Namespace) -> int:
         from shoal.cli.stack import up
 
         from shoal.cli.stack import DEFAULT_MODEL
-        from shoal.services.worker.model_prep import smollm2_gguf_path
+        from shoal.services.engine import smollm2_gguf_path
 
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
         extra = {"worker": ["--simulate-devices", args.simulate_devices]} if args.simulate_devices else {}
@@ -56,7 +56,7 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.command == "engine":
         from functools import partial
 
-        from shoal.services.worker.engine_process import run_engine
+        from shoal.services.engine import run_engine
 
         return run_service("engine", partial(run_engine, instance_id=args.instance_id), resolve_settings(**overrides))
     if args.command == "worker":

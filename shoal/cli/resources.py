@@ -18,8 +18,7 @@ from shoal.shared.config import Settings
 from shoal.shared.schemas.registry import (
     ApiKeyPublic, InstancePublic, ModelPublic, WorkerPublic,
 )
-
-GIB = 1024**3
+from shoal.shared.units import GIB
 
 
 def run(settings: Settings, action: Callable[[RegistryClient], Awaitable[Any]]) -> Any:

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from shoal.services.worker.agent import run_worker
-from shoal.services.worker.model_prep import smollm2_gguf_path
+from shoal.services.engine.model_prep import smollm2_gguf_path
 from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
@@ -124,11 +124,11 @@ async def test_chat_streams_with_seq_and_usage(stack) -> None:
     assert end.finish_reasons[0] in ("stop", "length") and end.instance_id == inst.id
 
 
-async def test_queue_group_subject_and_tokenize(stack) -> None:
+async def test_plain_prompt_and_tokenize(stack) -> None:
     bus, client, model, inst = stack
     req = GenerateRequest(request_id=uuid.uuid4().hex, model=model.name, prompt="The capital of France is",
                           sampling=SamplingOptions(temperature=0, max_tokens=5))
-    replies = await generate(bus, subjects.infer_model(model.name), req)
+    replies = await generate(bus, subjects.infer(inst.id), req)
     assert isinstance(replies[-1], InferEnd) and text_of(replies).strip()
     tok = await bus.request(subjects.infer(inst.id), InferRequestEnvelope(
         request=TokenizeRequest(model=model.name, prompt="Hello world")), TokenizeReply)

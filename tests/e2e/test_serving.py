@@ -19,7 +19,7 @@ import pytest
 from shoal.services.gateway.service import run_gateway
 from shoal.services.scheduler.replica import run_scheduler
 from shoal.services.worker.agent import run_worker
-from shoal.services.worker.model_prep import prepare_model, smollm2_gguf_path
+from shoal.services.engine.model_prep import prepare_model, smollm2_gguf_path
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.schemas.registry import InstanceFilter, ModelCreate
@@ -135,7 +135,7 @@ async def test_continuous_usage_stats_count_every_chunk(stack) -> None:
 async def test_greedy_completion_equals_offline_llm(stack) -> None:
     settings, client, model, inst, url = stack
     from shoal import LLM
-    from shoal.services.worker.engine.sampling_params import SamplingParams
+    from shoal.services.engine.sampling_params import SamplingParams
 
     prompt = "The capital of France is"
     served = await async_api(url).completions.create(model=model.name, prompt=prompt, temperature=0,

@@ -18,7 +18,7 @@ import pytest
 from shoal.services.gateway.service import run_gateway
 from shoal.services.scheduler.replica import run_scheduler
 from shoal.services.worker.agent import run_worker
-from shoal.services.worker.model_prep import smollm2_gguf_path
+from shoal.services.engine.model_prep import smollm2_gguf_path
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.embedded import free_port

@@ -18,7 +18,7 @@ from tests.integration.sched_helpers import (
 from shoal.services.scheduler.planner import Planner, plan_placement
 from shoal.services.scheduler.reconcile import SchedulerConfig
 from shoal.services.scheduler.service import SchedulerService
-from shoal.services.worker.model_prep import smollm2_gguf_path
+from shoal.services.engine.model_prep import smollm2_gguf_path
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings

@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from shoal.services.worker.engine.llm import LLM
-from shoal.services.worker.engine.sampling_params import SamplingParams
+from shoal.services.engine.llm import LLM
+from shoal.services.engine.sampling_params import SamplingParams
 from tests.parity.parity_helpers import (Reference, assert_greedy_close, assert_logprobs_close,
                                          hf_greedy)
 from tests.tiny_models import ARCHS, VOCAB, save_tiny_model

@@ -1,4 +1,11 @@
-"""DESIGN.md "Rules": domain logic imports no nats, aiohttp or sqlalchemy (checked on the source)."""
+"""The layering rules of docs/architecture.md ("Layers"), checked on the source:
+
+- domain logic (the engine core, kernels, scheduler policy and claims, the gateway's pure modules,
+  the state machine) imports no nats, aiohttp, sqlalchemy or asyncpg;
+- the engine imports no other service; other services and the CLI reach it only through the names
+  `shoal.services.engine` exports (its public API);
+- only `shoal` is installed at the top level.
+"""
 
 from __future__ import annotations
 
@@ -11,33 +18,68 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE = ["services/worker/engine", "kernels", "services/scheduler/policies", "shared/states.py",
-        "shared/errors.py", "services/worker/devices.py"]
-FORBIDDEN = ("nats", "aiohttp", "sqlalchemy", "asyncpg")
+ENGINE = ROOT / "services" / "engine"
+NETWORK = {"nats", "aiohttp", "sqlalchemy", "asyncpg"}
+PURE = ["kernels", "services/scheduler/policies", "services/scheduler/claim",
+        "services/scheduler/planner.py", "shared/units.py", "shared/states.py", "shared/errors.py",
+        "services/worker/devices.py"] + [
+    f"services/gateway/{name}" for name in ("router.py", "protocol.py", "responses.py",
+                                            "streaming.py", "admission.py", "structured.py",
+                                            "tools.py", "tool_parsers.py")]
 
 
-def _python_files(entry: str) -> list[Path]:
+def python_files(entry: str | Path) -> list[Path]:
     path = ROOT / entry
     return [path] if path.suffix == ".py" else sorted(path.rglob("*.py"))
 
 
-def _imports(path: Path) -> set[str]:
-    names = set()
+def imports_of(path: Path) -> list[tuple[str, list[str]]]:
+    """(module, names imported from it) for every absolute import in the file."""
+    found: list[tuple[str, list[str]]] = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            names |= {alias.name.split(".")[0] for alias in node.names}
+            found += [(alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names
+            found.append((node.module, [alias.name for alias in node.names]))
+    return found
 
 
-@pytest.mark.parametrize("entry", PURE)
+def engine_core_files() -> list[Path]:
+    return [f for f in python_files(ENGINE) if "server" not in f.relative_to(ENGINE).parts]
+
+
+@pytest.mark.parametrize("entry", PURE + ["services/engine (all but server/)"])
 def test_domain_code_has_no_network_imports(entry: str) -> None:
-    files = _python_files(entry)
-    if not files:
-        pytest.skip(f"{entry} has no files yet")
-    offenders = {str(f.relative_to(ROOT)): sorted(_imports(f) & set(FORBIDDEN)) for f in files}
+    files = engine_core_files() if entry.startswith("services/engine") else python_files(entry)
+    assert files, f"{entry} has no Python files"
+    offenders = {str(f.relative_to(ROOT)): sorted({m.split(".")[0] for m, _ in imports_of(f)} & NETWORK)
+                 for f in files}
     assert not {f: bad for f, bad in offenders.items() if bad}
+
+
+def test_the_engine_imports_no_other_service() -> None:
+    offenders = [f"{f.relative_to(ROOT)}: {module}" for f in python_files(ENGINE)
+                 for module, _ in imports_of(f)
+                 if module.startswith("shoal.services.") and not module.startswith("shoal.services.engine")]
+    assert not offenders
+
+
+def test_services_use_the_engine_through_its_public_api() -> None:
+    import shoal.services.engine as engine
+
+    public = set(engine.__all__)
+    users = [f for entry in ("services", "shoal") for f in python_files(entry)
+             if ENGINE not in f.parents]
+    offenders = []
+    for path in users:
+        for module, names in imports_of(path):
+            if not module.startswith("shoal.services.engine"):
+                continue
+            if module != "shoal.services.engine" or not set(names) <= public:
+                offenders.append(f"{path.relative_to(ROOT)}: {module} {names}")
+    assert not offenders, offenders
+    for name in public:  # and every public name resolves
+        assert getattr(engine, name) is not None
 
 
 def test_no_top_level_shared_services_kernels_package_is_installed() -> None:

@@ -14,8 +14,6 @@ def test_subject_names_are_the_documented_ones() -> None:
     assert subjects.event("instances", "abc123") == "shoal.events.instances.abc123"
     assert subjects.heartbeat("w1") == "shoal.workers.w1.heartbeat"
     assert subjects.infer("i1") == "shoal.infer.i1"
-    assert subjects.infer_model("SmolLM2-135M") == "shoal.infer.model.SmolLM2-135M"
-    assert subjects.infer_model("qwen2.5-7b") == "shoal.infer.model.qwen2_5-7b"
     assert subjects.abort("i1") == "shoal.abort.i1" and subjects.load("i1") == "shoal.load.i1"
     assert subjects.SCHEDULER_LEADER == "shoal.scheduler.leader.get"
 

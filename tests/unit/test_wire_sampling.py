@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from shoal.services.worker.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from shoal.services.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from shoal.shared.schemas.infer import SamplingOptions, StructuredOutputsOptions
 
 

@@ -1,7 +1,8 @@
 """ModelClaim: weights + KV cache of one full-length sequence + activations, per device kind.
 
-The engine's dtype rule decides the bytes: 'auto' is bfloat16 on GPU and float32 on CPU (as
-`EngineConfig` says), so a GGUF model claims its dequantised size, not its file size.
+The engine's own rules and defaults (ENGINE_DEFAULTS) decide the bytes: 'auto' dtype is bfloat16
+on GPU and float32 on CPU, so a GGUF model claims its dequantised size, not its file size; an
+unset KV pool on CPU is the engine's default pool; unset batch limits are the engine's.
 """
 
 from __future__ import annotations
@@ -9,20 +10,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from shoal.services.engine import DTYPE_BYTES, ENGINE_DEFAULTS
 from shoal.services.scheduler.claim.profile import ModelProfile, ModelShape
-from shoal.services.scheduler.units import GIB, MIB, fmt_bytes, fmt_params
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.registry import DeviceKind, ModelSpec
+from shoal.shared.units import MIB, fmt_bytes, fmt_params
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 GPU_RUNTIME_OVERHEAD = 512 * MIB
 """CUDA context, cuBLAS workspace and graph pool of one engine process, per GPU."""
 CPU_RUNTIME_OVERHEAD = 256 * MIB
 """Python, torch and tokenizer of one engine process."""
-CPU_DEFAULT_KV_POOL = 1 * GIB
-"""The engine's KV pool on CPU when `kv_cache_memory` is not set (EngineConfig)."""
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
-DEFAULT_MAX_NUM_SEQS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,19 +79,11 @@ class ModelClaim:
 
 
 def resolve_dtype(spec_dtype: str, device: str) -> str:
-    if spec_dtype in ("auto", "", None):
-        return "bfloat16" if device == "gpu" else "float32"
-    if spec_dtype not in DTYPE_BYTES:
-        raise InvalidRequest(f"dtype must be auto, float32, float16 or bfloat16, got {spec_dtype!r}",
-                             param="dtype")
-    return spec_dtype
-
-
-def _engine_int(spec: ModelSpec, key: str, default: int) -> int:
-    value = spec.engine_args.get(key)
-    if value is None or isinstance(value, bool):
-        return default
-    return int(value)
+    """The dtype an engine on `device` ('gpu' or 'cpu') runs in (the engine's rule)."""
+    try:
+        return ENGINE_DEFAULTS.dtype(spec_dtype or "auto", device)
+    except InvalidRequest as exc:
+        raise InvalidRequest(exc.message, param="dtype") from None
 
 
 def compute_claim(profile: ModelProfile, spec: ModelSpec, device: str) -> ModelClaim:
@@ -110,10 +99,13 @@ def compute_claim(profile: ModelProfile, spec: ModelSpec, device: str) -> ModelC
     if shape.is_causal_lm:
         kv_cache = (shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * max_model_len
                     * dtype_bytes)
-        pool = _engine_int(spec, "kv_cache_memory", CPU_DEFAULT_KV_POOL if device == "cpu" else 0)
+        pool = spec.engine_args.kv_cache_memory
+        if pool is None:
+            pool = ENGINE_DEFAULTS.cpu_kv_cache_memory if device == "cpu" else 0
         kv_cache = max(kv_cache, pool)
-    tokens = _engine_int(spec, "max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS)
-    seqs = _engine_int(spec, "max_num_seqs", DEFAULT_MAX_NUM_SEQS)
+    args = spec.engine_args
+    tokens = args.max_num_batched_tokens or ENGINE_DEFAULTS.max_num_batched_tokens
+    seqs = args.max_num_seqs or ENGINE_DEFAULTS.max_num_seqs
     width = (4 * shape.hidden_size + 2 * shape.intermediate_size
              + (shape.num_attention_heads + 2 * shape.num_kv_heads) * shape.head_dim)
     activations = tokens * width * dtype_bytes + seqs * shape.vocab_size * 4

@@ -26,7 +26,7 @@ from shoal.services.scheduler.policies.selectors import (
     MultiWorkerSelector,
     SingleGpuSelector,
 )
-from shoal.services.scheduler.units import fmt_bytes
+from shoal.shared.units import fmt_bytes
 from shoal.shared.schemas.registry import DeviceKind, Placement
 
 

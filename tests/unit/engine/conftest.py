@@ -7,7 +7,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def gguf() -> str:
-    from shoal.services.worker.model_prep import smollm2_gguf_path
+    from shoal.services.engine.model_prep import smollm2_gguf_path
 
     try:
         return str(smollm2_gguf_path())

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from shoal.services.worker.engine.block_pool import BlockPool
-from shoal.services.worker.engine.outputs import RunnerOutput, SchedulerOutput, TokenLogprob
-from shoal.services.worker.engine.scheduler import Scheduler
-from shoal.services.worker.engine.sequence import Sequence
+from shoal.services.engine.block_pool import BlockPool
+from shoal.services.engine.outputs import RunnerOutput, SchedulerOutput, TokenLogprob
+from shoal.services.engine.scheduler import Scheduler
+from shoal.services.engine.sequence import Sequence
 
 VOCAB = 1000
 EOS = 0
@@ -99,8 +99,12 @@ class CharTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [26 + ord(c) - ord("a") for c in text if "a" <= c <= "z"]
 
+    def __len__(self) -> int:
+        return VOCAB
+
     def apply_chat_template(self, conversation: list[dict], tokenize: bool = False,
-                            add_generation_prompt: bool = True, chat_template: str | None = None) -> str:
+                            add_generation_prompt: bool = True, chat_template: str | None = None,
+                            tools: list[dict] | None = None) -> str:
         text = "".join(f"{m['role']}{m['content']}" for m in conversation)
         return text + ("assistant" if add_generation_prompt else "")
 

@@ -7,8 +7,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from shoal.services.worker.engine.detokenizer import IncrementalDetokenizer
-from shoal.services.worker.engine.sampling_params import SamplingParams
+from shoal.services.engine.detokenizer import IncrementalDetokenizer
+from shoal.services.engine.sampling_params import SamplingParams
 
 CORPUS = ["hello world, the quick brown fox jumps over the lazy dog.",
           "stop here and there; hello again world", "The capital of France is Paris."] * 20
@@ -99,7 +99,7 @@ def test_skip_special_tokens(tokenizer):
 
 def test_smollm2_tokenizer_round_trips_a_chat_answer():
     """The real model's tokenizer, when the converted SmolLM2 folder is already cached."""
-    from shoal.services.worker.model_prep import converted_dir, default_cache_dir, smollm2_gguf_path
+    from shoal.services.engine.model_prep import converted_dir, default_cache_dir, smollm2_gguf_path
 
     try:
         folder = converted_dir(smollm2_gguf_path(), default_cache_dir())

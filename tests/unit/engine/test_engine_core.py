@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.engine.engine_helpers import EOS, CharTokenizer, FakeRunner, assert_scheduler_whole
-from shoal.services.worker.engine.config import EngineConfig
-from shoal.services.worker.engine.engine_core import EngineCore
-from shoal.services.worker.engine.request_output import RequestOutput, RequestOutputKind
-from shoal.services.worker.engine.sampling_params import SamplingParams
+from shoal.services.engine.config import EngineConfig
+from shoal.services.engine.engine_core import EngineCore
+from shoal.services.engine.request_output import RequestOutput, RequestOutputKind
+from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest
 
 A = 26  # token id of "a" for CharTokenizer

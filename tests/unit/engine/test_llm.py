@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.engine.engine_helpers import CharTokenizer, FakeRunner
-from shoal.services.worker.engine.llm import LLM
-from shoal.services.worker.engine.sampling_params import SamplingParams
+from shoal.services.engine.llm import LLM
+from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.services.worker.engine.sampling_params import SamplingParams
+from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest
 
 INVALID = [

@@ -8,11 +8,11 @@ import itertools
 import pytest
 
 from tests.unit.engine.engine_helpers import EOS, FakeRunner, assert_scheduler_whole
-from shoal.services.worker.engine.config import EngineConfig
-from shoal.services.worker.engine.outputs import RunnerOutput, SchedulerOutput
-from shoal.services.worker.engine.sampling_params import SamplingParams
-from shoal.services.worker.engine.scheduler import Scheduler
-from shoal.services.worker.engine.sequence import Sequence, SequenceStatus
+from shoal.services.engine.config import EngineConfig
+from shoal.services.engine.outputs import RunnerOutput, SchedulerOutput
+from shoal.services.engine.sampling_params import SamplingParams
+from shoal.services.engine.scheduler import Scheduler
+from shoal.services.engine.sequence import Sequence, SequenceStatus
 from shoal.shared.errors import InvalidRequest
 
 _ids = itertools.count()
@@ -30,6 +30,7 @@ def add(sched: Scheduler, prompt: list[int], params: SamplingParams | None = Non
     rid = request_id or f"req-{next(_ids)}"
     seqs = [Sequence(next(_ids), rid, list(prompt), len(prompt), params, index=i)
             for i in range(params.n)]
+    sched.check_request(len(prompt), params)  # the engine's edge checks, then the scheduler adds
     sched.add(seqs)
     return seqs
 

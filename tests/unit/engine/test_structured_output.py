@@ -12,10 +12,10 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from shoal.services.worker.engine import structured_output
-from shoal.services.worker.engine.sampler import SeqState, sample
-from shoal.services.worker.engine.sampling_params import SamplingParams, StructuredOutputsParams
-from shoal.services.worker.engine.structured_output import (GrammarCompiler, GrammarState,
+from shoal.services.engine import structured_output
+from shoal.services.engine.sampler import SeqState, sample
+from shoal.services.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from shoal.services.engine.structured_output import (GrammarCompiler, GrammarState,
                                                             apply_bitmask, choice_ebnf,
                                                             to_grammar)
 from shoal.shared.errors import InvalidRequest

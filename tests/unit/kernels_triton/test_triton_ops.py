@@ -12,11 +12,11 @@ from tests.tiny_models import VOCAB, save_tiny_model, with_config
 from tests.unit.kernels_triton.triton_helpers import DEVICE
 
 from shoal.kernels import TORCH_OPS, Ops, select_ops
-from shoal.services.worker.engine import model_runner as model_runner_module
-from shoal.services.worker.engine.config import EngineConfig
-from shoal.services.worker.engine.model_runner import ModelRunner
-from shoal.services.worker.engine.outputs import ScheduledSeq, SchedulerOutput
-from shoal.services.worker.engine.sampling_params import SamplingParams
+from shoal.services.engine import model_runner as model_runner_module
+from shoal.services.engine.config import EngineConfig
+from shoal.services.engine.model_runner import ModelRunner
+from shoal.services.engine.outputs import ScheduledSeq, SchedulerOutput
+from shoal.services.engine.sampling_params import SamplingParams
 
 OPS = ["reshape_and_cache", "paged_attention", "rms_norm", "apply_rotary"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)

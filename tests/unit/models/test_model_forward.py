@@ -10,11 +10,11 @@ import torch
 from tests.tiny_models import ARCHS, VOCAB, save_tiny_model
 from transformers import AutoModelForCausalLM
 
-from shoal.services.worker.engine.config import EngineConfig
-from shoal.services.worker.engine.input_batch import build_model_inputs
-from shoal.services.worker.engine.model_runner import ModelRunner
-from shoal.services.worker.engine.outputs import ScheduledSeq, SchedulerOutput
-from shoal.services.worker.engine.sampling_params import SamplingParams
+from shoal.services.engine.config import EngineConfig
+from shoal.services.engine.input_batch import build_model_inputs
+from shoal.services.engine.model_runner import ModelRunner
+from shoal.services.engine.outputs import ScheduledSeq, SchedulerOutput
+from shoal.services.engine.sampling_params import SamplingParams
 
 BLOCK = 4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)

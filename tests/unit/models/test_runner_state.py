@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from shoal.services.worker.engine.config import EngineConfig
-from shoal.services.worker.engine.model_runner import ModelRunner
-from shoal.services.worker.engine.outputs import ScheduledSeq, SchedulerOutput
-from shoal.services.worker.engine.sampling_params import SamplingParams
+from shoal.services.engine.config import EngineConfig
+from shoal.services.engine.model_runner import ModelRunner
+from shoal.services.engine.outputs import ScheduledSeq, SchedulerOutput
+from shoal.services.engine.sampling_params import SamplingParams
 from tests.tiny_models import save_tiny_model
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
-from shoal.services.worker.engine.sampler import SeqState, mix_seed, sample
-from shoal.services.worker.engine.sampling_params import SamplingParams
+from shoal.services.engine.sampler import SeqState, mix_seed, sample
+from shoal.services.engine.sampling_params import SamplingParams
 
 VOCAB = 50
 EOS = frozenset({2})

@@ -9,9 +9,9 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, Pret
                           Qwen2Config, Qwen3Config)
 
 from shoal.kernels import TORCH_OPS
-from shoal.services.worker.engine.config import EngineConfig
-from shoal.services.worker.engine.model_runner import _max_model_len
-from shoal.services.worker.engine.models.registry import model_class
+from shoal.services.engine.config import EngineConfig
+from shoal.services.engine.model_runner import _max_model_len
+from shoal.services.engine.models.registry import model_class
 
 TINY = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_attention_heads=2,
             num_key_value_heads=1, max_position_embeddings=256)

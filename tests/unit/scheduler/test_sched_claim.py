@@ -7,10 +7,11 @@ import struct
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from tests.unit.scheduler.sched_fleet import GIB, profile, spec
 
 from shoal.services.scheduler.claim import compute_claim, read_profile
-from shoal.services.scheduler.claim.model_claim import CPU_DEFAULT_KV_POOL
+from shoal.services.engine import ENGINE_DEFAULTS
 from shoal.shared.errors import InvalidRequest, NotFound
 
 SMOLLM2 = Path(__file__).resolve().parents[3] / (
@@ -42,7 +43,7 @@ def test_gguf_claim_counts_what_the_engine_holds(smollm2) -> None:
     assert gpu.total == gpu.weights + gpu.kv_cache + gpu.activations
     cpu = compute_claim(smollm2, spec(), "cpu")
     assert cpu.dtype == "float32" and cpu.weights == 134_515_008 * 4  # the 538 MB safetensors
-    assert cpu.kv_cache == CPU_DEFAULT_KV_POOL  # the engine's pool > one 8192-token sequence
+    assert cpu.kv_cache == ENGINE_DEFAULTS.cpu_kv_cache_memory  # the engine's pool > one 8192-token sequence
     short = compute_claim(smollm2, spec(max_model_len=2048), "gpu")
     assert short.kv_cache == 30 * 2 * 3 * 64 * 2048 * 2 and short.max_model_len == 2048
     text = gpu.describe()
@@ -127,5 +128,7 @@ def test_bad_sources(tmp_path: Path) -> None:
     (tmp_path / "x.txt").write_text("x")
     with pytest.raises(InvalidRequest):
         read_profile(tmp_path / "x.txt")
-    with pytest.raises(InvalidRequest):
-        compute_claim(profile(1), spec(dtype="int3"), "gpu")
+    with pytest.raises(ValidationError):  # refused at deploy time, naming the field
+        spec(dtype="int3")
+    with pytest.raises(InvalidRequest):  # and by the claim, were it ever to get one
+        compute_claim(profile(1), spec().model_copy(update={"dtype": "int3"}), "gpu")

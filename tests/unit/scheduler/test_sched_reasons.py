@@ -6,7 +6,7 @@ from tests.unit.scheduler.sched_fleet import GIB, claimed_gpu, profile, spec, wo
 
 from shoal.services.scheduler.claim import compute_claim
 from shoal.services.scheduler.planner import plan_placement
-from shoal.services.scheduler.units import fmt_bytes
+from shoal.shared.units import fmt_bytes
 
 HUGE = profile(400, layers=80, heads=64, kv_heads=8, hidden=8192)
 BIG = profile(70, layers=80, heads=64, kv_heads=8, hidden=8192)

@@ -6,7 +6,7 @@ import math
 
 from shoal.services.scheduler.policies.base import Candidate, PlacementRequest, Stage
 from shoal.services.scheduler.policies.fleet import GpuSlot, WorkerSlot
-from shoal.services.scheduler.units import fmt_bytes, fmt_pct
+from shoal.shared.units import fmt_bytes, fmt_pct
 
 
 def valid_tp_sizes(request: PlacementRequest, upto: int) -> list[int]:

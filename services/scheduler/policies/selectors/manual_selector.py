@@ -9,7 +9,7 @@ from __future__ import annotations
 from shoal.services.scheduler.policies.base import Candidate, PlacementRequest
 from shoal.services.scheduler.policies.fleet import FleetIndex, GpuSlot, WorkerSlot
 from shoal.services.scheduler.policies.selectors.common import gpu_candidate
-from shoal.services.scheduler.units import fmt_bytes, fmt_pct
+from shoal.shared.units import fmt_bytes, fmt_pct
 
 
 class ManualGpuSelector:

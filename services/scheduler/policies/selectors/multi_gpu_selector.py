@@ -14,7 +14,7 @@ from shoal.services.scheduler.policies.selectors.common import (
     pick_gpus,
     valid_tp_sizes,
 )
-from shoal.services.scheduler.units import fmt_bytes
+from shoal.shared.units import fmt_bytes
 
 
 class MultiGpuSelector:

@@ -13,7 +13,7 @@ from shoal.services.scheduler.policies.selectors.common import (
     pick_gpus,
     utilization_clause,
 )
-from shoal.services.scheduler.units import fmt_bytes
+from shoal.shared.units import fmt_bytes
 
 
 class SingleGpuSelector:

@@ -1,0 +1,41 @@
+"""The inference engine, a package of its own: the offline `LLM`, the `AsyncEngine` that serves,
+`EngineConfig`, `SamplingParams`, model preparation, and `run_engine` (the engine process on the
+bus, in server/). These names are its public API: other services and the CLI import nothing else
+from it (tests/unit/test_layering.py checks).
+
+Exports resolve lazily (module __getattr__), so importing a light name such as SamplingParams or
+the engine defaults never pulls in torch, the model code or nats.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "LLM": "llm",
+    "SamplingParams": "sampling_params",
+    "StructuredOutputsParams": "sampling_params",
+    "AsyncEngine": "async_engine",
+    "EngineConfig": "config",
+    "ConfigError": "config",
+    "ENGINE_DEFAULTS": "config",
+    "DTYPE_BYTES": "config",
+    "RequestOutput": "request_output",
+    "CompletionOutput": "request_output",
+    "RequestOutputKind": "request_output",
+    "EngineCore": "engine_core",
+    "prepare_model": "model_prep",
+    "smollm2_gguf_path": "model_prep",
+    "tqdm_progress": "model_prep",
+    "run_engine": "server.service",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{module}"), name)

@@ -1,0 +1,112 @@
+"""EngineConfig: every knob of one engine instance, frozen, built once at the process edge, and
+ENGINE_DEFAULTS, the values of the knobs left unset, which the scheduler's claims read too.
+Torch-free, so the scheduler imports it without loading the model code.
+
+Nothing below the entry point reads the environment: the CLI, `LLM(...)` or the engine process
+builds this object and passes it down (docs/architecture.md "Config objects").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shoal.shared.errors import InvalidRequest
+from shoal.shared.schemas.infer import TOOL_CALL_PARSERS
+from shoal.shared.units import GIB, MIB
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+class ConfigError(InvalidRequest):
+    """An engine setting that cannot work (refused before any memory is allocated)."""
+
+    code = "invalid_engine_config"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineDefaults:
+    """What an engine uses for a setting left unset: one place, so the scheduler's claim of an
+    instance and the engine that runs it agree."""
+
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_cache_memory: int = 1 * GIB
+    """The KV pool on CPU when kv_cache_memory is not set (on CUDA it is profiled)."""
+    gpu_activation_reserve: int = 512 * MIB
+    """Left free on a GPU beside the KV pool when the pool is sized by gpu_memory_utilization."""
+    max_model_len_fallback: int = 2048
+    """max_model_len when the model's config has no max_position_embeddings."""
+
+    @staticmethod
+    def dtype(dtype: str, device_type: str) -> str:
+        """The dtype an engine runs in: 'auto' is float32 on the CPU and bfloat16 on a GPU."""
+        if dtype == "auto":
+            return "float32" if device_type == "cpu" else "bfloat16"
+        if dtype not in DTYPE_BYTES:
+            raise ConfigError(f"dtype must be auto, float32, float16 or bfloat16, got {dtype!r}",
+                              param="dtype")
+        return dtype
+
+
+ENGINE_DEFAULTS = EngineDefaults()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str
+    """A Hugging Face folder (config.json + *.safetensors + tokenizer) or a .gguf file."""
+    tokenizer: str | None = None
+    """Tokenizer folder; defaults to the (prepared) model folder."""
+    dtype: str = "auto"
+    """'auto' = float32 on CPU, bfloat16 on CUDA; or float32 / float16 / bfloat16."""
+    device: str = "auto"
+    """'auto' = cuda when torch sees one, else cpu."""
+    block_size: int = ENGINE_DEFAULTS.block_size
+    max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs
+    max_num_batched_tokens: int = ENGINE_DEFAULTS.max_num_batched_tokens
+    max_model_len: int | None = None
+    """Context limit; defaults to the model's max_position_embeddings."""
+    kv_cache_memory: int | None = None
+    """Bytes for the KV pool. None: 1 GiB on CPU, profiled from gpu_memory_utilization on CUDA."""
+    num_kv_blocks: int | None = None
+    """Force the pool size in blocks (tests use it to provoke preemption)."""
+    gpu_memory_utilization: float = ENGINE_DEFAULTS.gpu_memory_utilization
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    seed: int = 0
+    cache_dir: str | None = None
+    """Where converted models (GGUF -> safetensors) are cached; default ~/.cache/shoal/models."""
+    num_threads: int | None = None
+    """torch intra-op threads on CPU; None leaves torch's default."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs (CUDA path only)."""
+    tool_call_parser: str | None = None
+    """How "auto" tool-choice answers are parsed for tool calls (vLLM's --tool-call-parser):
+    "hermes" (<tool_call>{...}</tool_call>); None refuses tool_choice "auto"."""
+
+    def __post_init__(self) -> None:
+        def refuse(field: str, rule: str) -> None:
+            raise ConfigError(f"{field} must be {rule}, got {getattr(self, field)!r}", param=field)
+
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            refuse("block_size", "a positive power of two")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks",
+                     "num_threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                refuse(name, ">= 1")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            refuse("kv_cache_memory", "> 0 bytes")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            refuse("gpu_memory_utilization", "in (0, 1]")
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            refuse("tool_call_parser", f"one of {', '.join(TOOL_CALL_PARSERS)}")
+        ENGINE_DEFAULTS.dtype(self.dtype, "cpu")  # ConfigError for an unknown dtype
+        if not self.enable_chunked_prefill and self.max_model_len is not None:
+            if self.max_num_batched_tokens < self.max_model_len:
+                raise ConfigError(
+                    "without chunked prefill max_num_batched_tokens must be >= max_model_len "
+                    f"({self.max_num_batched_tokens} < {self.max_model_len})",
+                    param="max_num_batched_tokens")

@@ -1,0 +1,288 @@
+"""EngineCore: one engine instance, synchronous. A step is schedule -> runner.execute ->
+update (docs/engine-core.md "One step, three calls"), then detokenization, stop strings and the
+RequestOutputs of the requests that changed. The async and offline front ends wrap it.
+
+A request is checked once, at the engine's edge: `process()` refuses what could never run and
+returns an EngineRequest, which `add()` queues without checking again. A request with structured
+outputs waits outside the scheduler until its grammar is compiled (on the compiler's thread),
+then enters the waiting queue carrying it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from shoal.services.engine.config import EngineConfig
+from shoal.services.engine.detokenizer import IncrementalDetokenizer
+from shoal.services.engine.outputs import RunnerOutput, SchedulerOutput
+from shoal.services.engine.request_output import (CompletionOutput, EngineStats,
+                                                         RequestMetrics, RequestOutput,
+                                                         RequestOutputKind)
+from shoal.services.engine.sampling_params import SamplingParams
+from shoal.services.engine.scheduler import Scheduler
+from shoal.services.engine.sequence import Sequence, SequenceStatus
+from shoal.services.engine.grammar_gate import GrammarGate
+from shoal.shared.errors import InvalidRequest
+
+COMPILE_WAIT_S = 0.05
+"""With nothing to run but grammars compiling, a step waits this long for one at most."""
+
+
+class Runner(Protocol):
+    """What EngineCore needs of the model runner (model_runner.ModelRunner, or a test fake)."""
+
+    max_model_len: int
+    num_kv_blocks: int
+    eos_token_ids: frozenset[int]
+    vocab_size: int
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput: ...
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """A request that passed the engine's checks (EngineCore.process), ready to add."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    prompt: str | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+
+
+@dataclass(slots=True)
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    detoks: list[IncrementalDetokenizer]
+    kind: RequestOutputKind
+    arrival_time: float
+    num_decoded: list[int] = field(default_factory=list)
+    """Per child: output tokens handed to its detokenizer."""
+    num_sent: list[int] = field(default_factory=list)
+    """Per child: output tokens already sent (delta mode)."""
+    sent_finished: list[bool] = field(default_factory=list)
+    sent_prompt_logprobs: bool = False
+    has_first_token: bool = False
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, *, runner: Runner | None = None,
+                 tokenizer: Any = None, model_dir: Path | None = None) -> None:
+        """model_dir: the model already prepared (model_prep.prepare_model) by the caller, which
+        showed its progress; else the core prepares config.model itself."""
+        if runner is None:
+            from shoal.services.engine.model_prep import prepare_model
+            from shoal.services.engine.model_runner import ModelRunner
+
+            if model_dir is None:
+                model_dir = prepare_model(config.model,
+                                          Path(config.cache_dir) if config.cache_dir else None)
+            runner = ModelRunner(config, model_dir)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(config.tokenizer or model_dir or config.model)
+        self.config = config
+        self.model_dir = model_dir
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.scheduler = Scheduler(config, runner.num_kv_blocks, runner.max_model_len,
+                                   frozenset(runner.eos_token_ids))
+        self._requests: dict[str, _Request] = {}
+        self.grammar_gate = GrammarGate(tokenizer, runner.vocab_size, runner.eos_token_ids)
+        self.vocab_bound = min(len(tokenizer), runner.vocab_size)
+        """Token ids in [0, vocab_bound) both have an embedding row and decode to text."""
+        self._next_seq_id = 0
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler.max_model_len
+
+    def process(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                arrival_time: float | None = None, *, prompt: str | None = None,
+                output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> EngineRequest:
+        """The engine's one check of a request: InvalidRequest (400) for one that could never
+        run. Read-only, so a front end may call it on its own thread (the grammar is parsed here,
+        once, and the parse is cached for its compile)."""
+        prompt_token_ids = list(prompt_token_ids)
+        bound = self.vocab_bound
+        if not all(isinstance(t, int) and 0 <= t < bound for t in prompt_token_ids):
+            raise InvalidRequest(f"prompt token ids must be integers in [0, {bound})", param="prompt")
+        self.scheduler.check_request(len(prompt_token_ids), params)
+        if params.structured_outputs is not None:
+            self.grammar_gate.check(params.structured_outputs)
+        return EngineRequest(request_id, prompt_token_ids, params,
+                             time.time() if arrival_time is None else arrival_time, prompt,
+                             output_kind)
+
+    def add(self, request: EngineRequest) -> None:
+        """Queue a processed request (its id must not be in use)."""
+        request_id, params = request.request_id, request.params
+        if request_id in self._requests:
+            raise InvalidRequest(f"request id {request_id!r} is already in use", param="request_id")
+        prompt_token_ids = request.prompt_token_ids
+        seqs = []
+        for i in range(params.n):
+            seqs.append(Sequence(self._next_seq_id, request_id, list(prompt_token_ids),
+                                 len(prompt_token_ids), params, index=i,
+                                 arrival_time=request.arrival_time))
+            self._next_seq_id += 1
+        detoks = [IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params) for _ in seqs]
+        req = _Request(
+            request_id, request.prompt, prompt_token_ids, params, seqs, detoks,
+            request.output_kind, request.arrival_time, num_decoded=[0] * params.n,
+            num_sent=[0] * params.n, sent_finished=[False] * params.n)
+        if params.structured_outputs is not None:
+            self.grammar_gate.park(request_id, params.structured_outputs, seqs)
+        else:
+            self.scheduler.add(seqs)
+        self._requests[request_id] = req
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    arrival_time: float | None = None, *, prompt: str | None = None,
+                    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> None:
+        """process() then add(): the offline path, where the edge and the core are one."""
+        self.add(self.process(request_id, prompt_token_ids, params, arrival_time, prompt=prompt,
+                              output_kind=output_kind))
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Abort a request wherever it is; returns its final output (finish_reason "abort")."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return None
+        self.scheduler.abort(request_id)
+        self.grammar_gate.discard(request_id)
+        for detok in req.detoks:
+            detok.finish()
+        del self._requests[request_id]
+        return self._make_output(req, force=True)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self.grammar_gate)
+
+    def step(self) -> list[RequestOutput]:
+        failed = self._admit_compiled()
+        out = self.scheduler.schedule()
+        run = (self.runner.execute(out) if out.scheduled or out.finished_seq_ids
+               else RunnerOutput({}))
+        changed = self.scheduler.update(out, run)
+        touched: dict[str, _Request] = {}
+        for seq in changed:
+            req = self._requests.get(seq.request_id)
+            if req is None:
+                continue
+            touched[req.request_id] = req
+            self._detokenize(req, seq)
+        outputs = failed
+        for req in touched.values():
+            if not req.has_first_token and any(s.first_token_time for s in req.seqs):
+                req.has_first_token = True
+                self._num_prompt_tokens += len(req.prompt_token_ids)
+            output = self._make_output(req)
+            if output is not None:
+                outputs.append(output)
+            if all(s.is_finished for s in req.seqs):
+                del self._requests[req.request_id]
+        return outputs
+
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Requests whose grammar is ready join the scheduler (the step waits a little for one
+        when nothing else can run). A compile that fails after the spec parsed aborts it."""
+        if not self.grammar_gate:
+            return []
+        ready, failed = self.grammar_gate.take_ready(
+            0.0 if self.scheduler.has_unfinished() else COMPILE_WAIT_S)
+        for seqs in ready:
+            self.scheduler.add(seqs)
+        outputs = [self.abort(request_id) for request_id in failed]
+        return [output for output in outputs if output is not None]
+
+    def stats(self) -> EngineStats:
+        bm = self.scheduler.block_manager
+        return EngineStats(
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting + self.grammar_gate.num_seqs,
+            kv_cache_usage=bm.usage, num_preemptions=self.scheduler.num_preemptions,
+            prefix_cache_queries=bm.num_prefix_queries, prefix_cache_hits=bm.num_prefix_hits,
+            prompt_tokens=self._num_prompt_tokens, generation_tokens=self._num_generation_tokens)
+
+    def _detokenize(self, req: _Request, seq: Sequence) -> None:
+        detok = req.detoks[seq.index]
+        output_ids = seq.output_token_ids
+        end = len(output_ids)
+        stopped_by_token = (seq.status is SequenceStatus.FINISHED_STOPPED
+                            and not isinstance(seq.stop_reason, str))
+        if stopped_by_token and not req.params.include_stop_str_in_output:
+            end -= 1  # the EOS / stop token is not part of the text
+        new_ids = output_ids[req.num_decoded[seq.index]:end]
+        self._num_generation_tokens += len(output_ids) - req.num_decoded[seq.index]
+        req.num_decoded[seq.index] = len(output_ids)
+        stop = detok.update(new_ids, check_stop=seq.num_output_tokens > req.params.min_tokens)
+        if stop is not None:
+            if seq.is_finished:  # finished by length in the same step: the stop string wins
+                seq.status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, stop
+            else:
+                self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED, stop)
+        if seq.is_finished:
+            detok.finish()
+
+    def _make_output(self, req: _Request, force: bool = False) -> RequestOutput | None:
+        finished = all(s.is_finished for s in req.seqs)
+        if req.kind is RequestOutputKind.FINAL_ONLY and not finished and not force:
+            return None
+        delta = req.kind is RequestOutputKind.DELTA
+        want_logprobs = req.params.logprobs is not None
+        completions = []
+        for i, (seq, detok) in enumerate(zip(req.seqs, req.detoks)):
+            start = req.num_sent[i] if delta else 0
+            token_ids = seq.output_token_ids[start:]
+            text = detok.take_delta() if delta else detok.releasable_text
+            newly_finished = seq.is_finished and not req.sent_finished[i]
+            if delta and not token_ids and not text and not newly_finished:
+                continue
+            req.num_sent[i] = seq.num_output_tokens
+            req.sent_finished[i] = seq.is_finished
+            completions.append(CompletionOutput(
+                index=i, text=text, token_ids=token_ids,
+                cumulative_logprob=seq.cumulative_logprob if want_logprobs else None,
+                logprobs=seq.logprobs[start:] if want_logprobs else None,
+                finish_reason=seq.status.finish_reason, stop_reason=seq.stop_reason))
+        return RequestOutput(
+            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
+            prompt_logprobs=self._prompt_logprobs(req, delta), outputs=completions,
+            finished=finished, num_cached_tokens=req.seqs[0].num_cached_tokens,
+            metrics=self._metrics(req, finished))
+
+    def _prompt_logprobs(self, req: _Request, delta: bool) -> list[Any] | None:
+        first = req.seqs[0]
+        if req.params.prompt_logprobs is None or first.wants_prompt_logprobs:
+            return None  # not asked for, or not all computed yet
+        if delta and req.sent_prompt_logprobs:
+            return None
+        req.sent_prompt_logprobs = True
+        return list(first.prompt_logprobs)
+
+    def _metrics(self, req: _Request, finished: bool) -> RequestMetrics:
+        seqs = req.seqs
+        scheduled = [s.first_scheduled_time for s in seqs if s.first_scheduled_time is not None]
+        first_tokens = [s.first_token_time for s in seqs if s.first_token_time is not None]
+        return RequestMetrics(
+            arrival_time=req.arrival_time,
+            first_scheduled_time=min(scheduled) if scheduled else None,
+            first_token_time=min(first_tokens) if first_tokens else None,
+            last_token_time=time.time() if first_tokens else None,
+            finished_time=time.time() if finished else None)

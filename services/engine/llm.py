@@ -1,0 +1,126 @@
+"""LLM: the offline front end with vLLM's names (`LLM(model=...).generate(prompts, params)`,
+`chat(messages)`): it feeds an EngineCore and steps it until every request has finished.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from shoal.services.engine.chat import Message, render_chat
+from shoal.services.engine.config import EngineConfig
+from shoal.services.engine.engine_core import EngineCore, Runner
+from shoal.services.engine.request_output import RequestOutput, RequestOutputKind
+from shoal.services.engine.sampling_params import SamplingParams
+from shoal.shared.errors import InvalidRequest
+
+PromptType = str | list[int] | dict[str, Any]
+"""A string, a list of token ids, or {"prompt": str} / {"prompt_token_ids": [...]} as vLLM takes."""
+
+
+class LLM:
+    def __init__(self, model: str, *, runner: Runner | None = None, tokenizer_obj: Any = None,
+                 **engine_args: Any) -> None:
+        """engine_args are EngineConfig fields (max_num_seqs, kv_cache_memory, ...); runner and
+        tokenizer_obj replace the model runner and tokenizer (tests)."""
+        self.config = EngineConfig(model=model, **engine_args)
+        self.engine = EngineCore(self.config, runner=runner, tokenizer=tokenizer_obj)
+        self._request_ids = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for every prompt; the outputs come back in the prompts' order."""
+        batch = self._as_batch(prompts)
+        params = self._per_prompt(sampling_params, len(batch))
+        request_ids: list[str] = []
+        try:
+            for prompt, p in zip(batch, params):
+                text, token_ids = self._tokenize(prompt)
+                request_id = str(next(self._request_ids))
+                self.engine.add_request(request_id, token_ids, p, prompt=text,
+                                        output_kind=RequestOutputKind.FINAL_ONLY)
+                request_ids.append(request_id)
+        except BaseException:
+            for request_id in request_ids:  # one bad prompt refuses the whole call
+                self.engine.abort(request_id)
+            raise
+        return self._run(request_ids, use_tqdm)
+
+    def chat(self, messages: list[Message] | list[list[Message]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True, add_generation_prompt: bool = True,
+             chat_template: str | None = None,
+             tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
+        """Render each conversation (and the OpenAI-style `tools` offered) with the tokenizer's
+        chat template, as the served chat completions do, then generate."""
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        prompts: list[PromptType] = []
+        for conversation in conversations:
+            text, ids = render_chat(self.get_tokenizer(), conversation, tools=tools,  # type: ignore[arg-type]
+                                    add_generation_prompt=add_generation_prompt,
+                                    chat_template=chat_template)
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        done: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True)
+        try:
+            while self.engine.has_unfinished():
+                for output in self.engine.step():
+                    if output.finished:
+                        done[output.request_id] = output
+                        if bar is not None:
+                            bar.update(1)
+        except BaseException:
+            for request_id in request_ids:  # leave the engine clean for the next call
+                self.engine.abort(request_id)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [done[request_id] for request_id in request_ids]
+
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.get_tokenizer().encode(prompt)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                return self._tokenize(str(prompt["prompt"]))
+        elif isinstance(prompt, list):
+            return None, list(prompt)
+        raise InvalidRequest(f"a prompt must be a string, token ids or a dict, got {prompt!r}",
+                             param="prompt")
+
+    @staticmethod
+    def _as_batch(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+        if isinstance(prompts, (str, dict)):
+            return [prompts]
+        prompts = list(prompts)
+        if prompts and all(isinstance(p, int) for p in prompts):
+            return [prompts]  # one prompt given as token ids
+        return prompts
+
+    @staticmethod
+    def _per_prompt(params: SamplingParams | Sequence[SamplingParams] | None,
+                    num: int) -> list[SamplingParams]:
+        if params is None:
+            return [SamplingParams()] * num
+        if isinstance(params, SamplingParams):
+            return [params] * num
+        params = list(params)
+        if len(params) != num:
+            raise InvalidRequest(f"got {len(params)} sampling params for {num} prompts",
+                                 param="sampling_params")
+        return params

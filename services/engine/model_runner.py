@@ -1,0 +1,173 @@
+"""ModelRunner: owns the model, its KV caches and per-sequence sampling state; runs one step.
+
+`execute(SchedulerOutput) -> RunnerOutput`: flatten the batch (input_batch.py), one forward over
+the paged cache, logits only where needed, sample (sampler.py). It never touches scheduler state.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig
+
+from shoal.kernels import Workspace, select_ops
+from shoal.services.engine.config import ENGINE_DEFAULTS, ConfigError, EngineConfig
+from shoal.services.engine.cuda_graphs import DecodeGraphs
+from shoal.services.engine.gpu_memory import profiled_config
+from shoal.services.engine.input_batch import ModelInputs, build_model_inputs
+from shoal.services.engine.kv_cache import bind_kv_caches, num_kv_blocks
+from shoal.services.engine.loader import load_weights
+from shoal.services.engine.models.registry import model_class
+from shoal.services.engine.outputs import (RunnerOutput, ScheduledSeq, SchedulerOutput,
+                                                  TokenLogprob)
+from shoal.services.engine.sampler import SeqState, logprob_entries, mix_seed, sample
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_dir: Path) -> None:
+        self.config = config
+        model_dir = Path(model_dir)
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = torch.device(
+            ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto"
+            else config.device)
+        self.dtype = getattr(torch, ENGINE_DEFAULTS.dtype(config.dtype, self.device.type))
+        hf_config = AutoConfig.from_pretrained(model_dir)
+        self.hf_config = hf_config
+        self.max_model_len = _max_model_len(config, hf_config)
+        self.vocab_size: int = hf_config.vocab_size
+        self.eos_token_ids = _eos_token_ids(model_dir, hf_config)
+        self.model = model_class(hf_config)(hf_config, self.max_model_len, select_ops(self.device))
+        load_weights(self.model, model_dir)
+        for param in self.model.parameters():  # buffers (rotary cos/sin) stay float32
+            param.data = param.data.to(device=self.device, dtype=self.dtype)
+        self.model.to(self.device).eval()
+        self.block_size = config.block_size
+        kv_config = config
+        if self.device.type == "cuda":  # CUDA path: size the pool by profiling a full-size batch
+            kv_config = profiled_config(config, self.model, self.max_model_len, self.dtype,
+                                        self.device)
+        self.num_kv_blocks = num_kv_blocks(kv_config, self.model, self.dtype, self.device)
+        self.kv_caches = bind_kv_caches(self.model, self.num_kv_blocks, self.block_size,
+                                        self.dtype, self.device)
+        self.workspace = Workspace()
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and not config.enforce_eager:  # CUDA path: decode graphs
+            self.graphs = DecodeGraphs(self.model, config.max_num_seqs,
+                                       -(-self.max_model_len // self.block_size), self.device)
+            self.graphs.capture()
+        self.states: dict[int, SeqState] = {}
+        self._num_unseeded = 0
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        for seq_id in out.finished_seq_ids:
+            self.states.pop(seq_id, None)
+        if out.is_empty:
+            return RunnerOutput(sampled_token_ids={})
+        states = [self._update_state(s) for s in out.scheduled]
+        inputs = build_model_inputs(out, self.block_size, self.device, self.workspace)
+        if self.graphs is not None and self.graphs.can_run(inputs):  # CUDA path: replay a graph
+            hidden = self.graphs.run(inputs)
+        else:
+            # [num_tokens, hidden]
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
+        logits = self.model.compute_logits(hidden, inputs.logits_indices)  # [num_logits, vocab]
+        prompt_logprobs = self._prompt_logprobs(out.scheduled, states, inputs, logits)
+        picked = [i for i, row in enumerate(inputs.sample_rows) if row is not None]
+        if not picked:
+            return RunnerOutput(sampled_token_ids={}, prompt_logprobs=prompt_logprobs)
+        rows = [inputs.sample_rows[i] for i in picked]
+        if len(rows) != logits.shape[0]:
+            logits = logits[rows]
+        tokens, logprobs = sample(logits, [states[i] for i in picked], self.eos_token_ids)
+        seq_ids = [out.scheduled[i].seq_id for i in picked]
+        return RunnerOutput(
+            sampled_token_ids=dict(zip(seq_ids, tokens)),
+            logprobs={sid: lp for sid, lp in zip(seq_ids, logprobs) if lp is not None},
+            prompt_logprobs=prompt_logprobs,
+        )
+
+    def _update_state(self, s: ScheduledSeq) -> SeqState:
+        state = self.states.get(s.seq_id)
+        if state is None:
+            state = SeqState(params=s.sampling_params, token_ids=[], prompt_len=s.prompt_len)
+            if not s.sampling_params.is_greedy:
+                state.generator = torch.Generator(device=self.device)
+                if s.sampling_params.seed is not None:
+                    state.generator.manual_seed(mix_seed(s.sampling_params.seed, s.seed_offset))
+                else:
+                    state.generator.manual_seed(mix_seed(self.config.seed, self._num_unseeded))
+                    self._num_unseeded += 1
+            self.states[s.seq_id] = state
+        if s.prefix_token_ids is not None:
+            state.token_ids = list(s.prefix_token_ids) + list(s.token_ids)
+        elif s.start_pos == 0:
+            state.token_ids = list(s.token_ids)
+        else:
+            state.token_ids.extend(s.token_ids)
+        state.prompt_len = s.prompt_len
+        return state
+
+    def _prompt_logprobs(self, scheduled: list[ScheduledSeq], states: list[SeqState],
+                         inputs: ModelInputs, logits: torch.Tensor
+                         ) -> dict[int, list[TokenLogprob | None]]:
+        """Chunk [a, b) -> entries for prompt tokens a .. min(b, prompt_len) - 1 (None for 0)."""
+        result: dict[int, list[TokenLogprob | None]] = {}
+        for s, state, first in zip(scheduled, states, inputs.chunk_rows):
+            if first is None:
+                continue
+            num = s.sampling_params.prompt_logprobs or 0
+            a, b = s.start_pos, s.start_pos + len(s.token_ids)
+            end = min(b, s.prompt_len)  # positions a .. end - 1 hold prompt tokens
+            entries: list[TokenLogprob | None] = [None] if a == 0 else []
+            pending, state.pending_prompt_lp = state.pending_prompt_lp, None
+            if a > 0 and pending is not None and a < s.prompt_len:
+                entries += logprob_entries(pending[None], torch.tensor([s.token_ids[0]]), [num])
+            if end - a > 1:  # positions a .. end - 2 predict tokens a + 1 .. end - 1
+                lps = torch.log_softmax(logits[first:first + end - a - 1], dim=-1)
+                targets = torch.tensor(state.token_ids[a + 1:end], device=lps.device)
+                entries += logprob_entries(lps, targets, [num] * (end - a - 1))
+            if end < s.prompt_len and end > a:  # the last position predicts the next chunk's token
+                state.pending_prompt_lp = torch.log_softmax(logits[first + end - a - 1], dim=-1)
+            result[s.seq_id] = entries
+        return result
+
+
+def _max_model_len(config: EngineConfig, hf_config: Any) -> int:
+    """The user's limit, or the model's whole length (sliding-window layers need no cap: the
+    kernels apply the window, as vLLM does)."""
+    limit = int(getattr(hf_config, "max_position_embeddings", 0) or 0) or ENGINE_DEFAULTS.max_model_len_fallback
+    if config.max_model_len is None:
+        return limit
+    if config.max_model_len > limit:
+        raise ConfigError(f"max_model_len {config.max_model_len} exceeds the model's limit {limit}")
+    return config.max_model_len
+
+
+def _eos_token_ids(model_dir: Path, hf_config: Any) -> frozenset[int]:
+    """EOS ids from generation_config.json, config.json and the tokenizer's eos_token."""
+    ids: set[int] = set()
+
+    def add(value: Any) -> None:
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(v for v in value if isinstance(v, int))
+
+    gen_file = model_dir / "generation_config.json"
+    if gen_file.is_file():
+        add(json.loads(gen_file.read_text()).get("eos_token_id"))
+    add(getattr(hf_config, "eos_token_id", None))
+    tok_file, tok_cfg = model_dir / "tokenizer.json", model_dir / "tokenizer_config.json"
+    if tok_file.is_file() and tok_cfg.is_file():
+        eos = json.loads(tok_cfg.read_text()).get("eos_token")
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        for added in json.loads(tok_file.read_text()).get("added_tokens", []):
+            if added.get("content") == eos:
+                add(added.get("id"))
+    return frozenset(ids)

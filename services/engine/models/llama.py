@@ -1,0 +1,156 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2; Qwen3 adds q/k norms in qwen3.py).
+
+One flattened varlen batch per forward: `input_ids`/`positions` are `[num_tokens]` and attention
+goes through the paged KV cache, over a sliding window in the layers whose config says so
+(sliding_window.py). Module names mirror transformers' so checkpoints load directly, with q/k/v
+and gate/up packed (see `packed_modules_mapping`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from shoal.kernels import Ops
+from shoal.services.engine.attention import Attention, AttentionMetadata
+from shoal.services.engine.layers.activation import SiluAndMul
+from shoal.services.engine.layers.embedding import LMHead, VocabEmbedding
+from shoal.services.engine.layers.layernorm import RMSNorm
+from shoal.services.engine.layers.linear import GateUpLinear, Linear, QKVLinear
+from shoal.services.engine.layers.rotary import RotaryEmbedding, rope_parameters
+from shoal.services.engine.models import sliding_window
+
+
+def head_dim_of(cfg: Any) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: Any, max_model_len: int, ops: Ops, qkv_bias: bool, o_bias: bool,
+                 qk_norm: bool, window: int | None) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = head_dim_of(cfg)
+        self.qkv_proj = QKVLinear(cfg.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim,
+                                  bias=qkv_bias)
+        self.o_proj = Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=o_bias)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ops) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ops) if qk_norm else None
+        self.rotary_emb = RotaryEmbedding(rope_parameters(cfg), self.head_dim,
+                                          cfg.max_position_embeddings, max_model_len, ops)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim,
+                              self.head_dim ** -0.5, ops, window)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [num_tokens, num_heads, head_dim]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [.., num_kv_heads, head_dim]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn(q, k, v, meta)  # [num_tokens, num_heads, head_dim]
+        return self.o_proj(out.view(num_tokens, q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: Any, bias: bool) -> None:
+        super().__init__()
+        self.gate_up_proj = GateUpLinear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: Any, max_model_len: int, ops: Ops, qkv_bias: bool, o_bias: bool,
+                 qk_norm: bool, window: int | None) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm,
+                                        window)
+        self.mlp = LlamaMLP(cfg, bias=bool(getattr(cfg, "mlp_bias", False)))
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: Any, max_model_len: int, ops: Ops, qkv_bias: bool, o_bias: bool,
+                 qk_norm: bool, windows: list[int | None]) -> None:
+        super().__init__()
+        assert len(windows) == cfg.num_hidden_layers, (len(windows), cfg.num_hidden_layers)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm, window)
+            for window in windows)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        residual: torch.Tensor | None = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, meta)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up"),
+    }
+
+    def __init__(self, cfg: Any, max_model_len: int, ops: Ops) -> None:
+        super().__init__()
+        qkv_bias, o_bias, qk_norm = self.attention_options(cfg)
+        self.model = LlamaModel(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm,
+                                self.sliding_windows(cfg))
+        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
+        tied = self.model.embed_tokens if self.tie_word_embeddings else None
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, tied)
+
+    @staticmethod
+    def attention_options(cfg: Any) -> tuple[bool, bool, bool]:
+        """(q/k/v bias, o_proj bias, q/k RMSNorm): Llama and Mistral use `attention_bias`."""
+        bias = bool(getattr(cfg, "attention_bias", False))
+        return bias, bias, False
+
+    sliding_windows = staticmethod(sliding_window.full_attention)
+    """Per layer: its attention window, None = full (models/sliding_window.py)."""
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        return self.model(input_ids, positions, meta)
+
+    def compute_logits(self, hidden: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden, logits_indices)  # [num_logits, vocab] float32
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    sliding_windows = staticmethod(sliding_window.every_layer)
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    sliding_windows = staticmethod(sliding_window.by_layer_types)
+
+    @staticmethod
+    def attention_options(cfg: Any) -> tuple[bool, bool, bool]:
+        return True, False, False  # Qwen2: biased q/k/v, unbiased o_proj

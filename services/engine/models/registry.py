@@ -1,0 +1,25 @@
+"""Hugging Face architecture name -> our model class (the only place that lists them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shoal.services.engine.config import ConfigError
+from shoal.services.engine.models.llama import (LlamaForCausalLM, MistralForCausalLM,
+                                                       Qwen2ForCausalLM)
+from shoal.services.engine.models.qwen3 import Qwen3ForCausalLM
+
+MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+}
+
+
+def model_class(hf_config: Any) -> type[LlamaForCausalLM]:
+    for arch in getattr(hf_config, "architectures", None) or []:
+        if arch in MODEL_CLASSES:
+            return MODEL_CLASSES[arch]
+    raise ConfigError(f"unsupported architecture {getattr(hf_config, 'architectures', None)}; "
+                      f"supported: {', '.join(sorted(MODEL_CLASSES))}")

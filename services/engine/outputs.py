@@ -1,0 +1,87 @@
+"""The data that crosses between the engine scheduler and the model runner, once per step.
+
+`scheduler.schedule() -> SchedulerOutput`, `runner.execute(SchedulerOutput) -> RunnerOutput`,
+`scheduler.update(SchedulerOutput, RunnerOutput) -> list[SeqUpdate]` (STYLE.md "One step, three
+calls"). Plain frozen data: ints and lists, no tensors, no Sequence objects, so the runner can
+later live in another process (tensor parallelism) without changing the contract.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shoal.services.engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledSeq:
+    """One sequence's share of a step (vLLM's one token rule: computed catches up with known)."""
+
+    seq_id: int
+    token_ids: list[int]
+    """The tokens fed this step: all_tokens[start_pos : start_pos + len(token_ids)]."""
+    start_pos: int
+    """num_computed_tokens before this step: the position of token_ids[0]. 0 = fresh (or
+    recomputed after preemption): the runner resets its copy of the sequence's tokens."""
+    block_ids: list[int]
+    """The sequence's whole block table after this step's allocation."""
+    is_sampling: bool
+    """True when this step reaches the end of the known tokens, so a token is sampled."""
+    prompt_len: int
+    """Number of prompt tokens (penalties treat the rest as output; min_tokens counts them)."""
+    sampling_params: SamplingParams
+    """Frozen; the runner keys its per-sequence sampling state (seeded generator) on seq_id."""
+    seed_offset: int = 0
+    """Child index for n > 1: child i draws from the generator seeded with (seed, i)."""
+    want_prompt_logprobs: bool = False
+    """This chunk's prompt tokens need logprobs (sampling_params.prompt_logprobs is set)."""
+    prefix_token_ids: list[int] | None = None
+    """Set only on the first step of a (re)started sequence whose start_pos > 0 (a prefix-cache
+    hit, or an n > 1 child sharing its sibling's prompt blocks): all_tokens[:start_pos], which the
+    runner never saw. The runner resets its token copy to prefix_token_ids + token_ids whenever
+    this is set (and, as before, whenever start_pos == 0). None on every other step."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq]
+    """Decodes first, then prefill chunks, in the order the runner flattens them."""
+    finished_seq_ids: list[int] = field(default_factory=list)
+    """Sequences finished or aborted since the last step: the runner drops their state."""
+    num_preempted: int = 0
+    """Sequences preempted while building this step (for metrics)."""
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """The logprob of one chosen token and the top-N alternatives at its position."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    """1-based rank of token_id among the vocabulary at this position."""
+    top: list[tuple[int, float]] = field(default_factory=list)
+    """[(token_id, logprob)] sorted best first, N = the requested logprobs count."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerOutput:
+    sampled_token_ids: dict[int, int]
+    """seq_id -> the token sampled this step (only sequences with is_sampling)."""
+    logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
+    """seq_id -> logprob of the sampled token (only when sampling_params.logprobs is set)."""
+    prompt_logprobs: dict[int, list[TokenLogprob | None]] = field(default_factory=dict)
+    """seq_id -> this chunk's part of the prompt's logprobs. The logits at position p predict
+    prompt token p + 1; token b belongs to the next chunk, so the runner keeps the last
+    position's logprobs until then: a chunk [a, b) yields entries for prompt tokens max(a, 1) ..
+    min(b, prompt_len) - 1, preceded by None when a == 0 (token 0 has no prefix). Concatenated
+    over the chunks: [None, lp(1), ..., lp(prompt_len - 1)]. The scheduler never serves a request
+    that wants prompt logprobs from the prefix cache (nothing would compute those positions)."""

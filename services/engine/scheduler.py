@@ -1,0 +1,252 @@
+"""Scheduler: continuous batching. Each step it gives every sequence min(num_tokens -
+num_computed_tokens, budget) tokens (vLLM's one token rule: no prefill or decode phase),
+running sequences first, then waiting ones; it preempts the newest running sequence by
+recompute when the KV pool runs out, and applies the runner's sampled tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from shoal.services.engine.block_manager import BlockManager
+from shoal.services.engine.block_pool import Block
+from shoal.services.engine.config import EngineConfig
+from shoal.services.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
+from shoal.services.engine.sampling_params import SamplingParams
+from shoal.services.engine.sequence import Sequence, SequenceStatus
+from shoal.shared.errors import InvalidRequest
+
+_BLOCKED = object()
+"""_prompt_source's answer for an n > 1 child whose first sibling is still computing the prompt."""
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, num_kv_blocks: int, max_model_len: int,
+                 eos_token_ids: frozenset[int] = frozenset()) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.enable_chunked_prefill = config.enable_chunked_prefill
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.block_manager = BlockManager(num_kv_blocks, config.block_size,
+                                          config.enable_prefix_caching)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.requests: dict[str, list[Sequence]] = {}
+        self.seqs: dict[int, Sequence] = {}
+        self.num_preemptions = 0
+        self._finished_seq_ids: list[int] = []
+        """Finished or aborted since the last step: the runner drops their state."""
+        self._finished_in_schedule: list[Sequence] = []
+        """Finished while scheduling (their KV can never fit): reported by the next update()."""
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_unfinished(self) -> bool:
+        """Work left, including finished sequences the runner has not been told about."""
+        return bool(self.waiting or self.running or self._finished_in_schedule
+                    or self._finished_seq_ids)
+
+    def check_request(self, prompt_len: int, params: SamplingParams) -> None:
+        """Refuse (InvalidRequest) a request that could never run; never truncate it."""
+        if prompt_len < 1:
+            raise InvalidRequest("the prompt must contain at least one token", param="prompt")
+        wanted = prompt_len + (params.max_tokens or 1)
+        if wanted > self.max_model_len:
+            raise InvalidRequest(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {wanted} tokens ({prompt_len} in the prompt, "
+                f"{params.max_tokens or 1} for the completion).",
+                param="prompt" if prompt_len >= self.max_model_len else "max_tokens")
+        pool = self.block_manager
+        if pool.blocks_needed(wanted) > pool.pool.num_blocks:
+            raise InvalidRequest(f"the request needs {wanted} tokens of KV cache but the pool "
+                                 f"holds {pool.pool.num_blocks * pool.block_size}", param="prompt")
+        if not self.enable_chunked_prefill:
+            longest = prompt_len + (params.max_tokens or self.max_model_len - prompt_len)
+            if longest > self.max_num_batched_tokens:
+                raise InvalidRequest(f"without chunked prefill a request may use at most "
+                                     f"max_num_batched_tokens={self.max_num_batched_tokens} "
+                                     f"tokens, this one up to {longest}", param="prompt")
+
+    def add(self, seqs: list[Sequence]) -> None:
+        """Queue a request's sequences (n > 1 children share one prompt). The request passed
+        check_request at the engine's edge (EngineCore.process); it is not checked again."""
+        first = seqs[0]
+        if first.request_id in self.requests:
+            raise InvalidRequest(f"request id {first.request_id!r} is already running",
+                                 param="request_id")
+        self.requests[first.request_id] = seqs
+        for seq in seqs:
+            seq.max_tokens = seq.params.max_tokens or self.max_model_len - seq.prompt_len
+            self.seqs[seq.seq_id] = seq
+            self.waiting.append(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledSeq] = []
+        num_preempted = 0
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.block_manager.allocate_slots(seq, num_new):
+                victim = self.running.pop()  # the newest running sequence
+                if victim is seq and not self.running:
+                    # Alone with the whole pool and still short: it can never fit.
+                    self._finish(victim, SequenceStatus.FINISHED_LENGTH)
+                    self._finished_in_schedule.append(victim)
+                else:
+                    self._preempt(victim)
+                    num_preempted += 1
+                if victim is seq:
+                    break
+            else:
+                scheduled.append(self._scheduled(seq, num_new))
+                budget -= num_new
+                i += 1
+                continue
+            break
+        if num_preempted == 0:
+            budget = self._schedule_waiting(budget, scheduled)
+        finished, self._finished_seq_ids = self._finished_seq_ids, []
+        return SchedulerOutput(scheduled, finished, num_preempted)
+
+    def update(self, out: SchedulerOutput, run: RunnerOutput) -> list[Sequence]:
+        """Apply a step's results: advance computed tokens, cache newly full blocks, append the
+        sampled tokens and finish what stopped. Returns the sequences that changed."""
+        changed, self._finished_in_schedule = self._finished_in_schedule, []
+        now = time.time()
+        any_finished = False
+        for s in out.scheduled:
+            seq = self.seqs.get(s.seq_id)
+            if seq is None or seq.status is not SequenceStatus.RUNNING:
+                continue
+            seq.num_computed_tokens += len(s.token_ids)
+            if s.want_prompt_logprobs:
+                seq.prompt_logprobs.extend(run.prompt_logprobs.get(s.seq_id, []))
+            self.block_manager.cache_full_blocks(seq)
+            if not s.is_sampling:
+                continue
+            seq.append_token(run.sampled_token_ids[s.seq_id], run.logprobs.get(s.seq_id))
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            self._check_stop(seq)
+            any_finished = any_finished or seq.is_finished
+            changed.append(seq)
+        if any_finished:
+            self.running = [seq for seq in self.running if not seq.is_finished]
+        return changed
+
+    def finish(self, seq: Sequence, status: SequenceStatus, stop_reason: int | str | None = None) -> None:
+        """Finish a sequence from outside (a stop string found by the detokenizer)."""
+        if seq.is_finished:
+            return
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self._finish(seq, status, stop_reason)
+
+    def abort(self, request_id: str) -> list[Sequence]:
+        """Abort every unfinished sequence of a request, wherever it is; frees its blocks."""
+        seqs = self.requests.get(request_id, [])
+        for seq in list(seqs):
+            self.finish(seq, SequenceStatus.FINISHED_ABORTED)
+        return seqs
+
+    def _schedule_waiting(self, budget: int, scheduled: list[ScheduledSeq]) -> int:
+        skipped: list[Sequence] = []
+        bs = self.block_manager.block_size
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            source = self._prompt_source(seq)
+            if source is _BLOCKED:
+                skipped.append(self.waiting.popleft())
+                continue
+            computed: list[Block] | None = None
+            if isinstance(source, Sequence):
+                computed = self.block_manager.shared_prefix(seq, source)
+            elif self.block_manager.enable_prefix_caching and not seq.wants_prompt_logprobs:
+                computed = self.block_manager.find_cached_prefix(seq)
+            num_new = seq.num_tokens - len(computed or []) * bs
+            if not self.enable_chunked_prefill and num_new > budget:
+                break
+            num_new = min(num_new, budget)
+            if not self.block_manager.allocate_slots(seq, num_new, computed):
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.time()
+                seq.num_cached_tokens = seq.num_computed_tokens
+            self.running.append(seq)
+            scheduled.append(self._scheduled(seq, num_new))
+            budget -= num_new
+        self.waiting.extendleft(reversed(skipped))
+        return budget
+
+    def _prompt_source(self, seq: Sequence) -> Sequence | object | None:
+        """For an n > 1 child: the first sibling once its prompt KV is computed (share its
+        blocks), _BLOCKED until then, None when the sibling is gone (use the prefix cache)."""
+        if seq.index == 0 or seq.num_output_tokens > 0:
+            return None
+        first = self.requests[seq.request_id][0]
+        if first.is_finished:
+            return None
+        if first.status is SequenceStatus.RUNNING and first.num_computed_tokens >= seq.prompt_len:
+            return first
+        return _BLOCKED
+
+    def _scheduled(self, seq: Sequence, num_new: int) -> ScheduledSeq:
+        start = seq.num_computed_tokens
+        prefix = None
+        if seq.is_restarted:
+            seq.is_restarted = False
+            if start > 0:
+                prefix = seq.token_ids[:start]
+        return ScheduledSeq(
+            seq_id=seq.seq_id, token_ids=seq.token_ids[start:start + num_new], start_pos=start,
+            block_ids=list(seq.block_ids), is_sampling=start + num_new == seq.num_tokens,
+            prompt_len=seq.prompt_len, sampling_params=seq.params, seed_offset=seq.index,
+            want_prompt_logprobs=seq.wants_prompt_logprobs and start < seq.prompt_len,
+            prefix_token_ids=prefix)
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute later: free its blocks and put it at the front of the queue."""
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
+        seq.is_restarted = True
+        if seq.wants_prompt_logprobs:
+            seq.prompt_logprobs.clear()  # partial: the recompute produces them again
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _check_stop(self, seq: Sequence) -> None:
+        token, params = seq.token_ids[-1], seq.params
+        if seq.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token in self.eos_token_ids:
+                return self._finish(seq, SequenceStatus.FINISHED_STOPPED)
+            if token in params.stop_token_ids:
+                return self._finish(seq, SequenceStatus.FINISHED_STOPPED, stop_reason=token)
+        if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+            self._finish(seq, SequenceStatus.FINISHED_LENGTH)
+
+    def _finish(self, seq: Sequence, status: SequenceStatus, stop_reason: int | str | None = None) -> None:
+        seq.status = status
+        seq.stop_reason = stop_reason
+        seq.finish_time = time.time()
+        self.block_manager.free(seq)
+        self._finished_seq_ids.append(seq.seq_id)
+        self.seqs.pop(seq.seq_id, None)
+        group = self.requests.get(seq.request_id)
+        if group is not None and all(s.is_finished for s in group):
+            del self.requests[seq.request_id]

@@ -1,0 +1,237 @@
+"""The NATS adapter of one engine: shoal.infer.<id>, aborts, load.
+
+It only translates: a GenerateRequest becomes an AsyncEngine stream, each RequestOutput delta an
+InferChunk (seq 0 = accepted, then 1, 2, ...), the end an InferEnd with usage, an error an
+InferError with its HTTP status. Engine compute stays on the engine's own thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from shoal.services.engine.async_engine import AsyncEngine, RequestStream
+from shoal.services.engine.chat import render_chat
+from shoal.services.engine.engine_core import load_tokenizer
+from shoal.services.engine.outputs import TokenLogprob
+from shoal.services.engine.request_output import RequestOutput
+from shoal.services.engine.sampling_params import SamplingParams
+from shoal.shared.bus import subjects
+from shoal.shared.bus.client import Bus, decode, encode
+from shoal.shared.errors import InvalidRequest, ShoalError
+from shoal.shared.schemas.common import ErrorBody
+from shoal.shared.schemas.infer import (
+    AbortRequest, ChoiceDelta, DetokenizeReply, DetokenizeRequest, EngineLoad,
+    GenerateRequest, InferChunk, InferEnd, InferError, InferReplyEnvelope, InferRequestEnvelope,
+    TokenizeReply, TokenizeRequest, TokenLogprobWire, TopLogprob, Usage,
+)
+
+log = logging.getLogger(__name__)
+LOAD_INTERVAL_S = 0.25
+
+
+@dataclass
+class EngineHandlers:
+    bus: Bus
+    engine: AsyncEngine
+    instance_id: str
+    model_name: str
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    subs: list[Subscription] = field(default_factory=list)
+    draining: bool = False
+    tokenizer: Any = None
+
+    async def start(self) -> None:
+        # A tokenizer of our own: the engine thread detokenizes with its copy meanwhile.
+        self.tokenizer = load_tokenizer(self.engine.core.model_dir)
+        nc = self.bus.nc
+        self.subs = [await nc.subscribe(subjects.infer(self.instance_id), cb=self.on_request)]
+        # Aborts stay subscribed while draining: in-flight requests may still be cancelled.
+        await nc.subscribe(subjects.abort(self.instance_id), cb=self.on_abort)
+        await nc.flush()
+
+    async def stop_intake(self) -> None:
+        """Drain step 1: no new requests reach this engine (in-flight ones go on)."""
+        self.draining = True
+        for sub in self.subs:
+            await sub.unsubscribe()
+        self.subs = []
+        await self.publish_load()
+
+    async def wait_in_flight(self, timeout: float) -> None:
+        """Drain step 2: let running requests finish, then abort what is left."""
+        pending = [t for t in self.tasks.values() if not t.done()]
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=timeout)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
+    # ------------------------------------------------------------------ requests
+    async def on_request(self, msg: Msg) -> None:
+        try:
+            request = decode(msg.data, InferRequestEnvelope).request
+        except InvalidRequest as exc:
+            await self.bus.respond_error(msg, exc)
+            return
+        if isinstance(request, GenerateRequest):
+            if not msg.reply:
+                return
+            task = asyncio.create_task(self.generate(request, msg.reply), name=request.request_id)
+            self.tasks[request.request_id] = task
+            task.add_done_callback(lambda _t, rid=request.request_id: self.tasks.pop(rid, None))
+            return
+        try:
+            reply = self.tokenize(request) if isinstance(request, TokenizeRequest) else self.detokenize(request)
+        except ShoalError as exc:
+            await self.bus.respond_error(msg, exc)
+            return
+        await msg.respond(encode(reply))
+
+    async def on_abort(self, msg: Msg) -> None:
+        try:
+            request_id = decode(msg.data, AbortRequest).request_id
+        except InvalidRequest:
+            return
+        task = self.tasks.get(request_id)
+        if task is not None:
+            task.cancel()  # the engine stream's finally aborts it and frees its blocks
+
+    async def generate(self, req: GenerateRequest, inbox: str) -> None:
+        seq = 0  # the seq of the next reply: every reply counts, so a gap is visible
+
+        async def send(reply: InferChunk | InferEnd | InferError) -> None:
+            nonlocal seq
+            await self.bus.nc.publish(inbox, encode(InferReplyEnvelope(reply=reply)))
+            seq += 1
+
+        outputs: RequestStream | None = None
+        try:
+            token_ids = self.prompt_token_ids(req)
+            params = SamplingParams(**req.sampling.model_dump())
+            parser = self.tool_call_parser(req)
+            outputs = self.engine.open(req.request_id, token_ids, params, time.time(),
+                                       prompt=req.prompt)  # the engine's one check: 400 here
+            await send(InferChunk(request_id=req.request_id, seq=seq, choices=[],
+                                  prompt_token_ids=token_ids, tool_call_parser=parser))
+            last: RequestOutput | None = None
+            finish_reasons: dict[int, str] = {}
+            completion_tokens = 0
+            async for out in outputs:
+                last = out
+                completion_tokens += sum(len(c.token_ids) for c in out.outputs)
+                finish_reasons.update({c.index: c.finish_reason for c in out.outputs if c.finish_reason})
+                await send(InferChunk(request_id=req.request_id, seq=seq, choices=[self.choice(c) for c in out.outputs],
+                                      prompt_logprobs=self.prompt_logprobs(out)))
+            assert last is not None
+            m = last.metrics
+            await send(InferEnd(
+                request_id=req.request_id, seq=seq, instance_id=self.instance_id,
+                usage=Usage(prompt_tokens=len(token_ids), completion_tokens=completion_tokens,
+                            cached_tokens=last.num_cached_tokens),
+                finish_reasons=finish_reasons,
+                ttft_s=(m.first_token_time - m.arrival_time) if m.first_token_time else None,
+                queue_s=(m.first_scheduled_time - m.arrival_time) if m.first_scheduled_time else None,
+            ))
+        except asyncio.CancelledError:
+            await send(_error(req.request_id, seq, ShoalError("request aborted", code="aborted"), 499))
+            raise
+        except ShoalError as exc:
+            await send(_error(req.request_id, seq, exc, exc.http_status))
+        except Exception as exc:  # noqa: BLE001 - the client gets an error, never a hang
+            log.exception("generate %s failed", req.request_id)
+            await send(_error(req.request_id, seq, ShoalError(f"engine error: {type(exc).__name__}"), 500))
+        finally:
+            if outputs is not None:
+                outputs.close()  # aborts the request in the engine unless it finished
+
+    # ------------------------------------------------------------------ tokens
+    def prompt_token_ids(self, req: GenerateRequest | TokenizeRequest) -> list[int]:
+        """The prompt as token ids (the engine checks their range when the request is opened)."""
+        if req.messages is not None:
+            tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+            return render_chat(self.tokenizer, [m.model_dump(exclude_none=True) for m in req.messages],
+                               tools=tools, add_generation_prompt=req.add_generation_prompt)[1]
+        if isinstance(req, GenerateRequest) and req.prompt_token_ids is not None:
+            return list(req.prompt_token_ids)
+        if req.prompt is None:
+            raise InvalidRequest("give a prompt, prompt token ids or messages", param="prompt")
+        add_special = getattr(req, "add_special_tokens", True)
+        ids = self.tokenizer.encode(req.prompt, add_special_tokens=add_special)
+        if not ids:
+            raise InvalidRequest("the prompt is empty", param="prompt")
+        return list(ids)
+
+    def tool_call_parser(self, req: GenerateRequest) -> str | None:
+        """The parser the gateway applies to an "auto" tool choice answer (vLLM refuses "auto"
+        without --tool-call-parser; so do we)."""
+        if not req.needs_tool_call_parser:
+            return None
+        parser = self.engine.core.config.tool_call_parser
+        if parser is None:
+            raise InvalidRequest(
+                f'"auto" tool choice needs a model served with a tool call parser (engine_args '
+                f'tool_call_parser=hermes); model {self.model_name} has none: use tool_choice '
+                f'"required", a named function or "none"', param="tool_choice")
+        return parser
+
+    def tokenize(self, req: TokenizeRequest) -> TokenizeReply:
+        ids = self.prompt_token_ids(req)
+        return TokenizeReply(tokens=ids, count=len(ids), max_model_len=self.engine.core.max_model_len)
+
+    def detokenize(self, req: DetokenizeRequest) -> DetokenizeReply:
+        vocab = self.engine.core.vocab_bound
+        if any(not 0 <= t < vocab for t in req.tokens):
+            raise InvalidRequest(f"token ids must be in [0, {vocab})", param="tokens")
+        return DetokenizeReply(prompt=self.tokenizer.decode(req.tokens))
+
+    def choice(self, c: Any) -> ChoiceDelta:
+        return ChoiceDelta(index=c.index, text=c.text, token_ids=list(c.token_ids),
+                           logprobs=[self.logprob(lp) for lp in c.logprobs] if c.logprobs is not None else None,
+                           finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+
+    def logprob(self, lp: TokenLogprob) -> TokenLogprobWire:
+        decode_one = self.tokenizer.decode
+        return TokenLogprobWire(token_id=lp.token_id, token=decode_one([lp.token_id]), logprob=lp.logprob,
+                                top=[TopLogprob(token_id=t, token=decode_one([t]), logprob=v) for t, v in lp.top])
+
+    def prompt_logprobs(self, out: RequestOutput) -> list[TokenLogprobWire | None] | None:
+        if not out.prompt_logprobs:
+            return None
+        return [self.logprob(lp) if lp is not None else None for lp in out.prompt_logprobs]
+
+    # ------------------------------------------------------------------ load
+    def load(self) -> EngineLoad:
+        s = self.engine.stats()
+        cfg = self.engine.core.config
+        return EngineLoad(
+            instance_id=self.instance_id, model_name=self.model_name, num_running=s.num_running,
+            num_waiting=s.num_waiting, kv_cache_usage=s.kv_cache_usage, max_num_seqs=cfg.max_num_seqs,
+            max_model_len=self.engine.core.max_model_len, num_preemptions=s.num_preemptions,
+            prefix_cache_queries=s.prefix_cache_queries, prefix_cache_hits=s.prefix_cache_hits,
+            prompt_tokens=s.prompt_tokens, generation_tokens=s.generation_tokens, draining=self.draining,
+        )
+
+    async def publish_load(self) -> None:
+        await self.bus.publish(subjects.load(self.instance_id), self.load())
+
+    async def publish_load_forever(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.publish_load()
+            except Exception:  # noqa: BLE001 - keep publishing
+                log.exception("could not publish load")
+            try:
+                await asyncio.wait_for(stop.wait(), LOAD_INTERVAL_S)
+            except asyncio.TimeoutError:
+                pass
+
+
+def _error(request_id: str, seq: int, exc: ShoalError, status: int) -> InferError:
+    return InferError(request_id=request_id, seq=seq, error=ErrorBody(**exc.to_dict()), status=status)

@@ -1,0 +1,153 @@
+"""One engine instance as a process (`shoal engine --instance-id ID`), run by the worker agent.
+
+Moves its instance DOWNLOADING (model files prepared, progress in the message) -> STARTING
+(weights loaded) -> RUNNING (serving), or ERROR with the cause. SIGTERM drains: intake stops,
+in-flight requests finish (up to drain_timeout), then the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+from shoal.services.engine.async_engine import AsyncEngine
+from shoal.services.engine.config import EngineConfig
+from shoal.services.engine.server.handlers import EngineHandlers
+from shoal.services.engine.model_prep import prepare_model
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.config import Settings
+from shoal.shared.errors import Conflict, InvalidRequest, NotFound, ShoalError
+from shoal.shared.logging import log_context
+from shoal.shared.schemas.registry import InstancePublic, InstanceTransition, ModelPublic
+from shoal.shared.states import InstanceState, can_transition
+
+log = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 2.0
+
+
+class Gone(Exception):
+    """The instance was deleted or moved away: this engine has nothing to serve."""
+
+
+class InstanceReporter:
+    """Moves the instance through its states, re-reading on a stale version."""
+
+    def __init__(self, registry: RegistryClient, instance: InstancePublic) -> None:
+        self.registry = registry
+        self.instance = instance
+        self.worker_id = instance.worker_id
+
+    async def move(self, state: InstanceState, message: str | None = None) -> None:
+        for _ in range(5):
+            current = self.instance.state
+            if current is not state and not can_transition(current, state):
+                raise Gone(f"instance is {current.value}; cannot move to {state.value}")
+            try:
+                self.instance = await self.registry.transition_instance(InstanceTransition(
+                    id=self.instance.id, version=self.instance.version, state=state, state_message=message))
+                return
+            except Conflict:
+                await self.refresh()
+        raise Gone(f"could not move the instance to {state.value}: it keeps changing")
+
+    async def refresh(self) -> None:
+        try:
+            self.instance = await self.registry.get_instance(self.instance.id)
+        except NotFound:
+            raise Gone("the instance was deleted") from None
+        if self.instance.worker_id != self.worker_id or self.instance.state is InstanceState.PENDING:
+            raise Gone("the instance was moved to another worker")
+
+
+def engine_config(model: ModelPublic, instance: InstancePublic) -> EngineConfig:
+    """The model's settings as an EngineConfig (engine_args were checked at deploy time; the
+    config checks them again, as SamplingParams does a request's options)."""
+    args = {"max_model_len": model.max_model_len, "dtype": model.dtype,
+            "gpu_memory_utilization": model.gpu_memory_utilization,
+            "device": "auto" if instance.gpu_indexes else "cpu", **model.engine_args.given()}
+    return EngineConfig(model=model.source, **{k: v for k, v in args.items() if v is not None})
+
+
+async def run_engine(settings: Settings, stop: asyncio.Event, instance_id: str) -> None:
+    bus = await Bus.connect(settings, name=f"shoal-engine-{instance_id}")
+    registry = RegistryClient(bus)
+    engine: AsyncEngine | None = None
+    try:
+        with log_context(instance_id=instance_id):
+            instance = await registry.get_instance(instance_id)
+            model = await registry.get_model(id=instance.model_id)
+            reporter = InstanceReporter(registry, instance)
+            try:
+                engine = await start_engine(settings, reporter, model)
+            except Gone as exc:
+                log.info("not starting: %s", exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - reported on the instance, then exit non-zero
+                log.exception("engine failed to start")
+                message = exc.message if isinstance(exc, ShoalError) else f"{type(exc).__name__}: {exc}"
+                await _report_error(reporter, f"engine failed to start: {message}")
+                raise SystemExit(1) from None
+            await serve(settings, bus, reporter, engine, model, stop)
+    finally:
+        if engine is not None:
+            engine.shutdown()
+        await bus.close()
+
+
+async def start_engine(settings: Settings, reporter: InstanceReporter, model: ModelPublic) -> AsyncEngine:
+    loop = asyncio.get_running_loop()
+    first = InstanceState.DOWNLOADING if can_transition(reporter.instance.state, InstanceState.DOWNLOADING) \
+        else InstanceState.STARTING
+    await reporter.move(first, "preparing model files")
+    last_report = [0.0]
+
+    def progress(stage: str, fraction: float) -> None:  # called on the preparing thread
+        now = time.monotonic()
+        if now - last_report[0] >= PROGRESS_EVERY_S or fraction >= 1.0:
+            last_report[0] = now
+            message = f"preparing model files: {stage} {fraction:.0%}"
+            asyncio.run_coroutine_threadsafe(_message(reporter, message), loop)
+
+    model_dir = await asyncio.to_thread(prepare_model, model.source, settings.model_cache_dir, progress)
+    if reporter.instance.state is not InstanceState.STARTING:
+        await reporter.move(InstanceState.STARTING, "loading weights")
+    config = engine_config(model, reporter.instance)
+    return await asyncio.to_thread(AsyncEngine, config, model_dir=model_dir)
+
+
+async def serve(settings: Settings, bus: Bus, reporter: InstanceReporter, engine: AsyncEngine,
+                model: ModelPublic, stop: asyncio.Event) -> None:
+    handlers = EngineHandlers(bus, engine, reporter.instance.id, model.name)
+    await handlers.start()
+    load_stop = asyncio.Event()
+    loads = asyncio.create_task(handlers.publish_load_forever(load_stop))
+    try:
+        await reporter.move(InstanceState.RUNNING, None)
+        log.info("serving %s as instance %s", model.name, reporter.instance.name)
+        await stop.wait()
+        log.info("draining (up to %.0fs)", settings.drain_timeout)
+        await handlers.stop_intake()
+        await handlers.wait_in_flight(settings.drain_timeout)
+    except Gone as exc:
+        log.info("stopping: %s", exc)
+    finally:
+        load_stop.set()
+        await loads
+
+
+async def _message(reporter: InstanceReporter, message: str) -> None:
+    try:
+        await reporter.move(reporter.instance.state, message)
+    except (ShoalError, Gone):
+        pass
+
+
+async def _report_error(reporter: InstanceReporter, message: str) -> None:
+    try:
+        await reporter.refresh()
+        await reporter.move(InstanceState.ERROR, message[:2000])
+    except (ShoalError, Gone):
+        log.warning("could not report the error on the instance")

@@ -1,0 +1,53 @@
+"""EngineArgs: a model's engine settings on the wire (ModelSpec.engine_args), mirroring the
+engine's EngineConfig as SamplingOptions mirrors SamplingParams. Every field is optional: None
+is the engine's own default (services/engine/config.py ENGINE_DEFAULTS), so no default is
+restated here. The rules are checked when a model is deployed (a 400 naming the field) instead
+of when its engine starts; tests/unit/test_wire_engine_args.py keeps the two from drifting.
+
+The model's source, tokenizer, device and cache folder are the worker's to decide; max_model_len,
+dtype and gpu_memory_utilization are top-level ModelSpec fields (GPUStack's shape).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from shoal.shared.schemas.common import Wire
+from shoal.shared.schemas.infer import TOOL_CALL_PARSERS
+
+
+class EngineArgs(Wire):
+    block_size: int | None = Field(default=None, gt=0)
+    """KV block size in tokens: a power of two."""
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    kv_cache_memory: int | None = Field(default=None, gt=0)
+    """Bytes of the KV pool (default: 1 GiB on CPU, profiled on CUDA)."""
+    num_kv_blocks: int | None = Field(default=None, ge=1)
+    enable_prefix_caching: bool | None = None
+    enable_chunked_prefill: bool | None = None
+    seed: int | None = None
+    num_threads: int | None = Field(default=None, ge=1)
+    """torch intra-op threads on CPU."""
+    enforce_eager: bool | None = None
+    tool_call_parser: str | None = None
+    """vLLM's --tool-call-parser: "hermes"."""
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, value: int | None) -> int | None:
+        if value is not None and value & (value - 1):
+            raise ValueError(f"block_size must be a power of two, got {value}")
+        return value
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_parser(cls, value: str | None) -> str | None:
+        if value is not None and value not in TOOL_CALL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                             f"got {value!r}")
+        return value
+
+    def given(self) -> dict[str, int | bool | str]:
+        """The settings given (not None), as EngineConfig keyword arguments."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}

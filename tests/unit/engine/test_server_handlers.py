@@ -1,0 +1,70 @@
+"""The engine's NATS adapter, its tool part (no network): tools reach the chat template, tool call
+arguments reach it as dicts, and "auto" tool choice is refused without a tool call parser."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from shoal.services.engine.server.handlers import EngineHandlers
+from shoal.shared.errors import InvalidRequest
+from shoal.shared.schemas.infer import (ChatMessage, FunctionCall, FunctionDefinition,
+                                        GenerateRequest, TokenizeRequest, ToolCall,
+                                        ToolDefinition)
+
+TOOL = ToolDefinition(function=FunctionDefinition(
+    name="get_weather", parameters={"type": "object", "properties": {"city": {"type": "string"}}}))
+
+
+class RecordingTokenizer:
+    """apply_chat_template records what the template would see."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+        self.calls.append({"messages": messages, **kwargs})
+        return "rendered"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        assert text == "rendered" and not add_special_tokens
+        return [1, 2, 3]
+
+
+def handlers(parser: str | None = None) -> tuple[EngineHandlers, RecordingTokenizer]:
+    tokenizer = RecordingTokenizer()
+    engine = SimpleNamespace(core=SimpleNamespace(config=SimpleNamespace(tool_call_parser=parser)))
+    adapter = EngineHandlers(bus=None, engine=engine,  # type: ignore[arg-type]
+                             instance_id="i", model_name="m", tokenizer=tokenizer)
+    return adapter, tokenizer
+
+
+def test_tools_and_tool_turns_reach_the_chat_template() -> None:
+    h, tokenizer = handlers()
+    call = ToolCall(id="call_1", function=FunctionCall(name="get_weather",
+                                                       arguments='{"city": "Paris"}'))
+    messages = [ChatMessage(role="user", content="weather?"),
+                ChatMessage(role="assistant", tool_calls=[call]),
+                ChatMessage(role="tool", tool_call_id="call_1", content="sunny")]
+    assert h.prompt_token_ids(GenerateRequest(request_id="r", model="m", messages=messages,
+                                              tools=[TOOL])) == [1, 2, 3]
+    seen = tokenizer.calls[0]
+    assert seen["tools"] == [{"type": "function", "function": {
+        "name": "get_weather", "parameters": TOOL.function.parameters}}]
+    assert seen["messages"][1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+    assert seen["messages"][2] == {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+    h.prompt_token_ids(TokenizeRequest(model="m", messages=messages[:1]))
+    assert tokenizer.calls[1]["tools"] is None
+
+
+def test_auto_tool_choice_needs_a_parser() -> None:
+    request = GenerateRequest(request_id="r", model="m", messages=[], tools=[TOOL],
+                              needs_tool_call_parser=True)
+    with pytest.raises(InvalidRequest) as err:
+        handlers(parser=None)[0].tool_call_parser(request)
+    assert err.value.param == "tool_choice" and "tool_call_parser" in err.value.message
+    assert handlers(parser="hermes")[0].tool_call_parser(request) == "hermes"
+    plain = GenerateRequest(request_id="r", model="m", messages=[], tools=[TOOL])
+    assert handlers(parser="hermes")[0].tool_call_parser(plain) is None

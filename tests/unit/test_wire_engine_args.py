@@ -1,0 +1,66 @@
+"""The wire's EngineArgs and the engine's EngineConfig must not drift apart: every setting a
+deployment may give travels as a typed field (None = the engine's default), the rest is the
+worker's or a top-level ModelSpec field, and what EngineConfig refuses the wire refuses first,
+at deploy time, naming the field."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from shoal.services.engine import ConfigError, EngineConfig
+from shoal.shared.bus.client import decode
+from shoal.shared.errors import InvalidRequest
+from shoal.shared.schemas.engine_args import EngineArgs
+from shoal.shared.schemas.registry import ModelCreate, ModelSpec
+
+NOT_ENGINE_ARGS = {"model", "tokenizer", "device", "cache_dir"}
+"""The worker's to decide: what the placement and the model's source say."""
+TOP_LEVEL = {"max_model_len", "dtype", "gpu_memory_utilization"}
+"""ModelSpec's own fields (GPUStack's shape)."""
+
+BAD = [("block_size", 12), ("block_size", 0), ("max_num_seqs", 0), ("max_num_batched_tokens", -1),
+       ("kv_cache_memory", 0), ("num_kv_blocks", 0), ("num_threads", 0),
+       ("tool_call_parser", "nonsense")]
+
+
+def test_every_engine_setting_travels_once() -> None:
+    engine = {f.name for f in dataclasses.fields(EngineConfig)}
+    wire = set(EngineArgs.model_fields)
+    assert wire == engine - NOT_ENGINE_ARGS - TOP_LEVEL
+    assert TOP_LEVEL <= set(ModelSpec.model_fields)
+    assert all(v is None for v in EngineArgs().model_dump().values())  # no default restated
+
+
+def test_given_args_build_an_engine_config() -> None:
+    args = EngineArgs(max_num_seqs=8, kv_cache_memory=64 * 2**20, enable_prefix_caching=False,
+                      tool_call_parser="hermes")
+    config = EngineConfig(model="m", **args.given())
+    assert (config.max_num_seqs, config.kv_cache_memory, config.enable_prefix_caching,
+            config.tool_call_parser) == (8, 64 * 2**20, False, "hermes")
+    assert EngineConfig(model="m", **EngineArgs().given()) == EngineConfig(model="m")
+
+
+@pytest.mark.parametrize(("field", "value"), BAD)
+def test_what_the_engine_refuses_is_refused_at_deploy_time(field: str, value: object) -> None:
+    with pytest.raises(ConfigError) as engine_err:
+        EngineConfig(model="m", **{field: value})
+    assert engine_err.value.param == field
+    body = {"name": "m", "source": "/m", "engine_args": {field: value}}
+    with pytest.raises(InvalidRequest) as wire_err:  # the registry's decode of a deploy: a 400
+        decode(json.dumps(body).encode(), ModelCreate)
+    assert wire_err.value.param == f"engine_args.{field}"
+
+
+def test_unknown_args_and_cross_field_rules_are_refused() -> None:
+    with pytest.raises(ValidationError, match="no_such_arg"):
+        EngineArgs.model_validate({"no_such_arg": 1})
+    with pytest.raises(ValidationError, match="max_num_batched_tokens"):
+        ModelSpec(source="/m", max_model_len=4096, engine_args=EngineArgs(
+            enable_chunked_prefill=False, max_num_batched_tokens=2048))
+    with pytest.raises(ConfigError):
+        EngineConfig(model="m", max_model_len=4096, enable_chunked_prefill=False,
+                     max_num_batched_tokens=2048)

@@ -1,6 +1,6 @@
 """Map the repository's top-level folders to import names under `shoal`.
 
-DESIGN.md "Layout": `services/`, `shared/`, `kernels/` are imported as `shoal.services`,
+docs/architecture.md "Layout": `services/`, `shared/`, `kernels/` are imported as `shoal.services`,
 `shoal.shared`, `shoal.kernels`; nothing else is installed at the top level.
 """
 

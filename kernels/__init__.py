@@ -2,7 +2,7 @@
 
 Each op is plain torch (the CPU path and the reference) and Triton (the CUDA path, beside it in
 `*_triton.py`); `select_ops` picks the set by device, so the model code never changes
-(DESIGN.md "KV-cache contract").
+(docs/architecture.md "KV-cache contract").
 """
 
 from __future__ import annotations

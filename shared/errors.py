@@ -2,7 +2,7 @@
 
 Each kind carries an OpenAI-style `type`, a stable `code` and the HTTP status the gateway
 answers with. The bus adapter turns them into `{"error": {...}}` replies and back, so an error
-raised in the registry or an engine reaches the client unchanged (STYLE.md "Errors").
+raised in the registry or an engine reaches the client unchanged (docs/architecture.md "Errors").
 """
 
 from __future__ import annotations

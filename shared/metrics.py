@@ -23,8 +23,9 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 
 
-class RequestMetrics:
-    """What the gateway observes per request (label: model_name)."""
+class ServingMetrics:
+    """What the gateway observes per request, as its clients see it (label: model_name); the
+    engine's own per-request record is request_output.RequestMetrics."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         labels = ["model_name"]

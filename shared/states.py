@@ -1,4 +1,5 @@
-"""Instance and worker states and the instance state machine (DESIGN.md "State").
+"""Instance and worker states and the instance state machine (docs/architecture.md
+"Instance state machine").
 
 Plain Python, no I/O: the registry calls `check_transition` before writing, so an illegal move
 is refused and nothing is written.

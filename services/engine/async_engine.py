@@ -17,8 +17,7 @@ from typing import Any
 
 from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.engine_core import EngineCore, EngineRequest
-from shoal.services.engine.request_output import (EngineStats, RequestOutput,
-                                                         RequestOutputKind)
+from shoal.services.engine.request_output import EngineStats, RequestOutput, RequestOutputKind
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest, ShoalError, Unavailable
 

@@ -104,12 +104,6 @@ class BlockPool:
         block.token_ids = tuple(token_ids)
         self.cached[block_hash] = block
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached prefix (blocks in use keep their contents, just not findable)."""
-        for block in self.cached.values():
-            block.reset_hash()
-        self.cached.clear()
-
     def _evict(self, block: Block) -> None:
         if block.block_hash is not None:
             if self.cached.get(block.block_hash) is block:

@@ -1,4 +1,4 @@
-"""DecodeGraphs: CUDA graphs for decode-only steps (nano-vllm's capture_cudagraph, STYLE.md 1.5).
+"""DecodeGraphs: CUDA graphs for decode-only steps (nano-vllm's capture_cudagraph).
 
 Static input buffers; one graph per listed batch size, captured largest first into one shared
 memory pool; a step of n decodes replays the smallest size >= n with the spare lanes padded

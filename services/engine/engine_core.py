@@ -17,14 +17,18 @@ from typing import Any, Protocol
 
 from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.detokenizer import IncrementalDetokenizer
+from shoal.services.engine.grammar_gate import GrammarGate
 from shoal.services.engine.outputs import RunnerOutput, SchedulerOutput
-from shoal.services.engine.request_output import (CompletionOutput, EngineStats,
-                                                         RequestMetrics, RequestOutput,
-                                                         RequestOutputKind)
+from shoal.services.engine.request_output import (
+    CompletionOutput,
+    EngineStats,
+    RequestMetrics,
+    RequestOutput,
+    RequestOutputKind,
+)
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.services.engine.scheduler import Scheduler
 from shoal.services.engine.sequence import Sequence, SequenceStatus
-from shoal.services.engine.grammar_gate import GrammarGate
 from shoal.shared.errors import InvalidRequest
 
 COMPILE_WAIT_S = 0.05

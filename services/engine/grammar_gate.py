@@ -40,8 +40,7 @@ class GrammarGate:
     @property
     def compiler(self) -> GrammarCompiler:
         if self._compiler is None:
-            from shoal.services.engine.structured_output import (GrammarCompiler,
-                                                                        tokenizer_info)
+            from shoal.services.engine.structured_output import GrammarCompiler, tokenizer_info
 
             self._compiler = GrammarCompiler(lambda: tokenizer_info(
                 self._tokenizer, self._vocab_size, self._eos_token_ids))

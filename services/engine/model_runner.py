@@ -21,8 +21,7 @@ from shoal.services.engine.input_batch import ModelInputs, build_model_inputs
 from shoal.services.engine.kv_cache import bind_kv_caches, num_kv_blocks
 from shoal.services.engine.loader import load_weights
 from shoal.services.engine.models.registry import model_class
-from shoal.services.engine.outputs import (RunnerOutput, ScheduledSeq, SchedulerOutput,
-                                                  TokenLogprob)
+from shoal.services.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput, TokenLogprob
 from shoal.services.engine.sampler import SeqState, logprob_entries, mix_seed, sample
 
 

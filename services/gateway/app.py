@@ -17,10 +17,11 @@ from shoal.services.gateway.instances import InstanceTable
 from shoal.services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from shoal.services.gateway.openapi import openapi_document
 from shoal.services.gateway.router import Router
-from shoal.services.gateway.state import STATE, VERSION, GatewayState
+from shoal.services.gateway.state import STATE, GatewayState
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
+from shoal.shared.version import VERSION
 
 SETTINGS: web.AppKey[Settings] = web.AppKey("shoal_gateway_settings", Settings)
 ops = web.RouteTableDef()

@@ -16,15 +16,19 @@ from pydantic import BaseModel, ValidationError
 from shoal.services.gateway.instances import EngineGone, InstanceTable, LiveInstance
 from shoal.services.gateway.router import Router
 from shoal.shared.bus import subjects
-from shoal.shared.bus.client import Bus, encode
+from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.errors import NotFound, ShoalError, Timeout, Unavailable
 from shoal.shared.schemas.infer import (
-    AbortRequest, InferChunk, InferEnd, InferError, InferReplyEnvelope, InferRequestEnvelope,
+    AbortRequest,
     GenerateRequest,
+    InferChunk,
+    InferEnd,
+    InferError,
+    InferReplyEnvelope,
+    InferRequestEnvelope,
 )
-from shoal.shared.telemetry import inject_headers
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=BaseModel)
@@ -87,39 +91,35 @@ class InferClient:
         inst = self.table.watch(instance_id, queue)
         if inst is None:
             raise _NotStarted(Unavailable(f"instance {instance_id} left the table"))
-        nc = self.bus.nc
-        inbox = nc.new_inbox()
-        sub = await nc.subscribe(inbox, cb=queue.put)
         started = finished = False
         try:
-            await nc.publish(subjects.infer(instance_id), encode(InferRequestEnvelope(request=req)),
-                             reply=inbox, headers=inject_headers({"request_id": req.request_id}))
-            expected = 0
-            while True:
-                timeout = (self.settings.gateway_stream_idle_timeout if started
-                           else self.settings.gateway_accept_timeout)
-                reply = self._decode(await self._next(queue, timeout, started, inst))
-                if isinstance(reply, InferError):
-                    finished = True
-                    error = ShoalError.from_dict(reply.error.model_dump(), status=reply.status)
-                    if not started and reply.status in (503, 429):
-                        raise _NotStarted(error)
-                    raise error
-                if reply.seq != expected:
-                    raise Unavailable(f"stream of request {req.request_id} lost messages "
-                                      f"(expected seq {expected}, got {reply.seq})")
-                expected += 1
-                if not started:
-                    started = True
-                    self.router.record(hashes, instance_id)
-                if isinstance(reply, InferEnd):
-                    finished = True
+            async with self.bus.streamed_request(
+                    subjects.infer(instance_id), InferRequestEnvelope(request=req),
+                    headers={"request_id": req.request_id}, queue=queue):
+                expected = 0
+                while True:
+                    timeout = (self.settings.gateway_stream_idle_timeout if started
+                               else self.settings.gateway_accept_timeout)
+                    reply = self._decode(await self._next(queue, timeout, started, inst))
+                    if isinstance(reply, InferError):
+                        finished = True
+                        error = ShoalError.from_dict(reply.error.model_dump(), status=reply.status)
+                        if not started and reply.status in (503, 429):
+                            raise _NotStarted(error)
+                        raise error
+                    if reply.seq != expected:
+                        raise Unavailable(f"stream of request {req.request_id} lost messages "
+                                          f"(expected seq {expected}, got {reply.seq})")
+                    expected += 1
+                    if not started:
+                        started = True
+                        self.router.record(hashes, instance_id)
+                    finished = isinstance(reply, InferEnd)
                     yield reply
-                    return
-                yield reply
+                    if finished:
+                        return
         finally:
             self.table.unwatch(inst, queue)
-            await sub.unsubscribe()
             if not finished:  # also when it timed out before acceptance: it may still start there
                 await self._abort(instance_id, req.request_id)
 

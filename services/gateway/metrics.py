@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from shoal.shared.metrics import EngineLoadCollector, RequestMetrics, new_registry
+from shoal.shared.metrics import EngineLoadCollector, ServingMetrics, new_registry
 from shoal.shared.schemas.infer import EngineLoad, InferChunk, InferEnd
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -19,7 +19,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 class GatewayMetrics:
     def __init__(self, loads: Callable[[], Iterable[EngineLoad]]) -> None:
         self.registry = new_registry()
-        self.requests = RequestMetrics(self.registry)
+        self.requests = ServingMetrics(self.registry)
         self.registry.register(EngineLoadCollector(loads))
 
     def render(self) -> bytes:
@@ -32,7 +32,7 @@ class GatewayMetrics:
 class RequestObserver:
     """One request as its client sees it: first token, gaps between tokens, end."""
 
-    def __init__(self, metrics: RequestMetrics, model: str) -> None:
+    def __init__(self, metrics: ServingMetrics, model: str) -> None:
         self.metrics = metrics
         self.model = model
         self.arrival = time.perf_counter()

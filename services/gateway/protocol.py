@@ -9,24 +9,25 @@ from __future__ import annotations
 import json
 from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
+from shoal.services.gateway.body import Body
 from shoal.services.gateway.structured import StructuredFields
 from shoal.services.gateway.tools import ToolBody, ToolCallIn, ToolChoice, ToolPlan, plan_tools
 from shoal.shared.errors import InvalidRequest
-from shoal.shared.schemas.infer import (ChatMessage, GenerateRequest, SamplingOptions,
-                                        StructuredOutputsOptions)
+from shoal.shared.schemas.infer import (
+    ChatMessage,
+    GenerateRequest,
+    SamplingOptions,
+    StructuredOutputsOptions,
+)
 
 MAX_LOGPROBS = 20
 T = TypeVar("T", bound=BaseModel)
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal"}
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class StreamOptions(_Body):
+class StreamOptions(Body):
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
@@ -134,12 +135,12 @@ class CompletionRequest(_SamplingBody):
                                sampling=sampling)
 
 
-class TextPart(_Body):
+class TextPart(Body):
     type: Literal["text"]
     text: str
 
 
-class ChatMessageIn(_Body):
+class ChatMessageIn(Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -200,7 +201,7 @@ class ChatCompletionRequest(_SamplingBody):
                                needs_tool_call_parser=is_auto)
 
 
-class TokenizeBody(_Body):
+class TokenizeBody(Body):
     model: str = Field(min_length=1)
     prompt: str | None = None
     messages: list[ChatMessageIn] | None = None
@@ -214,7 +215,7 @@ class TokenizeBody(_Body):
             raise InvalidRequest("give exactly one of prompt or messages", param="prompt")
 
 
-class DetokenizeBody(_Body):
+class DetokenizeBody(Body):
     model: str = Field(min_length=1)
     tokens: list[int]
 

@@ -17,8 +17,6 @@ from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 
-VERSION = "0.1.0"
-
 
 @dataclass(slots=True)
 class GatewayState:

@@ -8,29 +8,26 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from shoal.services.gateway.body import Body
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.infer import StructuredOutputsOptions
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class JsonSchemaFormat(_Body):
+class JsonSchemaFormat(Body):
     name: str = Field(default="response", max_length=64)
     description: str | None = None
     schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Body):
+class ResponseFormat(Body):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredFields(_Body):
+class StructuredFields(Body):
     """The fields, shared by completions and chat."""
 
     response_format: ResponseFormat | None = None

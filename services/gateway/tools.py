@@ -12,27 +12,29 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from shoal.services.gateway.body import Body
 from shoal.shared.errors import InvalidRequest
-from shoal.shared.schemas.infer import (FunctionCall, FunctionDefinition,
-                                        StructuredOutputsOptions, ToolCall, ToolDefinition)
+from shoal.shared.schemas.infer import (
+    FunctionCall,
+    FunctionDefinition,
+    StructuredOutputsOptions,
+    ToolCall,
+    ToolDefinition,
+)
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class FunctionBody(_Body):
+class FunctionBody(Body):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class ToolBody(_Body):
+class ToolBody(Body):
     type: Literal["function"]
     function: FunctionBody
 
@@ -42,12 +44,12 @@ class ToolBody(_Body):
             name=f.name, description=f.description, parameters=f.parameters, strict=f.strict))
 
 
-class FunctionCallIn(_Body):
+class FunctionCallIn(Body):
     name: str
     arguments: str
 
 
-class ToolCallIn(_Body):
+class ToolCallIn(Body):
     """A call in an assistant message the client sends back."""
 
     id: str
@@ -59,11 +61,11 @@ class ToolCallIn(_Body):
                                                           arguments=self.function.arguments))
 
 
-class NamedFunction(_Body):
+class NamedFunction(Body):
     name: str
 
 
-class NamedToolChoice(_Body):
+class NamedToolChoice(Body):
     type: Literal["function"]
     function: NamedFunction
 

@@ -19,14 +19,32 @@ from shoal.services.registry.repo.workers import WorkerRepo
 from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.service import RpcService
-from shoal.shared.schemas.common import Page
 from shoal.shared.schemas.events import (
-    ApiKeyEvent, EventKind, InstanceEvent, ModelEvent, WorkerEvent,
+    ApiKeyEvent,
+    EventKind,
+    InstanceEvent,
+    ModelEvent,
+    WorkerEvent,
 )
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyVerified, ApiKeyVerify, ById, ByIdOrName,
-    DeleteRequest, Deleted, InstanceCreate, InstanceDelete, InstanceFilter, InstancePublic,
-    InstanceTransition, ListRequest, ModelCreate, ModelPublic, ModelUpdate, WorkerPublic,
+    ApiKeyCreate,
+    ApiKeyCreated,
+    ApiKeyPublic,
+    ApiKeyVerify,
+    ById,
+    ByIdOrName,
+    Deleted,
+    DeleteRequest,
+    InstanceCreate,
+    InstanceDelete,
+    InstanceFilter,
+    InstancePublic,
+    InstanceTransition,
+    ListRequest,
+    ModelCreate,
+    ModelPublic,
+    ModelUpdate,
+    WorkerPublic,
     WorkerRegister,
 )
 

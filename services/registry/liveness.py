@@ -13,6 +13,7 @@ from nats.aio.msg import Msg
 
 from shoal.services.registry.api import RegistryApi
 from shoal.shared.errors import Conflict
+from shoal.shared.loops import run_every
 from shoal.shared.schemas.events import EventKind
 from shoal.shared.schemas.registry import WorkerHeartbeat
 
@@ -36,18 +37,14 @@ class Liveness:
         await self._publish(changes)
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                changes = await self.api.workers.mark_silent(self.timeout_s)
-                await self._publish(changes)
-            except Conflict:
-                pass
-            except Exception:  # noqa: BLE001 - the monitor must keep running
-                log.exception("liveness check failed")
-            try:
-                await asyncio.wait_for(stop.wait(), self.check_interval_s)
-            except asyncio.TimeoutError:
-                pass
+        await run_every(self.check_interval_s, stop, self.check, "liveness check", log, expected=())
+
+    async def check(self) -> None:
+        try:
+            changes = await self.api.workers.mark_silent(self.timeout_s)
+        except Conflict:
+            return  # another registry marked them first
+        await self._publish(changes)
 
     async def _publish(self, changes: tuple[list, list]) -> None:
         workers, instances = changes

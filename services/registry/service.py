@@ -19,9 +19,9 @@ from shoal.shared.config import Settings
 from shoal.shared.db.session import make_engine, make_session_factory, run_migrations
 from shoal.shared.errors import Unavailable
 from shoal.shared.schemas.registry import WorkerHeartbeat
+from shoal.shared.version import VERSION
 
 log = logging.getLogger(__name__)
-VERSION = "0.1.0"
 
 
 async def run_registry(settings: Settings, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:

@@ -21,8 +21,7 @@ from shoal.shared.config import Settings
 from shoal.shared.errors import Unavailable
 from shoal.shared.schemas.common import Empty
 from shoal.shared.schemas.scheduler import SchedulerStatus
-
-VERSION = "0.1.0"
+from shoal.shared.version import VERSION
 
 
 class SchedulerReplica:

@@ -28,6 +28,7 @@ from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.db.leader_lock import NOT_LEADER
 from shoal.shared.errors import Conflict, NotFound, ShoalError
+from shoal.shared.loops import run_every
 from shoal.shared.schemas.common import utcnow
 from shoal.shared.schemas.registry import (
     InstanceCreate,
@@ -118,13 +119,9 @@ class SchedulerService:
 
     async def _consume(self, bus: Bus, stop: asyncio.Event) -> None:
         """The durable consumer; restarted after a failure (the periodic reconcile goes on)."""
-        while not stop.is_set():
-            try:
-                await bus.consume(self.config.durable, subjects.EVENTS_ALL, self.on_event, stop)
-            except Exception as exc:  # noqa: BLE001 - NATS went away: retry, reconcile meanwhile
-                log.warning("event consumer stopped (%s); retrying", exc)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 1.0)
+        await run_every(1.0, stop, lambda: bus.consume(self.config.durable, subjects.EVENTS_ALL,
+                                                       self.on_event, stop),
+                        "event consumer (retrying)", log, expected=(Exception,))
 
     async def on_event(self, _msg: Msg) -> None:
         self.kick.set()

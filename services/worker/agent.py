@@ -9,6 +9,7 @@ starts an engine; it is marked `simulated` wherever it is shown.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import socket
 from dataclasses import dataclass, field
@@ -20,7 +21,13 @@ from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.errors import NotFound, ShoalError
-from shoal.shared.schemas.registry import DeviceStatus, WorkerHeartbeat, WorkerPublic, WorkerRegister
+from shoal.shared.loops import run_every
+from shoal.shared.schemas.registry import (
+    DeviceStatus,
+    WorkerHeartbeat,
+    WorkerPublic,
+    WorkerRegister,
+)
 
 log = logging.getLogger(__name__)
 VERIFY_EVERY = 4
@@ -79,21 +86,14 @@ class WorkerAgent:
                 await supervisor
 
     async def _heartbeat_forever(self, stop: asyncio.Event) -> None:
-        beats = 0
-        while not stop.is_set():
-            try:
-                await self.heartbeat()
-                beats += 1
-                if beats % VERIFY_EVERY == 0:
-                    await self._verify_registration()
-            except ShoalError as exc:
-                log.warning("heartbeat failed: %s", exc.message)
-            except Exception:  # noqa: BLE001 - one bad beat must not end the heartbeats for good
-                log.exception("heartbeat failed")
-            try:
-                await asyncio.wait_for(stop.wait(), self.settings.heartbeat_interval)
-            except asyncio.TimeoutError:
-                pass
+        beats = itertools.count(1)
+
+        async def beat() -> None:
+            await self.heartbeat()
+            if next(beats) % VERIFY_EVERY == 0:
+                await self._verify_registration()
+
+        await run_every(self.settings.heartbeat_interval, stop, beat, "heartbeat", log)
 
     async def _register_until_done(self, stop: asyncio.Event) -> None:
         delay = 0.2

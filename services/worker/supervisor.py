@@ -19,12 +19,12 @@ from pathlib import Path
 
 from nats.aio.msg import Msg
 
-from shoal.shared.process import die_with_parent
 from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.errors import ShoalError
+from shoal.shared.process import die_with_parent
 from shoal.shared.schemas.events import InstanceEvent
 from shoal.shared.schemas.registry import InstanceFilter, InstancePublic, InstanceTransition
 from shoal.shared.states import InstanceState, can_transition

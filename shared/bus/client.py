@@ -11,14 +11,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig, StorageType, AckPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
 from pydantic import BaseModel, ValidationError
 
@@ -200,18 +201,30 @@ class Bus:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
+    @contextlib.asynccontextmanager
+    async def streamed_request(self, subject: str, payload: BaseModel,
+                               headers: dict[str, str] | None = None,
+                               queue: asyncio.Queue[Any] | None = None
+                               ) -> AsyncIterator[asyncio.Queue[Any]]:
+        """Publish a request whose replies stream to its own inbox, and give the queue they
+        arrive in (as Msg) until the context ends. Pass your own `queue` to have other producers
+        put into it too (the gateway's instance table puts an EngineGone when the engine dies)."""
+        queue = asyncio.Queue() if queue is None else queue
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox, cb=queue.put)
+        try:
+            await self.nc.publish(subject, encode(payload), reply=inbox,
+                                  headers=inject_headers(headers))
+            yield queue
+        finally:
+            await sub.unsubscribe()
+
     async def stream_replies(self, subject: str, payload: BaseModel,
                              headers: dict[str, str] | None = None) -> AsyncIterator[Msg]:
         """Publish a request and yield every reply sent to its inbox (streamed replies)."""
-        inbox = self.nc.new_inbox()
-        queue: asyncio.Queue[Msg] = asyncio.Queue()
-        sub = await self.nc.subscribe(inbox, cb=queue.put)
-        try:
-            await self.nc.publish(subject, encode(payload), reply=inbox, headers=inject_headers(headers))
+        async with self.streamed_request(subject, payload, headers) as queue:
             while True:
                 yield await queue.get()
-        finally:
-            await sub.unsubscribe()
 
 
 def _log_event(holder: list[Bus], text: str) -> Callable[[], Awaitable[None]]:

@@ -1,4 +1,5 @@
-"""Every NATS subject and stream name Shoal uses, built by functions (DESIGN.md "NATS subjects").
+"""Every NATS subject and stream name Shoal uses, built by functions (README "NATS subjects",
+the documented surface).
 
 This module is the documented integration surface: nobody writes a subject as an f-string
 elsewhere. Tokens are lowercase `[a-z0-9_]`; ids are opaque and never contain dots. Renaming a

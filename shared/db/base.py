@@ -2,7 +2,7 @@
 
 `version` is SQLAlchemy's version_id_col: each flush of a row runs `UPDATE ... WHERE id = :id AND
 version = :old` and a lost race raises StaleDataError, which the registry turns into a 409
-(DESIGN.md "State": a stale write is refused, never lost).
+(docs/architecture.md "Data and concurrency": a stale write is refused, never lost).
 """
 
 from __future__ import annotations

@@ -10,7 +10,12 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, text
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine, AsyncSession
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 _MIGRATION_LOCK = 0x5340A1  # any constant shared by every registry

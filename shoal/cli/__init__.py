@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from shoal.shared.errors import ShoalError
+from shoal.shared.version import VERSION
 
 SERVICES = ["registry", "scheduler", "worker", "gateway"]
 """What `shoal up` starts, in order (stopped in reverse)."""
@@ -31,6 +32,7 @@ def _labels(pairs: Sequence[str]) -> dict[str, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shoal", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"shoal {VERSION}")
     parser.add_argument("--data-dir", type=Path, help="where `shoal up` keeps its files (default ~/.shoal)")
     parser.add_argument("--nats-url", help="NATS server (default: SHOAL_NATS_URL or the running stack)")
     sub = parser.add_subparsers(dest="command", required=True)

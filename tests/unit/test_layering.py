@@ -23,7 +23,7 @@ NETWORK = {"nats", "aiohttp", "sqlalchemy", "asyncpg"}
 PURE = ["kernels", "services/scheduler/policies", "services/scheduler/claim",
         "services/scheduler/planner.py", "shared/units.py", "shared/states.py", "shared/errors.py",
         "services/worker/devices.py"] + [
-    f"services/gateway/{name}" for name in ("router.py", "protocol.py", "responses.py",
+    f"services/gateway/{name}" for name in ("body.py", "router.py", "protocol.py", "responses.py",
                                             "streaming.py", "admission.py", "structured.py",
                                             "tools.py", "tool_parsers.py")]
 

@@ -1,4 +1,4 @@
-"""The instance state machine, as DESIGN.md draws it."""
+"""The instance state machine, as docs/architecture.md draws it."""
 
 from __future__ import annotations
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.services.engine.config import ConfigError
-from shoal.services.engine.models.llama import (LlamaForCausalLM, MistralForCausalLM,
-                                                       Qwen2ForCausalLM)
+from shoal.services.engine.models.llama import (
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    Qwen2ForCausalLM,
+)
 from shoal.services.engine.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {

@@ -25,11 +25,25 @@ from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus, decode, encode
 from shoal.shared.errors import InvalidRequest, ShoalError
+from shoal.shared.loops import run_every
 from shoal.shared.schemas.common import ErrorBody
 from shoal.shared.schemas.infer import (
-    AbortRequest, ChoiceDelta, DetokenizeReply, DetokenizeRequest, EngineLoad,
-    GenerateRequest, InferChunk, InferEnd, InferError, InferReplyEnvelope, InferRequestEnvelope,
-    TokenizeReply, TokenizeRequest, TokenLogprobWire, TopLogprob, Usage,
+    AbortRequest,
+    ChoiceDelta,
+    DetokenizeReply,
+    DetokenizeRequest,
+    EngineLoad,
+    GenerateRequest,
+    InferChunk,
+    InferEnd,
+    InferError,
+    InferReplyEnvelope,
+    InferRequestEnvelope,
+    TokenizeReply,
+    TokenizeRequest,
+    TokenLogprobWire,
+    TopLogprob,
+    Usage,
 )
 
 log = logging.getLogger(__name__)
@@ -222,16 +236,8 @@ class EngineHandlers:
         await self.bus.publish(subjects.load(self.instance_id), self.load())
 
     async def publish_load_forever(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.publish_load()
-            except Exception:  # noqa: BLE001 - keep publishing
-                log.exception("could not publish load")
-            try:
-                await asyncio.wait_for(stop.wait(), LOAD_INTERVAL_S)
-            except asyncio.TimeoutError:
-                pass
-
+        await run_every(LOAD_INTERVAL_S, stop, self.publish_load, "publishing load", log,
+                        expected=())
 
 def _error(request_id: str, seq: int, exc: ShoalError, status: int) -> InferError:
     return InferError(request_id=request_id, seq=seq, error=ErrorBody(**exc.to_dict()), status=status)

@@ -10,16 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from pathlib import Path
 
 from shoal.services.engine.async_engine import AsyncEngine
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.server.handlers import EngineHandlers
 from shoal.services.engine.model_prep import prepare_model
+from shoal.services.engine.server.handlers import EngineHandlers
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
-from shoal.shared.errors import Conflict, InvalidRequest, NotFound, ShoalError
+from shoal.shared.errors import Conflict, NotFound, ShoalError
 from shoal.shared.logging import log_context
 from shoal.shared.schemas.registry import InstancePublic, InstanceTransition, ModelPublic
 from shoal.shared.states import InstanceState, can_transition

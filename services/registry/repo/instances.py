@@ -8,7 +8,7 @@ The scheduler's writes carry a leader fence, checked in the same transaction (fe
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shoal.services.registry.repo.common import check_version, get_or_404, unit_of_work
@@ -19,7 +19,12 @@ from shoal.shared.db.tables import InstanceRow, ModelRow, WorkerRow
 from shoal.shared.errors import InvalidRequest, NotFound
 from shoal.shared.schemas.common import Page, utcnow
 from shoal.shared.schemas.registry import (
-    ById, InstanceCreate, InstanceDelete, InstanceFilter, InstancePublic, InstanceTransition,
+    ById,
+    InstanceCreate,
+    InstanceDelete,
+    InstanceFilter,
+    InstancePublic,
+    InstanceTransition,
 )
 from shoal.shared.states import InstanceState, check_transition
 
@@ -90,11 +95,6 @@ class InstanceRepo:
             public = instance_public(row)
             await s.delete(row)
             return public
-
-    async def count_by_model(self) -> dict[str, int]:
-        async with self.sessions() as s:
-            rows = await s.execute(select(InstanceRow.model_id, func.count()).group_by(InstanceRow.model_id))
-            return {model_id: count for model_id, count in rows.all()}
 
     @staticmethod
     async def _placement_worker(s: AsyncSession, row: InstanceRow, req: InstanceTransition) -> WorkerRow | None:

@@ -26,8 +26,8 @@ from shoal.services.scheduler.policies.selectors import (
     MultiWorkerSelector,
     SingleGpuSelector,
 )
-from shoal.shared.units import fmt_bytes
 from shoal.shared.schemas.registry import DeviceKind, Placement
+from shoal.shared.units import fmt_bytes
 
 
 @dataclass(slots=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from alembic import context
 
-from shoal.shared.db.base import Base
 from shoal.shared.db import tables  # noqa: F401 - registers the tables on Base.metadata
+from shoal.shared.db.base import Base
 
 connection = context.config.attributes.get("connection")
 if connection is None:

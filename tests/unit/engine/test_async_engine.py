@@ -170,17 +170,19 @@ async def test_invalid_and_duplicate_requests_are_refused():
 
 async def test_a_failing_step_fails_every_open_stream():
     engine, runner = make_engine()
-    started = threading.Event()
 
     def explode(out) -> None:
-        if started.is_set():
+        # Mid-flight: by the 10th step every request has started, none can have finished (200
+        # tokens each). (Waiting for a consumer to see an output raced: the collector may fold
+        # all 200 tokens into one output before the loop delivers any.)
+        if len(runner.steps) >= 10:
             raise RuntimeError("CUDA error: device-side assert")
 
     runner.hook = explode
 
     async def consume(i: int):
-        async for output in engine.generate(f"r{i}", [1, 2, i + 3], SamplingParams(max_tokens=200)):
-            started.set()
+        async for _ in engine.generate(f"r{i}", [1, 2, i + 3], SamplingParams(max_tokens=200)):
+            pass
 
     results = await asyncio.wait_for(
         asyncio.gather(*(consume(i) for i in range(3)), return_exceptions=True), 5)

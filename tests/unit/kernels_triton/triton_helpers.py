@@ -10,7 +10,7 @@ import torch
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
-# The interpreter computes bf16 wrongly (DESIGN.md): bf16 runs on the GPU only.
+# The interpreter computes bf16 wrongly (docs/kernels.md): bf16 runs on the GPU only.
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if HAS_CUDA else [])
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (none here): "
                                 "GPU-only check skipped, the interpreter runs the rest")

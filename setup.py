@@ -6,7 +6,8 @@ docs/architecture.md "Layout": `services/`, `shared/`, `kernels/` are imported a
 
 from setuptools import find_packages, setup
 
-FOLDERS = {"shoal": "shoal", "shoal.services": "services", "shoal.shared": "shared", "shoal.kernels": "kernels"}
+FOLDERS = {"shoal": "shoal", "shoal.services": "services", "shoal.shared": "shared",
+           "shoal.kernels": "kernels"}
 
 packages: list[str] = []
 package_dir: dict[str, str] = {}

@@ -18,7 +18,7 @@ import platform
 import random
 import statistics
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 
 from shoal.services.scheduler.claim import ModelProfile, ModelShape
@@ -27,7 +27,7 @@ from shoal.shared.schemas.registry import DeviceStatus, GpuDevice, ModelSpec, Wo
 from shoal.shared.states import WorkerState
 
 GIB = 1024**3
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -104,8 +104,10 @@ def run(num_workers: int, num_instances: int, seed: int = 0) -> dict[str, float 
         "workers": num_workers, "gpus": num_workers * 8, "instances": num_instances,
         "scheduled": len(ok_ns), "pending": len(fail_ns), "index_build_ms": round(build_ms, 2),
         "median_ms": round(statistics.median(every) / 1e6, 4), "p99_ms": round(ms(every, 0.99), 4),
-        "median_scheduled_ms": round(ms(ok_ns, 0.5), 4), "p99_scheduled_ms": round(ms(ok_ns, 0.99), 4),
-        "median_pending_ms": round(ms(fail_ns, 0.5), 4), "p99_pending_ms": round(ms(fail_ns, 0.99), 4),
+        "median_scheduled_ms": round(ms(ok_ns, 0.5), 4),
+        "p99_scheduled_ms": round(ms(ok_ns, 0.99), 4),
+        "median_pending_ms": round(ms(fail_ns, 0.5), 4),
+        "p99_pending_ms": round(ms(fail_ns, 0.99), 4),
         "explained_pending": len(explained_ns),
         "median_explained_ms": round(ms(explained_ns, 0.5), 4),
         "total_s": round(sum(every) / 1e9, 3),
@@ -132,7 +134,7 @@ def main() -> None:
     for row in rows:
         print(" | ".join(f"{row[k]:>11}" for k in keys))
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"scheduler_placement-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.json"
+    out = RESULTS / f"scheduler_placement-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
     out.write_text(json.dumps({"python": platform.python_version(), "machine": platform.machine(),
                                "instances": instances, "rows": rows}, indent=2))
     print(f"\nwrote {out}")

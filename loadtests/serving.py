@@ -70,7 +70,8 @@ def arrival_gaps(num: int, rate: float, kind: str, seed: int) -> list[float]:
 
 
 async def one_request(session, url: str, model: str, sample: Sample) -> Result:  # type: ignore[no-untyped-def]
-    body = {"model": model, "prompt": sample.prompt, "max_tokens": sample.output_len, "ignore_eos": True,
+    body = {"model": model, "prompt": sample.prompt, "max_tokens": sample.output_len,
+            "ignore_eos": True,
             "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
     res = Result()
     start = last = time.perf_counter()
@@ -128,7 +129,8 @@ async def run_served(url: str, model: str, samples: list[Sample], rate: float, a
             results.append(await next_done)
             done += 1
             if done % max(1, len(samples) // 10) == 0 or done == len(samples):
-                print(f"  {done}/{len(samples)} requests done ({time.perf_counter() - start:.1f}s)", flush=True)
+                print(f"  {done}/{len(samples)} requests done ({time.perf_counter() - start:.1f}s)",
+                      flush=True)
         return results, time.perf_counter() - start
 
 
@@ -221,22 +223,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--model", required=True, help="the served model name")
     p.add_argument("--num-prompts", type=int, default=64)
-    p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s (default inf: all at once)")
+    p.add_argument("--request-rate", type=float, default=math.inf,
+                   help="requests/s (default inf: all at once)")
     p.add_argument("--arrivals", choices=["poisson", "fixed"], default="poisson")
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--sweep", help="comma-separated concurrencies, e.g. 1,8,32 (rate inf)")
     p.add_argument("--max-input", type=int, default=256, help="longest prompt in words")
     p.add_argument("--max-output", type=int, default=128, help="longest answer in tokens")
-    p.add_argument("--shared-prefix", type=int, default=0, help="words of a prefix shared by every prompt")
+    p.add_argument("--shared-prefix", type=int, default=0,
+                   help="words of a prefix shared by every prompt")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=["served", "offline"], default="served")
-    p.add_argument("--compare-offline", action="store_true", help="also run the workload through shoal.LLM")
+    p.add_argument("--compare-offline", action="store_true",
+                   help="also run the workload through shoal.LLM")
     p.add_argument("--model-path", help="folder or .gguf for the offline run")
-    p.add_argument("--engine-arg", action="append", default=[], help="KEY=INT for the offline engine")
-    p.add_argument("--out", type=Path, default=None, help="JSON path (default loadtests/results/...)")
+    p.add_argument("--engine-arg", action="append", default=[],
+                   help="KEY=INT for the offline engine")
+    p.add_argument("--out", type=Path, default=None,
+                   help="JSON path (default loadtests/results/...)")
     args = p.parse_args(argv)
 
-    samples = synthetic_sharegpt(args.num_prompts, args.seed, args.max_input, args.max_output, args.shared_prefix)
+    samples = synthetic_sharegpt(args.num_prompts, args.seed, args.max_input, args.max_output,
+                                 args.shared_prefix)
     concurrencies: list[int | None] = ([int(c) for c in args.sweep.split(",")] if args.sweep
                                        else [args.max_concurrency])
     backends = ["served", "offline"] if args.compare_offline else [args.backend]
@@ -249,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
             rate = math.inf if args.sweep else args.request_rate
             print(f"{backend}: {len(samples)} prompts, concurrency {conc or 'unbounded'}, rate {rate}", flush=True)
             if backend == "served":
-                results, duration = asyncio.run(run_served(args.base_url.rstrip("/"), args.model, samples, rate,
+                results, duration = asyncio.run(run_served(args.base_url.rstrip("/"), args.model,
+                                                           samples, rate,
                                                            args.arrivals, conc, args.seed))
             else:
                 results, duration = run_offline(args.model_path, samples, conc, engine_args)
@@ -258,8 +267,10 @@ def main(argv: list[str] | None = None) -> int:
             runs.append({"backend": backend, "max_concurrency": conc, "request_rate": str(rate),
                          "metrics": metrics, "errors": errors})
             print(json.dumps({k: round(v, 2) for k, v in metrics.items()}), flush=True)
-    summary: dict[str, object] = {"model": args.model, "num_prompts": args.num_prompts, "seed": args.seed,
-                                  "max_input": args.max_input, "max_output": args.max_output, "runs": runs}
+    summary: dict[str, object] = {"model": args.model, "num_prompts": args.num_prompts,
+                                  "seed": args.seed,
+                                  "max_input": args.max_input, "max_output": args.max_output,
+                                  "runs": runs}
     if args.compare_offline:
         served = {r["max_concurrency"]: r["metrics"] for r in runs if r["backend"] == "served"}
         offline = {r["max_concurrency"]: r["metrics"] for r in runs if r["backend"] == "offline"}

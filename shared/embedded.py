@@ -126,7 +126,8 @@ class EmbeddedPostgres:
 def write_stack_file(path: Path, nats_url: str, database_url: str, **extra: object) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"nats_url": nats_url, "database_url": database_url, **extra}, indent=2))
+    tmp.write_text(json.dumps({"nats_url": nats_url, "database_url": database_url, **extra},
+                              indent=2))
     tmp.replace(path)
 
 

@@ -12,9 +12,10 @@ import json
 import logging
 import sys
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
-_CONTEXT: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("shoal_log_context", default={})
+_CONTEXT: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("shoal_log_context",
+                                                                          default={})
 _FIELDS = ("request_id", "instance_id", "worker_id", "model")
 
 
@@ -28,7 +29,7 @@ class _ContextFilter(logging.Filter):
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         body = {
-            "ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(),
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(),
             "level": record.levelname,
             "logger": record.name,
             "msg": record.getMessage(),

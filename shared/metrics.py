@@ -33,13 +33,17 @@ class ServingMetrics:
                               buckets=LATENCY_BUCKETS, registry=registry)
         self.itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency.", labels,
                              buckets=ITL_BUCKETS, registry=registry)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency.", labels,
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency.",
+                             labels,
                              buckets=LATENCY_BUCKETS, registry=registry)
-        self.queue = Histogram("vllm:request_queue_time_seconds", "Time spent waiting in the engine queue.",
+        self.queue = Histogram("vllm:request_queue_time_seconds",
+                               "Time spent waiting in the engine queue.",
                                labels, buckets=LATENCY_BUCKETS, registry=registry)
-        self.prompt_tokens = Histogram("vllm:request_prompt_tokens", "Prompt tokens per request.", labels,
+        self.prompt_tokens = Histogram("vllm:request_prompt_tokens", "Prompt tokens per request.",
+                                       labels,
                                        buckets=TOKEN_BUCKETS, registry=registry)
-        self.generation_tokens = Histogram("vllm:request_generation_tokens", "Generated tokens per request.",
+        self.generation_tokens = Histogram("vllm:request_generation_tokens",
+                                           "Generated tokens per request.",
                                            labels, buckets=TOKEN_BUCKETS, registry=registry)
         self.success = Counter("vllm:request_success", "Finished requests by finish reason.",
                                ["model_name", "finished_reason"], registry=registry)
@@ -54,16 +58,25 @@ class EngineLoadCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         labels = ["model_name", "engine"]
         gauges = {
-            "num_requests_running": GaugeMetricFamily("vllm:num_requests_running", "Requests running.", labels=labels),
-            "num_requests_waiting": GaugeMetricFamily("vllm:num_requests_waiting", "Requests waiting.", labels=labels),
-            "kv_cache_usage_perc": GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache use, 1 = full.", labels=labels),
+            "num_requests_running": GaugeMetricFamily("vllm:num_requests_running",
+                                                      "Requests running.", labels=labels),
+            "num_requests_waiting": GaugeMetricFamily("vllm:num_requests_waiting",
+                                                      "Requests waiting.", labels=labels),
+            "kv_cache_usage_perc": GaugeMetricFamily("vllm:kv_cache_usage_perc",
+                                                     "KV-cache use, 1 = full.", labels=labels),
         }
         counters = {
-            "prompt_tokens": CounterMetricFamily("vllm:prompt_tokens", "Prefill tokens processed.", labels=labels),
-            "generation_tokens": CounterMetricFamily("vllm:generation_tokens", "Tokens generated.", labels=labels),
-            "num_preemptions": CounterMetricFamily("vllm:num_preemptions", "Preemptions.", labels=labels),
-            "prefix_cache_queries": CounterMetricFamily("vllm:prefix_cache_queries", "Prefix-cache queried tokens.", labels=labels),
-            "prefix_cache_hits": CounterMetricFamily("vllm:prefix_cache_hits", "Prefix-cache hit tokens.", labels=labels),
+            "prompt_tokens": CounterMetricFamily("vllm:prompt_tokens", "Prefill tokens processed.",
+                                                 labels=labels),
+            "generation_tokens": CounterMetricFamily("vllm:generation_tokens", "Tokens generated.",
+                                                     labels=labels),
+            "num_preemptions": CounterMetricFamily("vllm:num_preemptions", "Preemptions.",
+                                                   labels=labels),
+            "prefix_cache_queries": CounterMetricFamily("vllm:prefix_cache_queries",
+                                                        "Prefix-cache queried tokens.",
+                                                        labels=labels),
+            "prefix_cache_hits": CounterMetricFamily("vllm:prefix_cache_hits",
+                                                     "Prefix-cache hit tokens.", labels=labels),
         }
         for load in self._loads():
             values = [load.model_name, load.instance_id]

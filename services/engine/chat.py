@@ -13,7 +13,8 @@ from shoal.shared.errors import InvalidRequest
 Message = dict[str, Any]
 
 
-def render_chat(tokenizer: Any, messages: list[Message], *, tools: list[dict[str, Any]] | None = None,
+def render_chat(tokenizer: Any, messages: list[Message], *,
+                tools: list[dict[str, Any]] | None = None,
                 add_generation_prompt: bool = True,
                 chat_template: str | None = None) -> tuple[str, list[int]]:
     """(the prompt text, its token ids). A template that fails on the input is the request's

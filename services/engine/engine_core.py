@@ -125,7 +125,8 @@ class EngineCore:
         prompt_token_ids = list(prompt_token_ids)
         bound = self.vocab_bound
         if not all(isinstance(t, int) and 0 <= t < bound for t in prompt_token_ids):
-            raise InvalidRequest(f"prompt token ids must be integers in [0, {bound})", param="prompt")
+            raise InvalidRequest(f"prompt token ids must be integers in [0, {bound})",
+                                 param="prompt")
         self.scheduler.check_request(len(prompt_token_ids), params)
         if params.structured_outputs is not None:
             self.grammar_gate.check(params.structured_outputs)

@@ -150,7 +150,8 @@ class SamplingParams:
         return params
 
     def validate(self) -> None:
-        _check(isinstance(self.n, int) and self.n >= 1, "n", f"must be an integer >= 1, got {self.n!r}")
+        _check(isinstance(self.n, int) and self.n >= 1, "n",
+               f"must be an integer >= 1, got {self.n!r}")
         _check(self.n <= 128, "n", f"must be <= 128, got {self.n}")
         _check(_is_number(self.temperature) and self.temperature >= 0.0, "temperature",
                f"must be >= 0, got {self.temperature!r}")
@@ -162,7 +163,8 @@ class SamplingParams:
                f"must be in [0, 1], got {self.min_p!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            _check(_is_number(value) and -2.0 <= value <= 2.0, name, f"must be in [-2, 2], got {value!r}")
+            _check(_is_number(value) and -2.0 <= value <= 2.0, name,
+                   f"must be in [-2, 2], got {value!r}")
         _check(_is_number(self.repetition_penalty) and self.repetition_penalty > 0.0,
                "repetition_penalty", f"must be > 0, got {self.repetition_penalty!r}")
         _check(self.seed is None or isinstance(self.seed, int), "seed",

@@ -145,7 +145,8 @@ class Scheduler:
             self.running = [seq for seq in self.running if not seq.is_finished]
         return changed
 
-    def finish(self, seq: Sequence, status: SequenceStatus, stop_reason: int | str | None = None) -> None:
+    def finish(self, seq: Sequence, status: SequenceStatus,
+               stop_reason: int | str | None = None) -> None:
         """Finish a sequence from outside (a stop string found by the detokenizer)."""
         if seq.is_finished:
             return
@@ -240,7 +241,8 @@ class Scheduler:
         if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             self._finish(seq, SequenceStatus.FINISHED_LENGTH)
 
-    def _finish(self, seq: Sequence, status: SequenceStatus, stop_reason: int | str | None = None) -> None:
+    def _finish(self, seq: Sequence, status: SequenceStatus,
+                stop_reason: int | str | None = None) -> None:
         seq.status = status
         seq.stop_reason = stop_reason
         seq.finish_time = time.time()

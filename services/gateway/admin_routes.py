@@ -50,7 +50,8 @@ def _int_query(request: web.Request, name: str, default: int | None) -> int | No
 
 def _page(request: web.Request) -> ListRequest:
     try:
-        return ListRequest(limit=_int_query(request, "limit", 1000), offset=_int_query(request, "offset", 0))
+        return ListRequest(limit=_int_query(request, "limit", 1000),
+                           offset=_int_query(request, "offset", 0))
     except ValueError as exc:
         raise InvalidRequest(f"bad paging: {exc}", param="limit") from None
 

@@ -17,9 +17,11 @@ from shoal.shared.errors import InvalidRequest, ShoalError
 
 log = logging.getLogger(__name__)
 
-_TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+_TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error",
+                   403: "permission_error",
                    404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error",
-                   413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
+                   413: "invalid_request_error", 429: "rate_limit_error",
+                   503: "service_unavailable"}
 
 
 def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
@@ -29,7 +31,8 @@ def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
     if isinstance(exc, web.HTTPException) and exc.status >= 400:
         message = {404: "no such route", 405: "method not allowed",
                    413: "request body too large"}.get(exc.status, exc.reason)
-        return exc.status, {"error": {"message": message, "type": _TYPE_BY_STATUS.get(exc.status, "error"),
+        return exc.status, {"error": {"message": message,
+                                      "type": _TYPE_BY_STATUS.get(exc.status, "error"),
                                       "param": None, "code": None}}
     return 500, {"error": {"message": "internal error", "type": "internal_error", "param": None,
                            "code": "internal_error"}}
@@ -55,7 +58,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(exc)
     except asyncio.CancelledError:
         raise
-    except (ConnectionResetError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, ConnectionResetError) as exc:
         log.info("%s %s: client went away (%s)", request.method, request.path, type(exc).__name__)
         raise
     except Exception:

@@ -57,8 +57,10 @@ class InferClient:
         try:
             await self.registry.get_model(name=model)
         except NotFound:
-            return NotFound(f"The model `{model}` does not exist.", param="model", code="model_not_found")
-        return Unavailable(f"no running instance serves model `{model}` now; retry later", param="model")
+            return NotFound(f"The model `{model}` does not exist.", param="model",
+                            code="model_not_found")
+        return Unavailable(f"no running instance serves model `{model}` now; retry later",
+                           param="model")
 
     def _pick(self, model: str, hashes: Sequence[bytes], tried: list[str]) -> str | None:
         return self.router.choose(self.table.candidates(model), hashes, exclude=tried)
@@ -127,7 +129,7 @@ class InferClient:
                     inst: LiveInstance) -> Msg:
         try:
             item = await asyncio.wait_for(queue.get(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if not started:
                 raise _NotStarted(Timeout(f"instance {inst.id} did not accept within {timeout}s")) from None
             raise Unavailable(f"the engine of instance {inst.id} sent nothing for {timeout}s") from None

@@ -52,7 +52,8 @@ class LiveInstance:
 
 
 class InstanceTable:
-    def __init__(self, bus: Bus, registry: RegistryClient, settings: Settings, router: Router) -> None:
+    def __init__(self, bus: Bus, registry: RegistryClient, settings: Settings,
+                 router: Router) -> None:
         self.bus = bus
         self.registry = registry
         self.settings = settings
@@ -64,7 +65,8 @@ class InstanceTable:
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         self._subs.append(await self.bus.subscribe(subjects.LOAD_ALL, EngineLoad, self._on_load))
-        self._subs.append(await self.bus.subscribe(subjects.events_of("instances"), InstanceEvent, self._on_event))
+        self._subs.append(await self.bus.subscribe(subjects.events_of("instances"), InstanceEvent,
+                                                   self._on_event))
         with contextlib.suppress(ShoalError):
             await self.refresh()
         self._tasks = [asyncio.create_task(self._refresh_loop(), name="gateway-refresh"),
@@ -137,7 +139,8 @@ class InstanceTable:
     def _upsert(self, data: InstancePublic) -> None:
         known = self.instances.get(data.id)
         if known is None:
-            self.instances[data.id] = LiveInstance(data.id, data.model_name, data.version, time.monotonic())
+            self.instances[data.id] = LiveInstance(data.id, data.model_name, data.version,
+                                                   time.monotonic())
         elif data.version > known.version:
             known.version = data.version
             known.joined_at = time.monotonic()

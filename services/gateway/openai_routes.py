@@ -73,7 +73,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
             hashes = text_prefix_hashes(prompt) if isinstance(prompt, str) else token_prefix_hashes(prompt)
             echo = prompt if body.echo and isinstance(prompt, str) else ""
             jobs.append(Job(body.generate(f"{builder.id}-{i}", prompt), hashes, i * body.n, echo))
-        answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model), body.include_usage,
+        answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model),
+                        body.include_usage,
                         body.continuous_usage)
         return await _answer(request, answer, body.stream, body.spec()[1])
 
@@ -87,7 +88,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                                   tool_mode=body.tool_plan().mode)
         hashes = messages_prefix_hashes([(m.role, m.text() or "") for m in body.messages])
         jobs = [Job(body.generate(builder.id), hashes)]
-        answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model), body.include_usage,
+        answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model),
+                        body.include_usage,
                         body.continuous_usage)
         return await _answer(request, answer, body.stream, body.spec()[1])
 
@@ -118,13 +120,15 @@ async def tokenize(request: web.Request) -> web.Response:
                           add_generation_prompt=body.add_generation_prompt,
                           tools=[t.wire() for t in body.tools] if body.tools else None)
     reply = await st.client.call(body.model, req, TokenizeReply)
-    return web.json_response({"count": reply.count, "max_model_len": reply.max_model_len, "tokens": reply.tokens})
+    return web.json_response({"count": reply.count, "max_model_len": reply.max_model_len,
+                              "tokens": reply.tokens})
 
 
 @routes.post("/detokenize")
 async def detokenize(request: web.Request) -> web.Response:
     st = request.app[STATE]
     body = parse_body(await read_body(request), DetokenizeBody)
-    reply = await st.client.call(body.model, DetokenizeRequest(model=body.model, tokens=body.tokens),
+    reply = await st.client.call(body.model,
+                                 DetokenizeRequest(model=body.model, tokens=body.tokens),
                                  DetokenizeReply)
     return web.json_response({"prompt": reply.prompt})

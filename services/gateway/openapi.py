@@ -17,13 +17,15 @@ from shoal.services.gateway.protocol import (
 from shoal.shared.schemas.registry import ApiKeyCreate, ModelCreate, ModelUpdate
 
 _ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
-    "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
+    "message": {"type": "string"}, "type": {"type": "string"},
+    "param": {"type": ["string", "null"]},
     "code": {"type": ["string", "null"]}}}}}
 _OPS: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
     ("get", "/v1/models", "List models", None, "openai"),
     ("get", "/v1/models/{name}", "Get a model", None, "openai"),
     ("post", "/v1/completions", "Create a completion (stream: SSE)", CompletionRequest, "openai"),
-    ("post", "/v1/chat/completions", "Create a chat completion (stream: SSE)", ChatCompletionRequest, "openai"),
+    ("post", "/v1/chat/completions", "Create a chat completion (stream: SSE)",
+     ChatCompletionRequest, "openai"),
     ("post", "/tokenize", "Tokenize a prompt or messages", TokenizeBody, "openai"),
     ("post", "/detokenize", "Detokenize token ids", DetokenizeBody, "openai"),
     ("get", "/health", "Liveness: 200 while the gateway runs", None, "ops"),
@@ -35,19 +37,24 @@ _OPS: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
     ("get", "/api/v1/models/{id}", "Get a model by id or name", None, "management"),
     ("patch", "/api/v1/models/{id}", "Update a model (send the version you read; stale: 409)",
      ModelUpdate, "management"),
-    ("delete", "/api/v1/models/{id}", "Delete a model (?version=N: refused when stale)", None, "management"),
-    ("get", "/api/v1/instances", "List instances (?model, ?model_id, ?worker_id, ?state)", None, "management"),
+    ("delete", "/api/v1/models/{id}", "Delete a model (?version=N: refused when stale)", None,
+     "management"),
+    ("get", "/api/v1/instances", "List instances (?model, ?model_id, ?worker_id, ?state)", None,
+     "management"),
     ("get", "/api/v1/instances/{id}", "Get an instance", None, "management"),
     ("delete", "/api/v1/instances/{id}", "Delete an instance", None, "management"),
     ("get", "/api/v1/workers", "List workers", None, "management"),
     ("get", "/api/v1/workers/{id}", "Get a worker", None, "management"),
     ("delete", "/api/v1/workers/{id}", "Delete a worker", None, "management"),
     ("get", "/api/v1/keys", "List API keys", None, "management"),
-    ("post", "/api/v1/keys", "Create an API key (the secret is shown once)", ApiKeyCreate, "management"),
+    ("post", "/api/v1/keys", "Create an API key (the secret is shown once)", ApiKeyCreate,
+     "management"),
     ("delete", "/api/v1/keys/{id}", "Revoke an API key", None, "management"),
 ]
-_ERRORS = {"400": "Bad input", "401": "Missing or invalid API key", "404": "Unknown model or resource",
-           "409": "Stale version", "429": "Too many requests in flight", "503": "No instance can serve now"}
+_ERRORS = {"400": "Bad input", "401": "Missing or invalid API key",
+           "404": "Unknown model or resource",
+           "409": "Stale version", "429": "Too many requests in flight",
+           "503": "No instance can serve now"}
 
 
 def openapi_document(version: str) -> dict[str, Any]:
@@ -63,7 +70,8 @@ def openapi_document(version: str) -> dict[str, Any]:
         }
         params = [p.strip("{}") for p in path.split("/") if p.startswith("{")]
         if params:
-            op["parameters"] = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+            op["parameters"] = [{"name": p, "in": "path", "required": True,
+                                 "schema": {"type": "string"}}
                                 for p in params]
         if body is not None:
             schema = body.model_json_schema(ref_template="#/components/schemas/{model}")

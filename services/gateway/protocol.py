@@ -77,7 +77,8 @@ class _SamplingBody(StructuredFields):
         if len(stops) > 16:
             raise InvalidRequest(f"at most 16 stop strings, got {len(stops)}", param="stop")
         if self.stream_options is not None and not self.stream:
-            raise InvalidRequest("stream_options is only allowed when stream is true", param="stream_options")
+            raise InvalidRequest("stream_options is only allowed when stream is true",
+                                 param="stream_options")
         if max_tokens is not None and self.min_tokens > max_tokens:
             raise InvalidRequest(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({max_tokens})",
                                  param="min_tokens")
@@ -130,7 +131,8 @@ class CompletionRequest(_SamplingBody):
     def generate(self, request_id: str, prompt: str | list[int]) -> GenerateRequest:
         sampling = self.sampling(self.max_tokens, self.logprobs)
         if isinstance(prompt, str):
-            return GenerateRequest(request_id=request_id, model=self.model, prompt=prompt, sampling=sampling)
+            return GenerateRequest(request_id=request_id, model=self.model, prompt=prompt,
+                                   sampling=sampling)
         return GenerateRequest(request_id=request_id, model=self.model, prompt_token_ids=prompt,
                                sampling=sampling)
 
@@ -195,7 +197,8 @@ class ChatCompletionRequest(_SamplingBody):
         is_auto = (mode := self.tool_plan().mode) is not None and mode.kind == "auto"
         if is_auto:  # a parser's tags may be special tokens (vLLM's hermes parser does this too)
             sampling.skip_special_tokens = False
-        return GenerateRequest(request_id=request_id, model=self.model, messages=self.wire_messages(),
+        return GenerateRequest(request_id=request_id, model=self.model,
+                               messages=self.wire_messages(),
                                add_generation_prompt=self.add_generation_prompt, sampling=sampling,
                                tools=[t.wire() for t in self.tools] if self.tools else None,
                                needs_tool_call_parser=is_auto)

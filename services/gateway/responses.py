@@ -44,7 +44,8 @@ def completion_logprobs(items: list[TokenLogprobWire], offset: int) -> JSON:
         tops.append({t.token: t.logprob for t in item.top} or None)
         offsets.append(offset)
         offset += len(item.token)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops,
+            "text_offset": offsets}
 
 
 def _token_entry(token: str, logprob: float) -> JSON:
@@ -158,7 +159,8 @@ class ResponseBuilder:
         if self.kind == "chat":
             return {"index": index, "delta": _chat_delta(parsed), "logprobs": lp,
                     "finish_reason": reason}
-        return {"index": index, "text": delta.text, "logprobs": lp, "finish_reason": delta.finish_reason,
+        return {"index": index, "text": delta.text, "logprobs": lp,
+                "finish_reason": delta.finish_reason,
                 "stop_reason": delta.stop_reason}
 
     def finish(self, index: int, reason: str) -> JSON | None:
@@ -171,14 +173,17 @@ class ResponseBuilder:
         if self.kind == "chat":
             return {"index": index, "delta": _chat_delta(parsed), "logprobs": None,
                     "finish_reason": reason}
-        return {"index": index, "text": "", "logprobs": None, "finish_reason": reason, "stop_reason": None}
+        return {"index": index, "text": "", "logprobs": None, "finish_reason": reason,
+                "stop_reason": None}
 
     def role_entry(self, index: int) -> JSON:
         return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                 "finish_reason": None}
 
-    def chunk(self, entries: list[JSON], usage: Usage | None = None, with_usage: bool = False) -> JSON:
-        body: JSON = {"id": self.id, "object": self.object_name + ("" if self.kind != "chat" else ".chunk"),
+    def chunk(self, entries: list[JSON], usage: Usage | None = None,
+              with_usage: bool = False) -> JSON:
+        body: JSON = {"id": self.id,
+                      "object": self.object_name + ("" if self.kind != "chat" else ".chunk"),
                       "created": self.created, "model": self.model, "choices": entries}
         if with_usage:
             body["usage"] = usage_body(usage) if usage is not None else None

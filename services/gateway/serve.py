@@ -135,7 +135,8 @@ class Answer:
                 async for i, reply in replies:
                     await self._write(response, i, reply)
                 if self.include_usage:
-                    await response.write(sse_event(self.builder.chunk([], self.builder.usage, True)))
+                    await response.write(sse_event(self.builder.chunk([], self.builder.usage,
+                                                                      True)))
             except ShoalError as exc:
                 await response.write(sse_error(exc))
             await response.write(DONE)
@@ -149,7 +150,8 @@ class Answer:
                 if self.builder.kind == "chat":
                     entry = self.builder.role_entry(index)
                 elif job.echo:
-                    entry = {"index": index, "text": job.echo, "logprobs": None, "finish_reason": None,
+                    entry = {"index": index, "text": job.echo, "logprobs": None,
+                             "finish_reason": None,
                              "stop_reason": None}
                 else:
                     continue

@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 5.0
 
 
-async def run_gateway(settings: Settings, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+async def run_gateway(settings: Settings, stop: asyncio.Event,
+                      ready: asyncio.Event | None = None) -> None:
     """Serve until `stop` is set; `ready` is set once the port listens and the bus is connected."""
     runner = web.AppRunner(make_app(settings), handler_cancellation=True, access_log=None,
                            shutdown_timeout=SHUTDOWN_GRACE_S)

@@ -147,10 +147,12 @@ class RegistryApi:
         await self._emit("models", m.id, ModelEvent(kind=kind, id=m.id, version=m.version, data=m))
 
     async def instance_event(self, kind: EventKind, i: InstancePublic) -> None:
-        await self._emit("instances", i.id, InstanceEvent(kind=kind, id=i.id, version=i.version, data=i))
+        await self._emit("instances", i.id,
+                         InstanceEvent(kind=kind, id=i.id, version=i.version, data=i))
 
     async def worker_event(self, kind: EventKind, w: WorkerPublic) -> None:
-        await self._emit("workers", w.id, WorkerEvent(kind=kind, id=w.id, version=w.version, data=w))
+        await self._emit("workers", w.id,
+                         WorkerEvent(kind=kind, id=w.id, version=w.version, data=w))
 
     async def _emit(self, resource: str, row_id: str, event: BaseModel) -> None:
         try:

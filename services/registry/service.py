@@ -24,7 +24,8 @@ from shoal.shared.version import VERSION
 log = logging.getLogger(__name__)
 
 
-async def run_registry(settings: Settings, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+async def run_registry(settings: Settings, stop: asyncio.Event,
+                       ready: asyncio.Event | None = None) -> None:
     """Serve until `stop` is set; `ready` is set once every endpoint is subscribed."""
     if not settings.database_url:
         raise Unavailable("no database URL: set SHOAL_DATABASE_URL or start the stack with `shoal up`")
@@ -37,7 +38,8 @@ async def run_registry(settings: Settings, stop: asyncio.Event, ready: asyncio.E
         stack.push_async_callback(bus.close)
         await bus.ensure_events_stream()
 
-        api = RegistryApi(bus, ModelRepo(sessions), WorkerRepo(sessions), InstanceRepo(sessions), ApiKeyRepo(sessions))
+        api = RegistryApi(bus, ModelRepo(sessions), WorkerRepo(sessions), InstanceRepo(sessions),
+                          ApiKeyRepo(sessions))
         svc = RpcService(bus, subjects.REGISTRY_SERVICE, VERSION, subjects.REGISTRY_GROUP,
                          "Shoal registry: models, workers, instances, API keys")
         await svc.start()

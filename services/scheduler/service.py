@@ -129,7 +129,8 @@ class SchedulerService:
     async def _wait(self, stop: asyncio.Event) -> None:
         waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.kick.wait())]
         try:
-            await asyncio.wait(waiters, timeout=self.config.interval * self.jitter.uniform(0.9, 1.1),
+            await asyncio.wait(waiters,
+                               timeout=self.config.interval * self.jitter.uniform(0.9, 1.1),
                                return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waiters:

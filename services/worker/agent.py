@@ -116,8 +116,10 @@ class WorkerAgent:
             await self.register()
 
 
-async def run_worker(settings: Settings, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
-    bus = await Bus.connect(settings, name=f"shoal-worker-{settings.worker_name or socket.gethostname()}")
+async def run_worker(settings: Settings, stop: asyncio.Event,
+                     ready: asyncio.Event | None = None) -> None:
+    bus = await Bus.connect(settings,
+                            name=f"shoal-worker-{settings.worker_name or socket.gethostname()}")
     try:
         await WorkerAgent(settings, bus).run(stop, ready)
     finally:

@@ -18,7 +18,8 @@ from shoal.shared.schemas.registry import DeviceStatus, GpuDevice
 from shoal.shared.units import GIB
 
 _ITEM = re.compile(r"^(?P<count>\d+)x(?P<what>[A-Za-z0-9_.\-]+)$")
-_GPU = re.compile(r"^(?P<name>[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*?)-(?P<gib>\d+)(?:GB|G|GiB)$", re.IGNORECASE)
+_GPU = re.compile(r"^(?P<name>[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*?)-(?P<gib>\d+)(?:GB|G|GiB)$",
+                  re.IGNORECASE)
 SIMULATED_CPU_CORES = 16
 SIMULATED_RAM = 64 * GIB
 
@@ -90,4 +91,5 @@ def parse_simulated(spec: str) -> DeviceStatus:
         for _ in range(count):
             gpus.append(GpuDevice(index=len(gpus), name=gpu["name"], vendor="nvidia (simulated)",
                                   memory_total=int(gpu["gib"]) * GIB, memory_used=0))
-    return DeviceStatus(cpu_cores=SIMULATED_CPU_CORES, memory_total=SIMULATED_RAM, memory_used=0, gpus=gpus)
+    return DeviceStatus(cpu_cores=SIMULATED_CPU_CORES, memory_total=SIMULATED_RAM, memory_used=0,
+                        gpus=gpus)

@@ -31,7 +31,8 @@ from shoal.shared.states import InstanceState, can_transition
 
 log = logging.getLogger(__name__)
 RECONCILE_EVERY_S = 3.0
-SERVED_STATES = frozenset({InstanceState.SCHEDULED, InstanceState.DOWNLOADING, InstanceState.STARTING,
+SERVED_STATES = frozenset({InstanceState.SCHEDULED, InstanceState.DOWNLOADING,
+                           InstanceState.STARTING,
                            InstanceState.RUNNING, InstanceState.ERROR, InstanceState.UNREACHABLE})
 
 
@@ -78,7 +79,8 @@ class Supervisor:
                     log.warning("reconcile failed: %s", exc.message)
                 self._wake.clear()
                 waiters = [asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())]
-                await asyncio.wait(waiters, timeout=RECONCILE_EVERY_S, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(waiters, timeout=RECONCILE_EVERY_S,
+                                   return_when=asyncio.FIRST_COMPLETED)
                 for waiter in waiters:
                     waiter.cancel()
         finally:
@@ -142,7 +144,8 @@ class Supervisor:
             message = f"engine exited with {code}: {engine.log_tail()}"[-2000:]
         if fresh.state is InstanceState.ERROR or can_transition(fresh.state, InstanceState.ERROR):
             await self.registry.transition_instance(InstanceTransition(
-                id=fresh.id, version=fresh.version, state=InstanceState.ERROR, state_message=message,
+                id=fresh.id, version=fresh.version, state=InstanceState.ERROR,
+                state_message=message,
                 restart_count=fresh.restart_count + 1))
 
     def _stop(self, engine: EngineProcess) -> None:

@@ -51,7 +51,8 @@ def decode(data: bytes, model: type[T]) -> T:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or None
-        raise InvalidRequest(f"malformed {model.__name__}: {where or 'body'}: {first['msg']}", param=where) from None
+        raise InvalidRequest(f"malformed {model.__name__}: {where or 'body'}: {first['msg']}",
+                             param=where) from None
 
 
 def raise_for_error(msg: Msg) -> None:
@@ -129,10 +130,12 @@ class Bus:
         raise_for_error(msg)
         return decode(msg.data, reply_type)
 
-    async def publish(self, subject: str, payload: BaseModel, headers: dict[str, str] | None = None) -> None:
+    async def publish(self, subject: str, payload: BaseModel,
+                      headers: dict[str, str] | None = None) -> None:
         await self.nc.publish(subject, encode(payload), headers=inject_headers(headers))
 
-    async def subscribe(self, subject: str, model: type[T], handler: Callable[[T, Msg], Awaitable[None]],
+    async def subscribe(self, subject: str, model: type[T],
+                        handler: Callable[[T, Msg], Awaitable[None]],
                         queue: str = "") -> nats.aio.subscription.Subscription:
         """Subscribe with a typed handler; malformed messages are logged and dropped."""
 
@@ -183,7 +186,7 @@ class Bus:
             while not stop.is_set():
                 try:
                     msgs = await sub.fetch(batch, timeout=1.0)
-                except (NatsTimeout, asyncio.TimeoutError):  # nats-py raises either when idle
+                except (TimeoutError, NatsTimeout):  # nats-py raises either when idle
                     continue
                 except (NotFoundError, nats.errors.ConnectionClosedError):
                     if stop.is_set():

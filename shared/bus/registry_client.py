@@ -41,10 +41,12 @@ class RegistryClient:
         return await self.bus.request(subjects.registry("models", "create"), req, ModelPublic)
 
     async def get_model(self, id: str | None = None, name: str | None = None) -> ModelPublic:
-        return await self.bus.request(subjects.registry("models", "get"), ByIdOrName(id=id, name=name), ModelPublic)
+        return await self.bus.request(subjects.registry("models", "get"),
+                                      ByIdOrName(id=id, name=name), ModelPublic)
 
     async def list_models(self, req: ListRequest | None = None) -> list[ModelPublic]:
-        page = await self.bus.request(subjects.registry("models", "list"), req or ListRequest(), Page[ModelPublic])
+        page = await self.bus.request(subjects.registry("models", "list"), req or ListRequest(),
+                                      Page[ModelPublic])
         return page.items
 
     async def update_model(self, req: ModelUpdate) -> ModelPublic:
@@ -58,15 +60,18 @@ class RegistryClient:
         return await self.bus.request(subjects.registry("instances", "create"), req, InstancePublic)
 
     async def get_instance(self, id: str) -> InstancePublic:
-        return await self.bus.request(subjects.registry("instances", "get"), ById(id=id), InstancePublic)
+        return await self.bus.request(subjects.registry("instances", "get"), ById(id=id),
+                                      InstancePublic)
 
     async def list_instances(self, req: InstanceFilter | None = None) -> list[InstancePublic]:
-        page = await self.bus.request(subjects.registry("instances", "list"), req or InstanceFilter(),
+        page = await self.bus.request(subjects.registry("instances", "list"),
+                                      req or InstanceFilter(),
                                       Page[InstancePublic])
         return page.items
 
     async def transition_instance(self, req: InstanceTransition) -> InstancePublic:
-        return await self.bus.request(subjects.registry("instances", "transition"), req, InstancePublic)
+        return await self.bus.request(subjects.registry("instances", "transition"), req,
+                                      InstancePublic)
 
     async def delete_instance(self, req: DeleteRequest) -> Deleted:
         return await self.bus.request(subjects.registry("instances", "delete"), req, Deleted)
@@ -76,10 +81,12 @@ class RegistryClient:
         return await self.bus.request(subjects.registry("workers", "register"), req, WorkerPublic)
 
     async def get_worker(self, id: str) -> WorkerPublic:
-        return await self.bus.request(subjects.registry("workers", "get"), ById(id=id), WorkerPublic)
+        return await self.bus.request(subjects.registry("workers", "get"), ById(id=id),
+                                      WorkerPublic)
 
     async def list_workers(self, req: ListRequest | None = None) -> list[WorkerPublic]:
-        page = await self.bus.request(subjects.registry("workers", "list"), req or ListRequest(), Page[WorkerPublic])
+        page = await self.bus.request(subjects.registry("workers", "list"), req or ListRequest(),
+                                      Page[WorkerPublic])
         return page.items
 
     async def delete_worker(self, req: DeleteRequest) -> Deleted:
@@ -90,11 +97,14 @@ class RegistryClient:
         return await self.bus.request(subjects.registry("keys", "create"), req, ApiKeyCreated)
 
     async def list_keys(self, req: ListRequest | None = None) -> list[ApiKeyPublic]:
-        page = await self.bus.request(subjects.registry("keys", "list"), req or ListRequest(), Page[ApiKeyPublic])
+        page = await self.bus.request(subjects.registry("keys", "list"), req or ListRequest(),
+                                      Page[ApiKeyPublic])
         return page.items
 
     async def revoke_key(self, id: str) -> ApiKeyPublic:
-        return await self.bus.request(subjects.registry("keys", "revoke"), ById(id=id), ApiKeyPublic)
+        return await self.bus.request(subjects.registry("keys", "revoke"), ById(id=id),
+                                      ApiKeyPublic)
 
     async def verify_key(self, secret: str) -> ApiKeyVerified:
-        return await self.bus.request(subjects.registry("keys", "verify"), ApiKeyVerify(secret=secret), ApiKeyVerified)
+        return await self.bus.request(subjects.registry("keys", "verify"),
+                                      ApiKeyVerify(secret=secret), ApiKeyVerified)

@@ -31,7 +31,8 @@ Handler = Callable[[Req], Awaitable[BaseModel]]
 class RpcService:
     """One micro service; endpoints are served as <group>.<resource>.<verb>."""
 
-    def __init__(self, bus: Bus, name: str, version: str, group: str, description: str = "") -> None:
+    def __init__(self, bus: Bus, name: str, version: str, group: str,
+                 description: str = "") -> None:
         self.bus = bus
         self.name = name
         self.version = version
@@ -51,10 +52,12 @@ class RpcService:
             await self._service.stop()
             self._service = None
 
-    async def endpoint(self, resource: str, verb: str, request_type: type[Req], handler: Handler[Req]) -> None:
+    async def endpoint(self, resource: str, verb: str, request_type: type[Req],
+                       handler: Handler[Req]) -> None:
         assert self._service is not None, "start() the service first"
         group = self._service.add_group(name=f"{self.group}.{resource}")
-        await group.add_endpoint(name=verb, handler=self._wrap(f"{resource}.{verb}", request_type, handler))
+        await group.add_endpoint(name=verb,
+                                 handler=self._wrap(f"{resource}.{verb}", request_type, handler))
 
     def _wrap(self, name: str, request_type: type[Req], handler: Handler[Req]) -> Callable[[Request], Awaitable[None]]:
         async def handle(request: Request) -> None:
@@ -70,7 +73,8 @@ class RpcService:
                 except Exception as exc:  # noqa: BLE001 - answer, log, keep serving
                     log.exception("%s failed", name)
                     span.record_exception(exc)
-                    await respond_error(request, ShoalError(f"internal error in {name}: {type(exc).__name__}"))
+                    await respond_error(request,
+                                        ShoalError(f"internal error in {name}: {type(exc).__name__}"))
                     return
                 await request.respond(reply.model_dump_json().encode())
 

@@ -30,7 +30,8 @@ def async_url(url: str) -> str:
 
 
 def make_engine(database_url: str) -> AsyncEngine:
-    return create_async_engine(async_url(database_url), pool_pre_ping=True, pool_size=5, max_overflow=10)
+    return create_async_engine(async_url(database_url), pool_pre_ping=True, pool_size=5,
+                               max_overflow=10)
 
 
 def make_session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -37,4 +37,4 @@ class Empty(Wire):
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)

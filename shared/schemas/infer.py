@@ -9,7 +9,7 @@ needs no model files. Tokenize / detokenize get one reply each.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -131,7 +131,8 @@ class DetokenizeRequest(Wire):
     tokens: list[int]
 
 
-InferRequest = Annotated[Union[GenerateRequest, TokenizeRequest, DetokenizeRequest], Field(discriminator="op")]
+InferRequest = Annotated[GenerateRequest | TokenizeRequest | DetokenizeRequest,
+                         Field(discriminator="op")]
 
 
 class InferRequestEnvelope(Wire):
@@ -202,7 +203,7 @@ class InferError(Wire):
     status: int
 
 
-InferReply = Annotated[Union[InferChunk, InferEnd, InferError], Field(discriminator="type")]
+InferReply = Annotated[InferChunk | InferEnd | InferError, Field(discriminator="type")]
 
 
 class InferReplyEnvelope(Wire):

@@ -33,8 +33,10 @@ def _labels(pairs: Sequence[str]) -> dict[str, str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shoal", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"shoal {VERSION}")
-    parser.add_argument("--data-dir", type=Path, help="where `shoal up` keeps its files (default ~/.shoal)")
-    parser.add_argument("--nats-url", help="NATS server (default: SHOAL_NATS_URL or the running stack)")
+    parser.add_argument("--data-dir", type=Path,
+                        help="where `shoal up` keeps its files (default ~/.shoal)")
+    parser.add_argument("--nats-url",
+                        help="NATS server (default: SHOAL_NATS_URL or the running stack)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="start the whole local stack in the foreground")
@@ -44,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     gateway = sub.add_parser("gateway", help="run the OpenAI-compatible gateway")
     gateway.add_argument("--host", help="listen address (default 127.0.0.1)")
     gateway.add_argument("--port", type=int, help="listen port (default 8000)")
-    serve = sub.add_parser("serve", help="one model behind an OpenAI endpoint: `shoal up` + deploy PATH")
+    serve = sub.add_parser("serve",
+                           help="one model behind an OpenAI endpoint: `shoal up` + deploy PATH")
     serve.add_argument("model_path", help="a Hugging Face folder or a .gguf file")
     serve.add_argument("--served-model-name", help="the name clients use (default: from the path)")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -75,12 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
                 p.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto")
                 p.add_argument("--placement", choices=["binpack", "spread"], default="binpack")
                 p.add_argument("--worker-selector", action="append", default=[], help="KEY=VALUE")
-                p.add_argument("--gpu-selector", action="append", default=[], help="WORKER:GPU_INDEX")
+                p.add_argument("--gpu-selector", action="append", default=[],
+                               help="WORKER:GPU_INDEX")
                 p.add_argument("--gpu-type")
                 p.add_argument("--tp", type=int)
                 p.add_argument("--pp", type=int)
                 p.add_argument("--max-model-len", type=int)
-                p.add_argument("--no-distributed", action="store_true", help="never span several workers")
+                p.add_argument("--no-distributed", action="store_true",
+                               help="never span several workers")
                 p.add_argument("--engine-arg", action="append", default=[],
                                help="KEY=VALUE engine setting (max_num_seqs, kv_cache_memory, ...)")
                 p.add_argument("--dry-run", action="store_true",

@@ -43,7 +43,8 @@ def dispatch(args: argparse.Namespace) -> int:
 
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
         extra = {"worker": ["--simulate-devices", args.simulate_devices]} if args.simulate_devices else {}
-        deploy = None if args.no_model or args.simulate_devices else (DEFAULT_MODEL, str(smollm2_gguf_path()))
+        deploy = None if args.no_model or args.simulate_devices else (DEFAULT_MODEL,
+                                                                      str(smollm2_gguf_path()))
         return up(settings, SERVICES, extra, deploy)
     if args.command == "scheduler":
         from shoal.services.scheduler.replica import run_scheduler
@@ -58,11 +59,13 @@ def dispatch(args: argparse.Namespace) -> int:
 
         from shoal.services.engine import run_engine
 
-        return run_service("engine", partial(run_engine, instance_id=args.instance_id), resolve_settings(**overrides))
+        return run_service("engine", partial(run_engine, instance_id=args.instance_id),
+                           resolve_settings(**overrides))
     if args.command == "worker":
         from shoal.services.worker.agent import run_worker
 
-        settings = resolve_settings(**overrides, worker_name=args.name, simulate_devices=args.simulate_devices,
+        settings = resolve_settings(**overrides, worker_name=args.name,
+                                    simulate_devices=args.simulate_devices,
                                     worker_labels=_labels(args.label) or None)
         return run_service("worker", run_worker, settings)
     settings = resolve_settings(**overrides)
@@ -170,4 +173,5 @@ def keys_cmd(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-RESOURCES = {"models": models_cmd, "instances": instances_cmd, "workers": workers_cmd, "keys": keys_cmd}
+RESOURCES = {"models": models_cmd, "instances": instances_cmd, "workers": workers_cmd,
+             "keys": keys_cmd}

@@ -6,7 +6,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any
 
 from pydantic import BaseModel
@@ -32,7 +32,8 @@ def run(settings: Settings, action: Callable[[RegistryClient], Awaitable[Any]]) 
     return asyncio.run(go())
 
 
-def emit(items: BaseModel | Sequence[BaseModel], as_json: bool, table: Callable[[Sequence[Any]], str]) -> None:
+def emit(items: BaseModel | Sequence[BaseModel], as_json: bool,
+         table: Callable[[Sequence[Any]], str]) -> None:
     many = items if isinstance(items, (list, tuple)) else [items]
     if as_json:
         data = [i.model_dump(mode="json") for i in many]
@@ -45,7 +46,7 @@ def emit(items: BaseModel | Sequence[BaseModel], as_json: bool, table: Callable[
 def _age(when: datetime | None) -> str:
     if when is None:
         return "-"
-    seconds = (datetime.now(timezone.utc) - when).total_seconds()
+    seconds = (datetime.now(UTC) - when).total_seconds()
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds / size:.0f}{unit} ago"
@@ -53,9 +54,11 @@ def _age(when: datetime | None) -> str:
 
 
 def models_table(models: Sequence[ModelPublic]) -> str:
-    rows = [[m.name, m.id, m.replicas, m.device.value, m.placement_strategy.value, m.source, m.version]
+    rows = [[m.name, m.id, m.replicas, m.device.value, m.placement_strategy.value, m.source,
+             m.version]
             for m in models]
-    return tabulate(rows, headers=["NAME", "ID", "REPLICAS", "DEVICE", "PLACEMENT", "SOURCE", "VERSION"])
+    return tabulate(rows,
+                    headers=["NAME", "ID", "REPLICAS", "DEVICE", "PLACEMENT", "SOURCE", "VERSION"])
 
 
 def workers_table(workers: Sequence[WorkerPublic]) -> str:
@@ -64,15 +67,20 @@ def workers_table(workers: Sequence[WorkerPublic]) -> str:
         gpus = ", ".join(f"{g.index}:{g.name} {g.memory_total / GIB:.0f}G" for g in w.status.gpus) or "-"
         rows.append([w.name + (" (simulated)" if w.simulated else ""), w.id, w.state.value,
                      w.status.cpu_cores, f"{w.status.memory_total / GIB:.1f}G", gpus,
-                     ",".join(f"{k}={v}" for k, v in w.labels.items()) or "-", _age(w.last_heartbeat_at)])
-    return tabulate(rows, headers=["NAME", "ID", "STATE", "CPUS", "RAM", "GPUS", "LABELS", "HEARTBEAT"])
+                     ",".join(f"{k}={v}" for k, v in w.labels.items()) or "-",
+                     _age(w.last_heartbeat_at)])
+    return tabulate(rows,
+                    headers=["NAME", "ID", "STATE", "CPUS", "RAM", "GPUS", "LABELS", "HEARTBEAT"])
 
 
 def instances_table(instances: Sequence[InstancePublic]) -> str:
     rows = [[i.name, i.id, i.model_name, i.state.value, i.worker_name or "-",
-             ",".join(map(str, i.gpu_indexes)) or "-", f"tp={i.tp} pp={i.pp}", (i.state_message or "")[:80]]
+             ",".join(map(str, i.gpu_indexes)) or "-", f"tp={i.tp} pp={i.pp}",
+             (i.state_message or "")[:80]]
             for i in instances]
-    return tabulate(rows, headers=["NAME", "ID", "MODEL", "STATE", "WORKER", "GPUS", "PARALLEL", "MESSAGE"])
+    return tabulate(rows,
+                    headers=["NAME", "ID", "MODEL", "STATE", "WORKER", "GPUS", "PARALLEL",
+                             "MESSAGE"])
 
 
 def keys_table(keys: Sequence[ApiKeyPublic]) -> str:

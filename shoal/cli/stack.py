@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 from shoal.shared.process import die_with_parent
 from shoal.shared.bus.client import Bus
@@ -40,7 +40,8 @@ class Child:
     exited_at: float | None = None
 
     def start(self, env: dict[str, str]) -> None:
-        self.process = subprocess.Popen(self.argv, env=env, start_new_session=True, preexec_fn=die_with_parent)
+        self.process = subprocess.Popen(self.argv, env=env, start_new_session=True,
+                                        preexec_fn=die_with_parent)
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -49,7 +50,8 @@ class Child:
         try:
             self.process.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            print(f"shoal: {self.name} did not stop in {STOP_TIMEOUT_S:.0f}s; killing it", flush=True)
+            print(f"shoal: {self.name} did not stop in {STOP_TIMEOUT_S:.0f}s; killing it",
+                  flush=True)
             self.process.kill()
             self.process.wait()
 
@@ -77,20 +79,24 @@ class Stack:
             print(f"shoal: embedded PostgreSQL at {database_url}", flush=True)
         write_stack_file(self.settings.stack_file, nats_url, database_url,
                          gateway_url=f"http://{self.settings.gateway_host}:{self.settings.gateway_port}")
-        self.settings = self.settings.model_copy(update={"nats_url": nats_url, "database_url": database_url})
+        self.settings = self.settings.model_copy(update={"nats_url": nats_url,
+                                                         "database_url": database_url})
         return nats_url, database_url
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(SHOAL_NATS_URL=str(self.settings.nats_url), SHOAL_DATABASE_URL=str(self.settings.database_url),
-                   SHOAL_DATA_DIR=str(self.settings.data_dir), SHOAL_GATEWAY_HOST=self.settings.gateway_host,
+        env.update(SHOAL_NATS_URL=str(self.settings.nats_url),
+                   SHOAL_DATABASE_URL=str(self.settings.database_url),
+                   SHOAL_DATA_DIR=str(self.settings.data_dir),
+                   SHOAL_GATEWAY_HOST=self.settings.gateway_host,
                    SHOAL_GATEWAY_PORT=str(self.settings.gateway_port))
         return env
 
     def start_services(self) -> None:
         env = self.env()
         for name in self.services:
-            child = Child(name, [sys.executable, "-m", "shoal", name, *self.extra_args.get(name, [])])
+            child = Child(name,
+                          [sys.executable, "-m", "shoal", name, *self.extra_args.get(name, [])])
             child.start(env)
             self.children.append(child)
 
@@ -134,7 +140,8 @@ async def deploy_and_wait(settings: Settings, name: str, source: str, deadline: 
         try:
             model = await client.get_model(name=name)
         except NotFound:
-            model = await client.create_model(ModelCreate(name=name, source=source, device=DeviceKind.CPU,
+            model = await client.create_model(ModelCreate(name=name, source=source,
+                                                          device=DeviceKind.CPU,
                                                           engine_args=engine_args or {}))
             print(f"shoal: deployed {name} from {source}", flush=True)
         last = ""
@@ -152,7 +159,8 @@ async def deploy_and_wait(settings: Settings, name: str, source: str, deadline: 
                     last = line
             await asyncio.sleep(0.5)
         if not stopping():
-            print(f"shoal: {name} has no RUNNING instance yet; see `shoal instances list`", flush=True)
+            print(f"shoal: {name} has no RUNNING instance yet; see `shoal instances list`",
+                  flush=True)
         return None
     finally:
         await bus.close()
@@ -184,7 +192,7 @@ def up(settings: Settings, services: list[str], extra_args: dict[str, list[str]]
     """Run the stack; with `model` = (name, source), deploy it (with `engine_args`) and wait
     until it serves."""
     started = time.monotonic()
-    since = datetime.now(timezone.utc)
+    since = datetime.now(UTC)
     stopping = False
     is_ready = False
 
@@ -207,7 +215,8 @@ def up(settings: Settings, services: list[str], extra_args: dict[str, list[str]]
         if model is not None:
             name, source = model
             instance = asyncio.run(deploy_and_wait(stack.settings, name, source,
-                                                   time.monotonic() + MODEL_TIMEOUT_S, lambda: stopping, since,
+                                                   time.monotonic() + MODEL_TIMEOUT_S,
+                                                   lambda: stopping, since,
                                                    engine_args))
             if instance is not None:
                 print(f"shoal: {name} RUNNING as {instance.name} after {time.monotonic() - started:.1f}s",

@@ -20,7 +20,8 @@ from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.infer import (
-    AbortRequest, ChatMessage, EngineLoad, GenerateRequest, InferChunk, InferEnd, InferError, InferReplyEnvelope,
+    AbortRequest, ChatMessage, EngineLoad, GenerateRequest, InferChunk, InferEnd, InferError,
+    InferReplyEnvelope,
     InferRequestEnvelope, SamplingOptions, TokenizeReply, TokenizeRequest,
 )
 from shoal.shared.schemas.registry import (
@@ -33,7 +34,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 READY_TIMEOUT = 300
 
 
-async def wait_state(client: RegistryClient, instance_id: str, state: InstanceState, timeout: float):
+async def wait_state(client: RegistryClient, instance_id: str, state: InstanceState,
+                     timeout: float):
     deadline = time.monotonic() + timeout
     inst = None
     while time.monotonic() < deadline:
@@ -112,7 +114,8 @@ def engine_pids(instance_id: str) -> list[int]:
 async def test_chat_streams_with_seq_and_usage(stack) -> None:
     bus, client, model, inst = stack
     req = GenerateRequest(request_id=uuid.uuid4().hex, model=model.name,
-                          messages=[ChatMessage(role="user", content="What is the capital of France?")],
+                          messages=[ChatMessage(role="user",
+                                                content="What is the capital of France?")],
                           sampling=SamplingOptions(temperature=0, max_tokens=20))
     replies = await generate(bus, subjects.infer(inst.id), req)
     assert isinstance(replies[0], InferChunk) and replies[0].choices == [] and replies[0].prompt_token_ids
@@ -126,7 +129,8 @@ async def test_chat_streams_with_seq_and_usage(stack) -> None:
 
 async def test_plain_prompt_and_tokenize(stack) -> None:
     bus, client, model, inst = stack
-    req = GenerateRequest(request_id=uuid.uuid4().hex, model=model.name, prompt="The capital of France is",
+    req = GenerateRequest(request_id=uuid.uuid4().hex, model=model.name,
+                          prompt="The capital of France is",
                           sampling=SamplingOptions(temperature=0, max_tokens=5))
     replies = await generate(bus, subjects.infer(inst.id), req)
     assert isinstance(replies[-1], InferEnd) and text_of(replies).strip()
@@ -152,7 +156,8 @@ async def test_bad_requests_are_refused_before_acceptance(stack) -> None:
 
 async def test_abort_frees_the_engine(stack) -> None:
     bus, client, model, inst = stack
-    req = GenerateRequest(request_id=uuid.uuid4().hex, model=model.name, prompt="Count to one thousand:",
+    req = GenerateRequest(request_id=uuid.uuid4().hex, model=model.name,
+                          prompt="Count to one thousand:",
                           sampling=SamplingOptions(temperature=0, max_tokens=400, ignore_eos=True))
     replies = await generate(bus, subjects.infer(inst.id), req, abort_after=3, instance_id=inst.id)
     assert isinstance(replies[-1], InferError) and replies[-1].status == 499

@@ -37,7 +37,8 @@ ENGINE_ARGS = {"max_num_seqs": 8, "kv_cache_memory": 64 * 2**20}
 async def running_instance(client: RegistryClient, model_id: str, timeout: float = READY_TIMEOUT):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        running = await client.list_instances(InstanceFilter(model_id=model_id, state=InstanceState.RUNNING))
+        running = await client.list_instances(InstanceFilter(model_id=model_id,
+                                                             state=InstanceState.RUNNING))
         if running:
             return running[0]
         await asyncio.sleep(0.5)
@@ -56,7 +57,8 @@ async def stack(servers, tmp_path_factory):
         bus = await Bus.connect(settings, name="serving-e2e")
         stop = asyncio.Event()
         tasks = []
-        for run, extra in ((run_scheduler, {}), (run_worker, {"worker_name": f"real-{uuid.uuid4().hex[:6]}"}),
+        for run, extra in ((run_scheduler, {}),
+                           (run_worker, {"worker_name": f"real-{uuid.uuid4().hex[:6]}"}),
                            (run_gateway, {})):
             ready = asyncio.Event()
             tasks.append(asyncio.create_task(run(settings.model_copy(update=extra), stop, ready)))
@@ -140,11 +142,14 @@ async def test_greedy_completion_equals_offline_llm(stack) -> None:
     prompt = "The capital of France is"
     served = await async_api(url).completions.create(model=model.name, prompt=prompt, temperature=0,
                                                      max_tokens=16)
-    folder = await asyncio.to_thread(prepare_model, str(smollm2_gguf_path()), settings.model_cache_dir)
+    folder = await asyncio.to_thread(prepare_model, str(smollm2_gguf_path()),
+                                     settings.model_cache_dir)
     llm = await asyncio.to_thread(LLM, str(folder), max_model_len=512, **ENGINE_ARGS)
-    offline = await asyncio.to_thread(llm.generate, [prompt], SamplingParams(temperature=0, max_tokens=16), False)
+    offline = await asyncio.to_thread(llm.generate, [prompt],
+                                      SamplingParams(temperature=0, max_tokens=16), False)
     assert served.choices[0].text == offline[0].outputs[0].text
-    streamed = await async_api(url).completions.create(model=model.name, prompt=prompt, temperature=0,
+    streamed = await async_api(url).completions.create(model=model.name, prompt=prompt,
+                                                       temperature=0,
                                                        max_tokens=16, stream=True)
     assert "".join([c.choices[0].text async for c in streamed]) == served.choices[0].text
 
@@ -155,7 +160,8 @@ async def test_n_stop_and_logprobs(stack) -> None:
     two = await api.chat.completions.create(model=model.name, messages=FRANCE, n=2, seed=7,
                                             temperature=0.8, max_tokens=12)
     assert sorted(c.index for c in two.choices) == [0, 1]
-    full = await api.completions.create(model=model.name, prompt="One, two, three,", temperature=0, max_tokens=12)
+    full = await api.completions.create(model=model.name, prompt="One, two, three,", temperature=0,
+                                        max_tokens=12)
     words = full.choices[0].text.split()
     assert len(words) >= 2
     stop = words[1]
@@ -163,16 +169,19 @@ async def test_n_stop_and_logprobs(stack) -> None:
                                        max_tokens=12, stop=[stop])
     assert cut.choices[0].text == full.choices[0].text[:full.choices[0].text.index(stop)]
     assert cut.choices[0].finish_reason == "stop"
-    lp = await api.chat.completions.create(model=model.name, messages=FRANCE, temperature=0, max_tokens=8,
+    lp = await api.chat.completions.create(model=model.name, messages=FRANCE, temperature=0,
+                                           max_tokens=8,
                                            logprobs=True, top_logprobs=3)
     content = lp.choices[0].logprobs.content
     assert len(content) == lp.usage.completion_tokens
     assert all(t.logprob <= 0 and len(t.top_logprobs) == 3 for t in content)
     # the EOS token has a logprob too, though its text is not in the content
     assert "".join(t.token for t in content).startswith(lp.choices[0].message.content)
-    comp = await api.completions.create(model=model.name, prompt="Hello", temperature=0, max_tokens=5, logprobs=2)
+    comp = await api.completions.create(model=model.name, prompt="Hello", temperature=0,
+                                        max_tokens=5, logprobs=2)
     assert len(comp.choices[0].logprobs.tokens) == comp.usage.completion_tokens
-    batch = await api.completions.create(model=model.name, prompt=["Hello", "The sky is"], n=2, temperature=0,
+    batch = await api.completions.create(model=model.name, prompt=["Hello", "The sky is"], n=2,
+                                         temperature=0,
                                          max_tokens=3, echo=True)
     assert [c.index for c in sorted(batch.choices, key=lambda c: c.index)] == [0, 1, 2, 3]
     assert all(c.text.startswith("Hello" if c.index < 2 else "The sky is") for c in batch.choices)
@@ -185,15 +194,18 @@ async def test_cached_tokens_tokenize_and_refusals(stack) -> None:
     api = async_api(url)
     long_prompt = "Here is a long shared preamble about the history of Paris. " * 20
     await api.completions.create(model=model.name, prompt=long_prompt, temperature=0, max_tokens=2)
-    again = await api.completions.create(model=model.name, prompt=long_prompt, temperature=0, max_tokens=2)
+    again = await api.completions.create(model=model.name, prompt=long_prompt, temperature=0,
+                                         max_tokens=2)
     assert again.usage.prompt_tokens_details.cached_tokens >= 16
     with pytest.raises(openai.BadRequestError):
         await api.completions.create(model=model.name, prompt="hello " * 600, max_tokens=10)
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{url}/tokenize", json={"model": model.name, "prompt": "Hello world"}) as r:
+        async with http.post(f"{url}/tokenize",
+                             json={"model": model.name, "prompt": "Hello world"}) as r:
             tok = await r.json()
         assert r.status == 200 and tok["count"] == len(tok["tokens"]) > 0 and tok["max_model_len"] == 512
-        async with http.post(f"{url}/detokenize", json={"model": model.name, "tokens": tok["tokens"]}) as r:
+        async with http.post(f"{url}/detokenize",
+                             json={"model": model.name, "tokens": tok["tokens"]}) as r:
             assert "Hello world" in (await r.json())["prompt"]
     assert await metric(url, "vllm:e2e_request_latency_seconds_count", model.name) > 0
     assert await metric(url, "vllm:prefix_cache_hits_total", model.name) > 0
@@ -201,7 +213,8 @@ async def test_cached_tokens_tokenize_and_refusals(stack) -> None:
 
 async def test_client_disconnect_frees_the_engine(stack) -> None:
     settings, client, model, inst, url = stack
-    body = {"model": model.name, "prompt": "Count to one thousand:", "max_tokens": 400, "ignore_eos": True,
+    body = {"model": model.name, "prompt": "Count to one thousand:", "max_tokens": 400,
+            "ignore_eos": True,
             "temperature": 0, "stream": True}
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{url}/v1/completions", json=body) as r:
@@ -239,8 +252,10 @@ def engine_pids(instance_id: str) -> list[int]:
 async def test_killed_engine_ends_the_stream_with_an_error_then_comes_back(stack) -> None:
     settings, client, model, inst, url = stack
     api = async_api(url)
-    stream = await api.completions.create(model=model.name, prompt="Count to one thousand:", max_tokens=400,
-                                          temperature=0, stream=True, extra_body={"ignore_eos": True})
+    stream = await api.completions.create(model=model.name, prompt="Count to one thousand:",
+                                          max_tokens=400,
+                                          temperature=0, stream=True,
+                                          extra_body={"ignore_eos": True})
     pids = engine_pids(inst.id)
     assert len(pids) == 1
     received = 0
@@ -255,7 +270,8 @@ async def test_killed_engine_ends_the_stream_with_an_error_then_comes_back(stack
     deadline = time.monotonic() + 60
     while True:
         try:
-            again = await api.chat.completions.create(model=model.name, messages=FRANCE, temperature=0, max_tokens=20)
+            again = await api.chat.completions.create(model=model.name, messages=FRANCE,
+                                                      temperature=0, max_tokens=20)
             break
         except openai.APIStatusError:
             if time.monotonic() > deadline:

@@ -67,7 +67,8 @@ def test_up_ready_then_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
                 break
         assert any("shoal: ready" in line for line in output), "".join(output)
 
-        listed = subprocess.run([sys.executable, "-m", "shoal", "workers", "list", "--json"], env=env,
+        listed = subprocess.run([sys.executable, "-m", "shoal", "workers", "list", "--json"],
+                                env=env,
                                 capture_output=True, text=True, timeout=60, check=True)
         workers = json.loads(listed.stdout)
         assert [w["state"] for w in workers] == ["READY"] and workers[0]["simulated"] is True

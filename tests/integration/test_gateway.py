@@ -19,7 +19,8 @@ from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.embedded import free_port
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate, DeviceStatus, InstanceCreate, InstanceTransition, ModelCreate, Placement, WorkerRegister,
+    ApiKeyCreate, DeviceStatus, InstanceCreate, InstanceTransition, ModelCreate, Placement,
+    WorkerRegister,
 )
 from shoal.shared.states import InstanceState
 from tests.integration.conftest import running_service
@@ -62,7 +63,8 @@ async def test_health_version_openapi_metrics(gateway: str, http: aiohttp.Client
         assert r.status == 200 and (await r.json())["version"]
     async with http.get(f"{gateway}/openapi.json") as r:
         doc = await r.json()
-    assert doc["openapi"].startswith("3.") and {"/v1/chat/completions", "/v1/completions", "/v1/models",
+    assert doc["openapi"].startswith("3.") and {"/v1/chat/completions", "/v1/completions",
+                                                "/v1/models",
                                                  "/api/v1/models/{id}", "/tokenize"} <= set(doc["paths"])
     async with http.get(f"{gateway}/metrics") as r:
         text = await r.text()
@@ -71,9 +73,11 @@ async def test_health_version_openapi_metrics(gateway: str, http: aiohttp.Client
         assert r.status == 404 and (await r.json())["error"]["type"] == "not_found_error"
 
 
-async def test_management_models_crud_with_stale_version(gateway: str, http: aiohttp.ClientSession) -> None:
+async def test_management_models_crud_with_stale_version(gateway: str,
+                                                         http: aiohttp.ClientSession) -> None:
     model_name = name()
-    async with http.post(f"{gateway}/api/v1/models", json={"name": model_name, "source": "/models/x.gguf",
+    async with http.post(f"{gateway}/api/v1/models",
+                         json={"name": model_name, "source": "/models/x.gguf",
                                                              "replicas": 0}) as r:
         assert r.status == 201, await r.text()
         created = await r.json()
@@ -82,7 +86,8 @@ async def test_management_models_crud_with_stale_version(gateway: str, http: aio
     async with http.get(f"{gateway}/api/v1/models") as r:
         assert model_name in [m["name"] for m in (await r.json())["items"]]
     async with http.patch(f"{gateway}/api/v1/models/{created['id']}",
-                          json={"version": created["version"], "replicas": 0, "max_model_len": 256}) as r:
+                          json={"version": created["version"], "replicas": 0,
+                                "max_model_len": 256}) as r:
         assert r.status == 200, await r.text()
         updated = await r.json()
     assert updated["version"] > created["version"] and updated["max_model_len"] == 256
@@ -91,7 +96,8 @@ async def test_management_models_crud_with_stale_version(gateway: str, http: aio
         assert r.status == 409 and (await r.json())["error"]["type"] == "conflict_error"
     async with http.patch(f"{gateway}/api/v1/models/{created['id']}", json={"version": "x"}) as r:
         assert r.status == 400 and (await r.json())["error"]["param"] == "version"
-    async with http.post(f"{gateway}/api/v1/models", json={"name": "bad name!", "source": "x"}) as r:
+    async with http.post(f"{gateway}/api/v1/models",
+                         json={"name": "bad name!", "source": "x"}) as r:
         assert r.status == 400 and (await r.json())["error"]["param"] == "name"
     async with http.delete(f"{gateway}/api/v1/models/{created['id']}?version={created['version']}") as r:
         assert r.status == 409
@@ -106,10 +112,12 @@ async def test_management_models_crud_with_stale_version(gateway: str, http: aio
         assert r.status == 400 and (await r.json())["error"]["param"] == "state"
 
 
-async def test_unknown_model_is_404_and_no_instance_is_503(gateway: str, client: RegistryClient) -> None:
+async def test_unknown_model_is_404_and_no_instance_is_503(gateway: str,
+                                                           client: RegistryClient) -> None:
     api = sdk(gateway)
     with pytest.raises(openai.NotFoundError) as err:
-        await api.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+        await api.chat.completions.create(model="no-such-model",
+                                          messages=[{"role": "user", "content": "hi"}])
     assert err.value.body["code"] == "model_not_found"
     model = await client.create_model(ModelCreate(name=name(), source="/models/x.gguf", replicas=0))
     with pytest.raises(openai.APIStatusError) as err:
@@ -125,7 +133,8 @@ async def test_unknown_model_is_404_and_no_instance_is_503(gateway: str, client:
     assert model.name in [m.id for m in listed.data]
 
 
-async def test_running_instance_without_engine_fails_fast(gateway: str, client: RegistryClient) -> None:
+async def test_running_instance_without_engine_fails_fast(gateway: str,
+                                                          client: RegistryClient) -> None:
     """A RUNNING row whose engine is gone: no responders, so 503 at once, never a hang."""
     worker = await client.register_worker(WorkerRegister(
         name=f"w-{uuid.uuid4().hex[:6]}", hostname="h", simulated=True,
@@ -155,22 +164,27 @@ async def test_running_instance_without_engine_fails_fast(gateway: str, client: 
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}, "max_tokens"),
+    ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": -1},
+     "max_tokens"),
     ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 0}, "n"),
-    ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
+    ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"},
+     "temperature"),
     ({"model": "m", "messages": "hi"}, "messages"),
     ({"model": "m", "messages": []}, "messages"),
-    ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, "top_logprobs"),
+    ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3},
+     "top_logprobs"),
     ({"messages": [{"role": "user", "content": "hi"}]}, "model"),
 ])
-async def test_bad_chat_requests_are_400(gateway: str, http: aiohttp.ClientSession, body: dict, param: str) -> None:
+async def test_bad_chat_requests_are_400(gateway: str, http: aiohttp.ClientSession, body: dict,
+                                         param: str) -> None:
     async with http.post(f"{gateway}/v1/chat/completions", json=body) as r:
         assert r.status == 400
         error = (await r.json())["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"]
 
 
-async def test_malformed_json_and_bad_completions_are_400(gateway: str, http: aiohttp.ClientSession) -> None:
+async def test_malformed_json_and_bad_completions_are_400(gateway: str,
+                                                          http: aiohttp.ClientSession) -> None:
     for path in ("/v1/chat/completions", "/v1/completions", "/tokenize", "/api/v1/models"):
         async with http.post(f"{gateway}{path}", data=b"{not json",
                              headers={"Content-Type": "application/json"}) as r:
@@ -191,7 +205,8 @@ async def test_malformed_json_and_bad_completions_are_400(gateway: str, http: ai
 async def test_bounded_queue_answers_429(settings: Settings, registry) -> None:
     async with running_gateway(settings.model_copy(update={"gateway_max_outstanding": 0})) as url:
         with pytest.raises(openai.RateLimitError) as err:
-            await sdk(url).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+            await sdk(url).chat.completions.create(model="m",
+                                                   messages=[{"role": "user", "content": "hi"}])
         assert err.value.response.headers.get("retry-after") == "1"
 
 
@@ -207,7 +222,8 @@ async def test_api_keys_when_required(settings: Settings, registry, client: Regi
             assert r.status == 401 and (await r.json())["error"]["code"] == "invalid_api_key"
         key = await client.create_key(ApiKeyCreate(name=name()))
         assert (await sdk(url, key.secret).models.list()).object == "list"
-        async with http.get(f"{url}/api/v1/workers", headers={"Authorization": f"Bearer {key.secret}"}) as r:
+        async with http.get(f"{url}/api/v1/workers",
+                            headers={"Authorization": f"Bearer {key.secret}"}) as r:
             assert r.status == 200
         await client.revoke_key(key.id)
         await asyncio.sleep(0.3)

@@ -17,7 +17,8 @@ from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.errors import Conflict, InvalidRequest, NotFound
 from shoal.shared.schemas.events import ModelEvent
 from shoal.shared.schemas.registry import (
-    DeleteRequest, InstanceCreate, InstanceFilter, InstanceTransition, ModelCreate, ModelUpdate, Placement,
+    DeleteRequest, InstanceCreate, InstanceFilter, InstanceTransition, ModelCreate, ModelUpdate,
+    Placement,
     ResourceClaim, WorkerRegister, DeviceStatus, GpuDevice, ApiKeyCreate,
 )
 from shoal.shared.states import InstanceState
@@ -80,7 +81,8 @@ async def test_stale_version_refused_and_nothing_written(client: RegistryClient)
 
 async def register_worker(client: RegistryClient, gpus: int = 1) -> object:
     return await client.register_worker(WorkerRegister(
-        name=unique("w"), hostname="test", status=DeviceStatus(cpu_cores=4, memory_total=2**34, gpus=[
+        name=unique("w"), hostname="test",
+        status=DeviceStatus(cpu_cores=4, memory_total=2**34, gpus=[
             GpuDevice(index=i, name="A10", memory_total=24 * 2**30) for i in range(gpus)])))
 
 
@@ -92,15 +94,18 @@ async def test_instance_state_machine(client: RegistryClient) -> None:
 
     # illegal: PENDING -> RUNNING is refused and nothing is written
     with pytest.raises(Conflict) as err:
-        await client.transition_instance(InstanceTransition(id=inst.id, version=inst.version, state=InstanceState.RUNNING))
+        await client.transition_instance(InstanceTransition(id=inst.id, version=inst.version,
+                                                            state=InstanceState.RUNNING))
     assert err.value.code == "illegal_transition"
     same = await client.get_instance(inst.id)
     assert (same.state, same.version) == (InstanceState.PENDING, inst.version)
 
     # SCHEDULED needs a placement
     with pytest.raises(InvalidRequest):
-        await client.transition_instance(InstanceTransition(id=inst.id, version=inst.version, state=InstanceState.SCHEDULED))
-    placement = Placement(worker_id=worker.id, gpu_indexes=[0], claim=ResourceClaim(gpu_memory={0: 2**30}))
+        await client.transition_instance(InstanceTransition(id=inst.id, version=inst.version,
+                                                            state=InstanceState.SCHEDULED))
+    placement = Placement(worker_id=worker.id, gpu_indexes=[0],
+                          claim=ResourceClaim(gpu_memory={0: 2**30}))
     inst = await client.transition_instance(InstanceTransition(
         id=inst.id, version=inst.version, state=InstanceState.SCHEDULED, placement=placement))
     assert (inst.worker_id, inst.gpu_indexes, inst.claim.gpu_memory) == (worker.id, [0], {0: 2**30})
@@ -108,13 +113,16 @@ async def test_instance_state_machine(client: RegistryClient) -> None:
 
     # a stale version is refused even for a legal move
     with pytest.raises(Conflict):
-        await client.transition_instance(InstanceTransition(id=inst.id, version=inst.version - 1, state=InstanceState.DOWNLOADING))
+        await client.transition_instance(InstanceTransition(id=inst.id, version=inst.version - 1,
+                                                            state=InstanceState.DOWNLOADING))
     for state in (InstanceState.DOWNLOADING, InstanceState.STARTING, InstanceState.RUNNING):
-        inst = await client.transition_instance(InstanceTransition(id=inst.id, version=inst.version, state=state,
+        inst = await client.transition_instance(InstanceTransition(id=inst.id, version=inst.version,
+                                                                   state=state,
                                                                    state_message=f"now {state.value}"))
     assert inst.state is InstanceState.RUNNING and inst.state_message == "now RUNNING"
     # back to PENDING clears the placement
-    inst = await client.transition_instance(InstanceTransition(id=inst.id, version=inst.version, state=InstanceState.PENDING))
+    inst = await client.transition_instance(InstanceTransition(id=inst.id, version=inst.version,
+                                                               state=InstanceState.PENDING))
     assert inst.worker_id is None and inst.gpu_indexes == []
     # same state: only the message changes
     inst = await client.transition_instance(InstanceTransition(
@@ -141,15 +149,18 @@ async def test_events_carry_state_and_version(bus, client: RegistryClient) -> No
                 mine.append(event)
     finally:
         await sub.unsubscribe()
-    assert [(e.kind.value, e.version, e.data.replicas) for e in mine] == [("created", 1, 1), ("updated", 2, 4)]
+    assert [(e.kind.value, e.version, e.data.replicas) for e in mine] == [("created", 1, 1),
+                                                                          ("updated", 2, 4)]
     # and they are in the JetStream stream
     info = await bus.js.stream_info(subjects.EVENTS_STREAM)
     assert info.state.messages >= 2
 
 
-async def test_malformed_messages_get_errors_and_service_keeps_serving(bus, client: RegistryClient) -> None:
+async def test_malformed_messages_get_errors_and_service_keeps_serving(bus,
+                                                                       client: RegistryClient) -> None:
     subject = subjects.registry("models", "create")
-    for bad in (b"not json", b'{"name": 5}', json.dumps({"name": "ok", "source": "/x", "bogus": 1}).encode()):
+    for bad in (b"not json", b'{"name": 5}',
+                json.dumps({"name": "ok", "source": "/x", "bogus": 1}).encode()):
         reply = await bus.nc.request(subject, bad, timeout=5)
         assert reply.headers[ERROR_CODE_HEADER] == "400"
         body = json.loads(reply.data)
@@ -164,7 +175,8 @@ async def test_discovery_ping(bus) -> None:
     assert "shoal.registry.models.create" in {e["subject"] for e in info["endpoints"]}
 
 
-async def test_api_key_secret_never_stored_or_logged(client: RegistryClient, settings, caplog) -> None:
+async def test_api_key_secret_never_stored_or_logged(client: RegistryClient, settings,
+                                                     caplog) -> None:
     caplog.set_level(logging.DEBUG)
     created = await client.create_key(ApiKeyCreate(name=unique("k")))
     assert created.secret.startswith("sk-shoal-") and len(created.secret) > 40
@@ -173,7 +185,8 @@ async def test_api_key_secret_never_stored_or_logged(client: RegistryClient, set
     listed = {k.id: k for k in await client.list_keys()}
     assert "secret" not in listed[created.id].model_dump()
     # the database holds no trace of the secret
-    conn = await asyncpg.connect(settings.database_url.replace("postgresql+asyncpg://", "postgresql://"))
+    conn = await asyncpg.connect(settings.database_url.replace("postgresql+asyncpg://",
+                                                               "postgresql://"))
     try:
         rows = await conn.fetch("SELECT row_to_json(k)::text AS r FROM api_keys k")
     finally:

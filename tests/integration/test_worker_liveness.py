@@ -17,7 +17,8 @@ from shoal.shared.states import InstanceState, WorkerState
 pytestmark = pytest.mark.integration
 
 
-async def start_worker(settings: Settings, name: str, devices: str) -> tuple[asyncio.Task[None], asyncio.Event]:
+async def start_worker(settings: Settings, name: str, devices: str) -> tuple[asyncio.Task[None],
+                                                                             asyncio.Event]:
     stop, ready = asyncio.Event(), asyncio.Event()
     worker_settings = settings.model_copy(update={"worker_name": name, "simulate_devices": devices})
     task = asyncio.create_task(run_worker(worker_settings, stop, ready))
@@ -51,7 +52,8 @@ async def test_simulated_worker_registers(client: RegistryClient, settings: Sett
         await task
 
 
-async def test_silent_worker_goes_not_ready_and_comes_back(client: RegistryClient, settings: Settings) -> None:
+async def test_silent_worker_goes_not_ready_and_comes_back(client: RegistryClient,
+                                                           settings: Settings) -> None:
     name = f"sim-{uuid.uuid4().hex[:6]}"
     task, stop = await start_worker(settings, name, "1xH100-80GB")
     worker = await find_worker(client, name)
@@ -91,7 +93,8 @@ async def test_silent_worker_goes_not_ready_and_comes_back(client: RegistryClien
         await task
 
 
-async def test_reregistering_worker_restarts_its_running_instances(client: RegistryClient, settings: Settings) -> None:
+async def test_reregistering_worker_restarts_its_running_instances(client: RegistryClient,
+                                                                   settings: Settings) -> None:
     """A worker that registers again runs no engine: its RUNNING instance must not stay RUNNING."""
     name = f"sim-{uuid.uuid4().hex[:6]}"
     task, stop = await start_worker(settings, name, "1xA10-24GB")
@@ -99,9 +102,11 @@ async def test_reregistering_worker_restarts_its_running_instances(client: Regis
     model = await client.create_model(ModelCreate(name=f"rr-{uuid.uuid4().hex[:6]}", source="/m"))
     inst = await client.create_instance(InstanceCreate(model_id=model.id))
     inst = await client.transition_instance(InstanceTransition(
-        id=inst.id, version=inst.version, state=InstanceState.SCHEDULED, placement=Placement(worker_id=worker.id)))
+        id=inst.id, version=inst.version, state=InstanceState.SCHEDULED,
+        placement=Placement(worker_id=worker.id)))
     for state in (InstanceState.STARTING, InstanceState.RUNNING):
-        inst = await client.transition_instance(InstanceTransition(id=inst.id, version=inst.version, state=state))
+        inst = await client.transition_instance(InstanceTransition(id=inst.id, version=inst.version,
+                                                                   state=state))
     stop.set()
     await task
     task, stop = await start_worker(settings, name, "1xA10-24GB")  # restarted before the timeout

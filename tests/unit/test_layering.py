@@ -89,7 +89,8 @@ def test_no_top_level_shared_services_kernels_package_is_installed() -> None:
         "print(json.dumps({n: getattr(importlib.util.find_spec(n), 'origin', None) "
         "for n in ('shared', 'services', 'kernels')}))"
     )
-    out = subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True,
+                         check=True)
     origins = json.loads(out.stdout)
     assert all(origin is None or str(ROOT) not in origin for origin in origins.values()), origins
     import shoal.kernels

@@ -32,7 +32,8 @@ def test_simulated_devices() -> None:
     assert [g.index for g in status.gpus] == list(range(8))
     assert all(g.memory_total == 80 * GIB and "simulated" in g.vendor for g in status.gpus)
     mixed = parse_simulated("2xA10-24GB,1xcpu")
-    assert [(g.index, g.name, g.memory_total) for g in mixed.gpus] == [(0, "A10", 24 * GIB), (1, "A10", 24 * GIB)]
+    assert [(g.index, g.name, g.memory_total) for g in mixed.gpus] == [(0, "A10", 24 * GIB),
+                                                                       (1, "A10", 24 * GIB)]
     assert parse_simulated("1xcpu").gpus == [] and parse_simulated("1xcpu").memory_total > 0
     assert parse_simulated("1xRTX-4090-24GB").gpus[0].name == "RTX-4090"
 

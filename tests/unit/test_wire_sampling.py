@@ -55,4 +55,6 @@ def json_keys(text: str) -> list[str]:
 def test_wire_options_build_engine_params() -> None:
     options = SamplingOptions(n=2, temperature=0.5, stop=["\n"], logprobs=3, seed=7)
     params = SamplingParams(**options.model_dump())
-    assert (params.n, params.temperature, params.stop, params.logprobs, params.seed) == (2, 0.5, ["\n"], 3, 7)
+    assert (params.n, params.temperature, params.stop, params.logprobs, params.seed) == (2, 0.5,
+                                                                                         ["\n"], 3,
+                                                                                         7)

@@ -141,7 +141,8 @@ class EngineHandlers:
                 last = out
                 completion_tokens += sum(len(c.token_ids) for c in out.outputs)
                 finish_reasons.update({c.index: c.finish_reason for c in out.outputs if c.finish_reason})
-                await send(InferChunk(request_id=req.request_id, seq=seq, choices=[self.choice(c) for c in out.outputs],
+                await send(InferChunk(request_id=req.request_id, seq=seq,
+                                      choices=[self.choice(c) for c in out.outputs],
                                       prompt_logprobs=self.prompt_logprobs(out)))
             assert last is not None
             m = last.metrics
@@ -154,13 +155,15 @@ class EngineHandlers:
                 queue_s=(m.first_scheduled_time - m.arrival_time) if m.first_scheduled_time else None,
             ))
         except asyncio.CancelledError:
-            await send(_error(req.request_id, seq, ShoalError("request aborted", code="aborted"), 499))
+            await send(_error(req.request_id, seq, ShoalError("request aborted", code="aborted"),
+                              499))
             raise
         except ShoalError as exc:
             await send(_error(req.request_id, seq, exc, exc.http_status))
         except Exception as exc:  # noqa: BLE001 - the client gets an error, never a hang
             log.exception("generate %s failed", req.request_id)
-            await send(_error(req.request_id, seq, ShoalError(f"engine error: {type(exc).__name__}"), 500))
+            await send(_error(req.request_id, seq,
+                              ShoalError(f"engine error: {type(exc).__name__}"), 500))
         finally:
             if outputs is not None:
                 outputs.close()  # aborts the request in the engine unless it finished
@@ -170,7 +173,8 @@ class EngineHandlers:
         """The prompt as token ids (the engine checks their range when the request is opened)."""
         if req.messages is not None:
             tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-            return render_chat(self.tokenizer, [m.model_dump(exclude_none=True) for m in req.messages],
+            return render_chat(self.tokenizer,
+                               [m.model_dump(exclude_none=True) for m in req.messages],
                                tools=tools, add_generation_prompt=req.add_generation_prompt)[1]
         if isinstance(req, GenerateRequest) and req.prompt_token_ids is not None:
             return list(req.prompt_token_ids)
@@ -197,7 +201,8 @@ class EngineHandlers:
 
     def tokenize(self, req: TokenizeRequest) -> TokenizeReply:
         ids = self.prompt_token_ids(req)
-        return TokenizeReply(tokens=ids, count=len(ids), max_model_len=self.engine.core.max_model_len)
+        return TokenizeReply(tokens=ids, count=len(ids),
+                             max_model_len=self.engine.core.max_model_len)
 
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeReply:
         vocab = self.engine.core.vocab_bound
@@ -212,7 +217,8 @@ class EngineHandlers:
 
     def logprob(self, lp: TokenLogprob) -> TokenLogprobWire:
         decode_one = self.tokenizer.decode
-        return TokenLogprobWire(token_id=lp.token_id, token=decode_one([lp.token_id]), logprob=lp.logprob,
+        return TokenLogprobWire(token_id=lp.token_id, token=decode_one([lp.token_id]),
+                                logprob=lp.logprob,
                                 top=[TopLogprob(token_id=t, token=decode_one([t]), logprob=v) for t, v in lp.top])
 
     def prompt_logprobs(self, out: RequestOutput) -> list[TokenLogprobWire | None] | None:
@@ -226,10 +232,12 @@ class EngineHandlers:
         cfg = self.engine.core.config
         return EngineLoad(
             instance_id=self.instance_id, model_name=self.model_name, num_running=s.num_running,
-            num_waiting=s.num_waiting, kv_cache_usage=s.kv_cache_usage, max_num_seqs=cfg.max_num_seqs,
+            num_waiting=s.num_waiting, kv_cache_usage=s.kv_cache_usage,
+            max_num_seqs=cfg.max_num_seqs,
             max_model_len=self.engine.core.max_model_len, num_preemptions=s.num_preemptions,
             prefix_cache_queries=s.prefix_cache_queries, prefix_cache_hits=s.prefix_cache_hits,
-            prompt_tokens=s.prompt_tokens, generation_tokens=s.generation_tokens, draining=self.draining,
+            prompt_tokens=s.prompt_tokens, generation_tokens=s.generation_tokens,
+            draining=self.draining,
         )
 
     async def publish_load(self) -> None:
@@ -240,4 +248,5 @@ class EngineHandlers:
                         expected=())
 
 def _error(request_id: str, seq: int, exc: ShoalError, status: int) -> InferError:
-    return InferError(request_id=request_id, seq=seq, error=ErrorBody(**exc.to_dict()), status=status)
+    return InferError(request_id=request_id, seq=seq, error=ErrorBody(**exc.to_dict()),
+                      status=status)

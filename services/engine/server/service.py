@@ -46,7 +46,8 @@ class InstanceReporter:
                 raise Gone(f"instance is {current.value}; cannot move to {state.value}")
             try:
                 self.instance = await self.registry.transition_instance(InstanceTransition(
-                    id=self.instance.id, version=self.instance.version, state=state, state_message=message))
+                    id=self.instance.id, version=self.instance.version, state=state,
+                    state_message=message))
                 return
             except Conflict:
                 await self.refresh()
@@ -98,7 +99,8 @@ async def run_engine(settings: Settings, stop: asyncio.Event, instance_id: str) 
 
 async def start_engine(settings: Settings, reporter: InstanceReporter, model: ModelPublic) -> AsyncEngine:
     loop = asyncio.get_running_loop()
-    first = InstanceState.DOWNLOADING if can_transition(reporter.instance.state, InstanceState.DOWNLOADING) \
+    first = InstanceState.DOWNLOADING if can_transition(reporter.instance.state,
+                                                        InstanceState.DOWNLOADING) \
         else InstanceState.STARTING
     await reporter.move(first, "preparing model files")
     last_report = [0.0]
@@ -110,7 +112,8 @@ async def start_engine(settings: Settings, reporter: InstanceReporter, model: Mo
             message = f"preparing model files: {stage} {fraction:.0%}"
             asyncio.run_coroutine_threadsafe(_message(reporter, message), loop)
 
-    model_dir = await asyncio.to_thread(prepare_model, model.source, settings.model_cache_dir, progress)
+    model_dir = await asyncio.to_thread(prepare_model, model.source, settings.model_cache_dir,
+                                        progress)
     if reporter.instance.state is not InstanceState.STARTING:
         await reporter.move(InstanceState.STARTING, "loading weights")
     config = engine_config(model, reporter.instance)

@@ -26,7 +26,8 @@ async def unit_of_work(sessions: async_sessionmaker[AsyncSession], what: str) ->
         raise Conflict(f"{what} was changed by someone else; read it again and retry",
                        code="stale_version") from None
     except IntegrityError as exc:
-        raise Conflict(f"{what} conflicts with an existing row: {exc.orig}", code="duplicate") from None
+        raise Conflict(f"{what} conflicts with an existing row: {exc.orig}",
+                       code="duplicate") from None
 
 
 async def get_or_404(session: AsyncSession, table: type[RowT], row_id: str, what: str) -> RowT:

@@ -15,7 +15,8 @@ from shoal.shared.states import InstanceState, WorkerState
 
 
 def model_public(row: ModelRow) -> ModelPublic:
-    return ModelPublic(id=row.id, name=row.name, created_at=row.created_at, updated_at=row.updated_at,
+    return ModelPublic(id=row.id, name=row.name, created_at=row.created_at,
+                       updated_at=row.updated_at,
                        version=row.version, **row.spec)
 
 

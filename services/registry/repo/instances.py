@@ -38,7 +38,8 @@ class InstanceRepo:
             await check_fence(s, req.fence)
             model = await get_or_404(s, ModelRow, req.model_id, "model")
             row = InstanceRow(
-                id=new_id(), model_id=model.id, model_name=model.name, state=InstanceState.PENDING.value,
+                id=new_id(), model_id=model.id, model_name=model.name,
+                state=InstanceState.PENDING.value,
                 state_changed_at=utcnow(), restart_count=0,
             )
             row.name = f"{model.name}-{row.id[:8]}"
@@ -100,13 +101,15 @@ class InstanceRepo:
     async def _placement_worker(s: AsyncSession, row: InstanceRow, req: InstanceTransition) -> WorkerRow | None:
         """Validate the placement rules and return the worker a new placement names."""
         if req.placement is not None and req.state is not InstanceState.SCHEDULED:
-            raise InvalidRequest("a placement can only be given when moving to SCHEDULED", param="placement")
+            raise InvalidRequest("a placement can only be given when moving to SCHEDULED",
+                                 param="placement")
         if req.placement is None:
             if req.state is InstanceState.SCHEDULED and row.worker_id is None:
                 raise InvalidRequest("moving to SCHEDULED needs a placement", param="placement")
             return None
         if row.state == InstanceState.SCHEDULED.value:
-            raise InvalidRequest("the instance is already placed; move it to PENDING first", param="placement")
+            raise InvalidRequest("the instance is already placed; move it to PENDING first",
+                                 param="placement")
         worker = await s.get(WorkerRow, req.placement.worker_id)
         if worker is None:
             raise NotFound(f"worker {req.placement.worker_id!r} not found")

@@ -28,14 +28,16 @@ from shoal.shared.schemas.registry import (
 from shoal.shared.states import InstanceState, WorkerState, can_transition
 
 Changes = tuple[list[WorkerPublic], list[InstancePublic]]
-_ENGINE_STATES = [InstanceState.DOWNLOADING.value, InstanceState.STARTING.value, InstanceState.RUNNING.value]
+_ENGINE_STATES = [InstanceState.DOWNLOADING.value, InstanceState.STARTING.value,
+                  InstanceState.RUNNING.value]
 
 
 class WorkerRepo:
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self.sessions = sessions
 
-    async def register(self, req: WorkerRegister) -> tuple[WorkerPublic, bool, list[InstancePublic]]:
+    async def register(self, req: WorkerRegister) -> tuple[WorkerPublic, bool,
+                                                           list[InstancePublic]]:
         """Create the worker, or refresh the one with that name.
 
         Returns (worker, created, instances whose state changed). A worker that registers again
@@ -112,7 +114,8 @@ class WorkerRepo:
         """UNREACHABLE instances of a worker that is back take the state it reports, else
         SCHEDULED (the worker will start them)."""
         instances = list(await s.scalars(select(InstanceRow).where(
-            InstanceRow.worker_id == worker_id, InstanceRow.state == InstanceState.UNREACHABLE.value)))
+            InstanceRow.worker_id == worker_id,
+            InstanceRow.state == InstanceState.UNREACHABLE.value)))
         for inst in instances:
             target = reported.get(inst.id, InstanceState.SCHEDULED)
             if not can_transition(InstanceState.UNREACHABLE, target):
@@ -127,7 +130,8 @@ class WorkerRepo:
         cutoff = now - timedelta(seconds=timeout_s)
         async with unit_of_work(self.sessions, "silent workers") as s:
             rows = list(await s.scalars(select(WorkerRow).where(
-                WorkerRow.state != WorkerState.NOT_READY.value, WorkerRow.last_heartbeat_at < cutoff)))
+                WorkerRow.state != WorkerState.NOT_READY.value,
+                WorkerRow.last_heartbeat_at < cutoff)))
             if not rows:
                 return [], []
             silent = {r.id: r for r in rows}
@@ -135,7 +139,8 @@ class WorkerRepo:
                 row.state = WorkerState.NOT_READY.value
                 row.state_message = f"no heartbeat since {row.last_heartbeat_at:%Y-%m-%d %H:%M:%S}Z"
             placed = await s.scalars(select(InstanceRow).where(
-                InstanceRow.state.notin_([InstanceState.PENDING.value, InstanceState.UNREACHABLE.value])))
+                InstanceRow.state.notin_([InstanceState.PENDING.value,
+                                          InstanceState.UNREACHABLE.value])))
             changed = []
             for inst in placed:
                 on = _workers_of(inst) & silent.keys()

@@ -45,7 +45,8 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         intermediate_size=int(config.get("intermediate_size") or 4 * hidden),
         vocab_size=int(config.get("vocab_size") or 32000),
         max_position_embeddings=int(config.get("max_position_embeddings") or 2048),
-        is_causal_lm=architecture.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")),
+        is_causal_lm=architecture.endswith(("ForCausalLM", "LMHeadModel",
+                                            "ForConditionalGeneration")),
     )
 
 

@@ -52,7 +52,8 @@ async def test_n_children_stream_their_own_deltas():
     try:
         tokens: dict[int, list[int]] = {0: [], 1: [], 2: []}
         finished: set[int] = set()
-        async for out in engine.generate("r", [1, 2, 3, 4, 5], SamplingParams(n=3, seed=3, max_tokens=4)):
+        async for out in engine.generate("r", [1, 2, 3, 4, 5],
+                                         SamplingParams(n=3, seed=3, max_tokens=4)):
             for c in out.outputs:
                 assert c.index not in finished  # nothing after a child's final delta
                 tokens[c.index] += c.token_ids
@@ -144,7 +145,8 @@ async def test_many_concurrent_streams():
     try:
         async def one(i: int) -> int:
             n = 0
-            async for output in engine.generate(f"r{i}", [i + 1, i + 2], SamplingParams(max_tokens=5 + i)):
+            async for output in engine.generate(f"r{i}", [i + 1, i + 2],
+                                                SamplingParams(max_tokens=5 + i)):
                 n += len(output.outputs[0].token_ids) if output.outputs else 0
             return n
         assert await asyncio.gather(*(one(i) for i in range(8))) == [5 + i for i in range(8)]

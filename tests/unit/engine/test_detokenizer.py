@@ -26,7 +26,8 @@ def tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|end|>")
 
 
-def stream(tokenizer, prompt: str, completion_ids: list[int], **params) -> tuple[list[str], IncrementalDetokenizer, str | None]:
+def stream(tokenizer, prompt: str, completion_ids: list[int], **params) -> tuple[list[str],
+                                                                                 IncrementalDetokenizer, str | None]:
     detok = IncrementalDetokenizer(tokenizer, tokenizer.encode(prompt), SamplingParams(**params))
     deltas, stop = [], None
     for token_id in completion_ids:
@@ -69,7 +70,8 @@ def test_a_stop_string_across_tokens_is_cut_and_never_streamed(tokenizer):
 
 def test_include_stop_str_in_output(tokenizer):
     ids = tokenizer.encode(" hello again world, the")
-    deltas, detok, stop = stream(tokenizer, "x", ids, stop=["world"], include_stop_str_in_output=True)
+    deltas, detok, stop = stream(tokenizer, "x", ids, stop=["world"],
+                                 include_stop_str_in_output=True)
     assert stop == "world" and "".join(deltas) == detok.text == " hello again world"
 
 

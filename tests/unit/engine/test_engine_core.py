@@ -116,7 +116,8 @@ def test_n_children_and_final_only():
 
 def test_abort_returns_a_final_output_and_frees_everything():
     core = make_core()
-    core.add_request("a", [1, 2, 3], SamplingParams(max_tokens=50), output_kind=RequestOutputKind.DELTA)
+    core.add_request("a", [1, 2, 3], SamplingParams(max_tokens=50),
+                     output_kind=RequestOutputKind.DELTA)
     core.add_request("b", [4, 5, 6], SamplingParams(max_tokens=3))
     core.step()
     core.step()
@@ -130,7 +131,8 @@ def test_abort_returns_a_final_output_and_frees_everything():
 
 def test_logprobs_and_prompt_logprobs_reach_the_output():
     core = make_core(FakeRunner(block_size=4, logprobs=True), max_num_batched_tokens=4)
-    core.add_request("r", list(range(1, 11)), SamplingParams(max_tokens=3, logprobs=1, prompt_logprobs=0))
+    core.add_request("r", list(range(1, 11)),
+                     SamplingParams(max_tokens=3, logprobs=1, prompt_logprobs=0))
     final = drain(core)[-1]
     completion = final.outputs[0]
     assert [lp.token_id for lp in completion.logprobs] == completion.token_ids

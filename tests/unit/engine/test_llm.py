@@ -11,7 +11,8 @@ from shoal.shared.errors import InvalidRequest
 
 
 def make_llm(**cfg) -> LLM:
-    return LLM("fake", runner=FakeRunner(num_kv_blocks=64, block_size=4), tokenizer_obj=CharTokenizer(),
+    return LLM("fake", runner=FakeRunner(num_kv_blocks=64, block_size=4),
+               tokenizer_obj=CharTokenizer(),
                block_size=4, **cfg)
 
 
@@ -31,7 +32,8 @@ def test_generate_accepts_strings_token_ids_and_dicts_in_order():
 
 def test_one_sampling_params_per_prompt():
     llm = make_llm()
-    outputs = llm.generate(["ab", "cd"], [SamplingParams(max_tokens=2), SamplingParams(max_tokens=5)],
+    outputs = llm.generate(["ab", "cd"],
+                           [SamplingParams(max_tokens=2), SamplingParams(max_tokens=5)],
                            use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in outputs] == [2, 5]
     with pytest.raises(InvalidRequest):
@@ -51,7 +53,8 @@ def test_chat_renders_the_template_for_one_or_many_conversations():
     conversation = [{"role": "user", "content": "hi"}]
     one = llm.chat(conversation, SamplingParams(max_tokens=2), use_tqdm=False)
     assert one[0].prompt == "userhiassistant"
-    many = llm.chat([conversation, [{"role": "user", "content": "yo"}]], SamplingParams(max_tokens=2),
+    many = llm.chat([conversation, [{"role": "user", "content": "yo"}]],
+                    SamplingParams(max_tokens=2),
                     use_tqdm=False)
     assert [o.prompt for o in many] == ["userhiassistant", "useryoassistant"]
     assert many[0].outputs[0].token_ids == one[0].outputs[0].token_ids

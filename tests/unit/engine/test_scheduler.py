@@ -61,7 +61,8 @@ def test_token_budget_chunks_the_last_prefill_that_does_not_fit():
     sched, runner = make(max_num_batched_tokens=16)
     seqs = [add(sched, prompt(10, 100 * i + 1))[0] for i in range(3)]
     out = step(sched, runner)
-    assert [(s.seq_id, len(s.token_ids)) for s in out.scheduled] == [(seqs[0].seq_id, 10), (seqs[1].seq_id, 6)]
+    assert [(s.seq_id, len(s.token_ids)) for s in out.scheduled] == [(seqs[0].seq_id, 10),
+                                                                     (seqs[1].seq_id, 6)]
     assert [s.is_sampling for s in out.scheduled] == [True, False]
     out = step(sched, runner)  # decode of 0, rest of 1's prompt, then a chunk of 2's
     assert [(s.seq_id, s.start_pos, len(s.token_ids)) for s in out.scheduled] == [

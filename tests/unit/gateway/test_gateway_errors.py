@@ -29,9 +29,12 @@ def test_shoal_errors_keep_status_and_shape(exc: ShoalError, status: int, kind: 
 
 
 def test_engine_error_bodies_come_back_as_the_right_kind() -> None:
-    err = ShoalError.from_dict({"message": "prompt too long", "type": "invalid_request_error", "param": "prompt"},
+    err = ShoalError.from_dict({"message": "prompt too long", "type": "invalid_request_error",
+                                "param": "prompt"},
                                status=400)
-    assert error_body(err) == (400, {"error": {"message": "prompt too long", "type": "invalid_request_error",
+    assert error_body(err) == (400,
+                               {"error": {"message": "prompt too long",
+                                          "type": "invalid_request_error",
                                                "param": "prompt", "code": "invalid_request"}})
     assert error_body(ShoalError.from_dict({"message": "gone", "type": ""}, status=503))[0] == 503
 
@@ -53,6 +56,7 @@ def test_bearer_parsing() -> None:
 def test_key_cache_expires_and_is_bounded() -> None:
     cache = KeyCache(ttl=10)
     cache.put("k", True, now=0)
-    assert cache.get("k", now=5) is True and cache.get("k", now=11) is None and cache.get("other", now=0) is None
+    assert cache.get("k", now=5) is True and cache.get("k", now=11) is None and cache.get("other",
+                                                                                          now=0) is None
     cache.put("bad", False, now=0)
     assert cache.get("bad", now=1) is False

@@ -24,11 +24,14 @@ def test_arrivals() -> None:
 
 
 def test_summary_uses_vllm_names() -> None:
-    results = [Result(ok=True, ttft=0.1, e2e=1.1, itl=[0.1] * 10, prompt_tokens=5, output_tokens=11),
-               Result(ok=True, ttft=0.3, e2e=2.3, itl=[0.2] * 10, prompt_tokens=5, output_tokens=11),
+    results = [Result(ok=True, ttft=0.1, e2e=1.1, itl=[0.1] * 10, prompt_tokens=5,
+                      output_tokens=11),
+               Result(ok=True, ttft=0.3, e2e=2.3, itl=[0.2] * 10, prompt_tokens=5,
+                      output_tokens=11),
                Result(ok=False, error="HTTP 429")]
     report = summarize(results, duration=2.0)
     assert report["completed"] == 2 and report["failed"] == 1
     assert report["output_throughput"] == 11.0 and report["request_throughput"] == 1.0
-    assert math.isclose(report["mean_ttft_ms"], 200.0) and math.isclose(report["median_tpot_ms"], 150.0)
+    assert math.isclose(report["mean_ttft_ms"], 200.0) and math.isclose(report["median_tpot_ms"],
+                                                                        150.0)
     assert {"p99_itl_ms", "median_e2el_ms", "total_token_throughput"} <= set(report)

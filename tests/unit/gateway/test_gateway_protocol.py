@@ -46,8 +46,10 @@ def completion(**fields: object) -> bytes:
     (chat(stream_options={"include_usage": True}), "stream_options"),
     (chat(min_tokens=10, max_tokens=5), "min_tokens"),
     (json.dumps({"model": "m", "messages": []}).encode(), "messages"),
-    (json.dumps({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}).encode(), "messages.0.role"),
-    (json.dumps({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}).encode(),
+    (json.dumps({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}).encode(),
+     "messages.0.role"),
+    (json.dumps({"model": "m",
+                 "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}).encode(),
      "messages.0.content"),
     (json.dumps({"messages": MSG}).encode(), "model"),
     (json.dumps({"model": "", "messages": MSG}).encode(), "model"),
@@ -83,13 +85,15 @@ def test_malformed_bodies(raw: bytes) -> None:
 
 
 def test_chat_maps_to_generate_request() -> None:
-    body = parse_body(chat(max_completion_tokens=7, max_tokens=99, n=2, stop="x", temperature=0, seed=3,
+    body = parse_body(chat(max_completion_tokens=7, max_tokens=99, n=2, stop="x", temperature=0,
+                           seed=3,
                            logprobs=True, top_logprobs=4, top_k=-1, ignore_eos=True, user="u",
                            unknown_field=1, stream=True, stream_options={"include_usage": True}),
                       ChatCompletionRequest)
     req = body.generate("r1")
     s = req.sampling
-    assert (s.max_tokens, s.n, s.stop, s.temperature, s.seed, s.logprobs, s.top_k, s.ignore_eos) == \
+    assert (s.max_tokens, s.n, s.stop, s.temperature, s.seed, s.logprobs, s.top_k,
+            s.ignore_eos) == \
         (7, 2, ["x"], 0.0, 3, 4, 0, True)
     assert req.messages is not None and req.messages[0].content == "hi" and req.prompt is None
     assert body.include_usage

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 from shoal.services.gateway.router import (
-    Candidate, PrefixAffinity, Router, messages_prefix_hashes, text_prefix_hashes, token_prefix_hashes,
+    Candidate, PrefixAffinity, Router, messages_prefix_hashes, text_prefix_hashes,
+    token_prefix_hashes,
 )
 
 
@@ -36,7 +37,8 @@ def test_prefix_hashes_chain_and_share_leading_chunks() -> None:
     assert text_prefix_hashes("short") == []
     c = text_prefix_hashes("y" + base[1:])
     assert c[0] != a[0] and c[1] != a[1]  # chained: a different first chunk changes every hash
-    assert token_prefix_hashes(list(range(130)))[:2] == token_prefix_hashes(list(range(128)) + [7, 7])[:2]
+    assert token_prefix_hashes(list(range(130)))[:2] == token_prefix_hashes(list(range(128)) + [7,
+                                                                                                7])[:2]
     m1 = messages_prefix_hashes([("system", "s" * 600), ("user", "q1")])
     m2 = messages_prefix_hashes([("system", "s" * 600), ("user", "q2")])
     assert m1 and m1 == m2[:len(m1)]

@@ -36,7 +36,8 @@ def test_chat_chunks_and_final_answer() -> None:
     e1 = b.apply(ChoiceDelta(index=0, text="Par", token_ids=[1], logprobs=[lp("Par", -0.1)]), 0)
     assert e1["delta"] == {"content": "Par"} and e1["logprobs"]["content"][0]["bytes"] == list(b"Par")
     assert len(e1["logprobs"]["content"][0]["top_logprobs"]) == 2
-    b.apply(ChoiceDelta(index=0, text="is", token_ids=[2], logprobs=[lp("is", -0.2)], finish_reason="stop"), 0)
+    b.apply(ChoiceDelta(index=0, text="is", token_ids=[2], logprobs=[lp("is", -0.2)],
+                        finish_reason="stop"), 0)
     assert b.finish(0, "stop") is None  # the delta already closed it
     chunk = b.chunk([e1], with_usage=True)
     assert chunk["object"] == "chat.completion.chunk" and chunk["usage"] is None
@@ -52,7 +53,8 @@ def test_chat_chunks_and_final_answer() -> None:
 
 def test_completion_logprobs_offsets_echo_and_finish_from_end() -> None:
     b = ResponseBuilder("completion", "m", want_logprobs=True)
-    e = b.apply(ChoiceDelta(index=1, text="ab", token_ids=[1, 2], logprobs=[lp("a", -1.0), lp("b", -2.0)]), 3)
+    e = b.apply(ChoiceDelta(index=1, text="ab", token_ids=[1, 2],
+                            logprobs=[lp("a", -1.0), lp("b", -2.0)]), 3)
     assert e["index"] == 3 and e["logprobs"]["text_offset"] == [0, 1] and e["logprobs"]["tokens"] == ["a", "b"]
     e = b.apply(ChoiceDelta(index=1, text="c", token_ids=[3], logprobs=[lp("c", -0.5)]), 3)
     assert e["logprobs"]["text_offset"] == [2]

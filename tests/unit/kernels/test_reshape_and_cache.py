@@ -9,7 +9,8 @@ from shoal.kernels import reshape_and_cache
 
 
 @pytest.mark.parametrize("block_size,num_kv_heads,head_dim", [(16, 3, 64), (4, 1, 8), (8, 2, 5)])
-def test_writes_slots_and_skips_minus_one(block_size: int, num_kv_heads: int, head_dim: int) -> None:
+def test_writes_slots_and_skips_minus_one(block_size: int, num_kv_heads: int,
+                                          head_dim: int) -> None:
     gen = torch.Generator().manual_seed(torch.seed())
     num_blocks, num_tokens = 6, 13
     k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)

@@ -52,5 +52,6 @@ def test_rotation_is_complex_multiplication() -> None:
     angle = positions[:, None].double() * inv_freq.double()[None]  # [4, 8]
     z = torch.complex(q[..., :8].double(), q[..., 8:].double()) * torch.polar(
         torch.ones_like(angle), angle)[:, None, :]
-    torch.testing.assert_close(q_out.double(), torch.cat([z.real, z.imag], -1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(q_out.double(), torch.cat([z.real, z.imag], -1), atol=1e-5,
+                               rtol=1e-5)
     assert torch.equal(q_out[0], q[0])  # position 0 is the identity

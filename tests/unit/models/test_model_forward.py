@@ -3,7 +3,6 @@ varlen batch, prompts split into chunks across steps next to decodes, and greedy
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +23,8 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
 def arch_pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
               ) -> tuple[ModelRunner, torch.nn.Module]:
     folder = save_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
-    runner = ModelRunner(EngineConfig(model=str(folder), block_size=BLOCK, num_kv_blocks=96), folder)
+    runner = ModelRunner(EngineConfig(model=str(folder), block_size=BLOCK, num_kv_blocks=96),
+                         folder)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None  # decode the full length, as ignore_eos does
     return runner, hf

@@ -18,7 +18,8 @@ from tests.tiny_models import save_tiny_model
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory: pytest.TempPathFactory) -> ModelRunner:
     folder = save_tiny_model("llama", tmp_path_factory.mktemp("llama"))
-    return ModelRunner(EngineConfig(model=str(folder), block_size=4, num_kv_blocks=64), Path(folder))
+    return ModelRunner(EngineConfig(model=str(folder), block_size=4, num_kv_blocks=64),
+                       Path(folder))
 
 
 def test_token_copy_follows_start_pos_and_prefix(runner: ModelRunner) -> None:
@@ -47,7 +48,8 @@ def test_seeded_sequence_ignores_its_batch_mates(runner: ModelRunner) -> None:
         for _ in range(5):
             token = runner.execute(out).sampled_token_ids[seq_id]
             tokens.append(token)
-            out = SchedulerOutput([ScheduledSeq(seq_id, [token], pos, [10, 11, 12], True, 6, seeded)])
+            out = SchedulerOutput([ScheduledSeq(seq_id, [token], pos, [10, 11, 12], True, 6,
+                                                seeded)])
             pos += 1
         runner.execute(SchedulerOutput([], finished_seq_ids=[seq_id]))
         return tokens

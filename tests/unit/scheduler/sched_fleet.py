@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from itertools import count
 
 from shoal.services.scheduler.claim import ModelProfile, ModelShape
@@ -17,7 +17,7 @@ from shoal.shared.schemas.registry import (
 from shoal.shared.states import InstanceState, WorkerState
 
 GIB = 1024**3
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def worker(name: str, gpus: list[float] | int = 0, gpu_gib: float = 80.0, *, ram_gib: float = 256,

@@ -16,8 +16,10 @@ depends_on = None
 def _common() -> list[sa.Column]:
     return [
         sa.Column("id", sa.String(32), primary_key=True),
-        sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
-        sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now(),
+                  nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now(),
+                  nullable=False),
         sa.Column("version", sa.Integer, nullable=False),
     ]
 
@@ -42,12 +44,14 @@ def upgrade() -> None:
     op.create_table(
         "instances", *_common(),
         sa.Column("name", sa.String(96), nullable=False, unique=True),
-        sa.Column("model_id", sa.String(32), sa.ForeignKey("models.id", ondelete="CASCADE"), index=True),
+        sa.Column("model_id", sa.String(32), sa.ForeignKey("models.id", ondelete="CASCADE"),
+                  index=True),
         sa.Column("model_name", sa.String(64), nullable=False),
         sa.Column("state", sa.String(16), nullable=False, index=True),
         sa.Column("state_message", sa.Text),
         sa.Column("state_changed_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("worker_id", sa.String(32), sa.ForeignKey("workers.id", ondelete="SET NULL"), index=True),
+        sa.Column("worker_id", sa.String(32), sa.ForeignKey("workers.id", ondelete="SET NULL"),
+                  index=True),
         sa.Column("worker_name", sa.String(64)),
         sa.Column("placement", sa.JSON),
         sa.Column("restart_count", sa.Integer, nullable=False),

@@ -11,44 +11,18 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.engine_core import EngineCore, EngineRequest
+from shoal.services.engine.engine_core import EngineCore
+from shoal.services.engine.output_stream import OutputCollector, RequestStream, put_all
+from shoal.services.engine.request_state import EngineRequest
 from shoal.services.engine.request_output import EngineStats, RequestOutput, RequestOutputKind
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest, ShoalError, Unavailable
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class _Stream:
-    """What the engine produced for one request and its reader has not taken yet."""
-
-    loop: asyncio.AbstractEventLoop
-    kind: RequestOutputKind
-    pending: RequestOutput | BaseException | None = None
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def put(self, item: RequestOutput | BaseException) -> None:
-        """On the loop. Deltas merge; a cumulative or final output replaces; an error wins."""
-        pending = self.pending
-        if (isinstance(item, RequestOutput) and isinstance(pending, RequestOutput)
-                and self.kind is RequestOutputKind.DELTA):
-            pending.merge(item)
-        elif not isinstance(pending, BaseException):
-            self.pending = item
-        self.ready.set()
-
-    async def get(self) -> RequestOutput | BaseException:
-        while self.pending is None:
-            await self.ready.wait()
-            self.ready.clear()
-        item, self.pending = self.pending, None
-        return item
 
 
 class AsyncEngine:
@@ -64,7 +38,7 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._commands: list[EngineRequest | str] = []  # a request to add, or an id to abort
         self._wakeup = threading.Event()
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, OutputCollector] = {}
         self._error: BaseException | None = None
         self._stopping = False
         self.core: EngineCore
@@ -122,7 +96,7 @@ class AsyncEngine:
         close() it: closing early aborts the request."""
         if request_id in self._streams:
             raise InvalidRequest(f"request id {request_id!r} is already in use", param="request_id")
-        stream = _Stream(asyncio.get_running_loop(), output_kind)
+        stream = OutputCollector(asyncio.get_running_loop(), output_kind)
         self._streams[request_id] = stream  # before the add: the engine thread may answer at once
         try:
             self.add_request(request_id, prompt_token_ids, params, arrival_time, prompt=prompt,
@@ -130,7 +104,8 @@ class AsyncEngine:
         except BaseException:
             del self._streams[request_id]
             raise
-        return RequestStream(self, request_id, stream)
+        return RequestStream(request_id, stream, on_done=lambda: self._forget(request_id, stream),
+                             abort=lambda: self.abort(request_id))
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                        arrival_time: float | None = None, *, prompt: str | None = None,
@@ -159,7 +134,7 @@ class AsyncEngine:
             self._thread.join(timeout)
         self._fail_all(Unavailable("the engine is shutting down"))
 
-    def _forget(self, request_id: str, stream: _Stream) -> None:
+    def _forget(self, request_id: str, stream: OutputCollector) -> None:
         if self._streams.get(request_id) is stream:
             del self._streams[request_id]
 
@@ -213,56 +188,16 @@ class AsyncEngine:
 
     def _deliver_all(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
         """One wake-up per event loop for a whole step (not one per request)."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, Any]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[OutputCollector, Any]]] = {}
         for request_id, item in items:
             stream = self._streams.get(request_id)
             if stream is not None and not stream.loop.is_closed():
                 by_loop.setdefault(stream.loop, []).append((stream, item))
         for loop, batch in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_put_all, batch)
+                loop.call_soon_threadsafe(put_all, batch)
             except RuntimeError:  # the loop closed meanwhile: nobody is reading
                 pass
 
     def _fail_all(self, error: BaseException) -> None:
         self._deliver_all([(request_id, error) for request_id in list(self._streams)])
-
-
-class RequestStream:
-    """The outputs of one request opened on an AsyncEngine, as an async iterator. It ends after
-    the final output (or raises the engine's error); close() before that aborts the request."""
-
-    def __init__(self, engine: AsyncEngine, request_id: str, stream: _Stream) -> None:
-        self._engine = engine
-        self.request_id = request_id
-        self._stream = stream
-        self._done = False
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self._done:
-            raise StopAsyncIteration
-        item = await self._stream.get()
-        if isinstance(item, BaseException):
-            self._finish()
-            raise item
-        if item.finished:
-            self._finish()
-        return item
-
-    def close(self) -> None:
-        """Abort the request unless it has finished (safe to call more than once)."""
-        if not self._done:
-            self._finish()
-            self._engine.abort(self.request_id)
-
-    def _finish(self) -> None:
-        self._done = True
-        self._engine._forget(self.request_id, self._stream)
-
-
-def _put_all(batch: list[tuple[_Stream, RequestOutput | BaseException]]) -> None:
-    for stream, item in batch:
-        stream.put(item)

@@ -11,21 +11,14 @@ then enters the waiting queue carrying it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.detokenizer import IncrementalDetokenizer
 from shoal.services.engine.grammar_gate import GrammarGate
 from shoal.services.engine.outputs import RunnerOutput, SchedulerOutput
-from shoal.services.engine.request_output import (
-    CompletionOutput,
-    EngineStats,
-    RequestMetrics,
-    RequestOutput,
-    RequestOutputKind,
-)
+from shoal.services.engine.request_output import EngineStats, RequestOutput, RequestOutputKind
+from shoal.services.engine.request_state import EngineRequest, RequestState
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.services.engine.scheduler import Scheduler
 from shoal.services.engine.sequence import Sequence, SequenceStatus
@@ -52,37 +45,6 @@ def load_tokenizer(path: str | Path) -> Any:
     return AutoTokenizer.from_pretrained(str(path))
 
 
-@dataclass(frozen=True, slots=True)
-class EngineRequest:
-    """A request that passed the engine's checks (EngineCore.process), ready to add."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    arrival_time: float
-    prompt: str | None = None
-    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
-
-
-@dataclass(slots=True)
-class _Request:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    seqs: list[Sequence]
-    detoks: list[IncrementalDetokenizer]
-    kind: RequestOutputKind
-    arrival_time: float
-    num_decoded: list[int] = field(default_factory=list)
-    """Per child: output tokens handed to its detokenizer."""
-    num_sent: list[int] = field(default_factory=list)
-    """Per child: output tokens already sent (delta mode)."""
-    sent_finished: list[bool] = field(default_factory=list)
-    sent_prompt_logprobs: bool = False
-    has_first_token: bool = False
-
-
 class EngineCore:
     def __init__(self, config: EngineConfig, *, runner: Runner | None = None,
                  tokenizer: Any = None, model_dir: Path | None = None) -> None:
@@ -104,7 +66,7 @@ class EngineCore:
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(config, runner.num_kv_blocks, runner.max_model_len,
                                    frozenset(runner.eos_token_ids))
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, RequestState] = {}
         self.grammar_gate = GrammarGate(tokenizer, runner.vocab_size, runner.eos_token_ids)
         self.vocab_bound = min(len(tokenizer), runner.vocab_size)
         """Token ids in [0, vocab_bound) both have an embedding row and decode to text."""
@@ -139,23 +101,16 @@ class EngineCore:
         request_id, params = request.request_id, request.params
         if request_id in self._requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use", param="request_id")
-        prompt_token_ids = request.prompt_token_ids
-        seqs = []
-        for i in range(params.n):
-            seqs.append(Sequence(self._next_seq_id, request_id, list(prompt_token_ids),
-                                 len(prompt_token_ids), params, index=i,
-                                 arrival_time=request.arrival_time))
-            self._next_seq_id += 1
-        detoks = [IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params) for _ in seqs]
-        req = _Request(
-            request_id, request.prompt, prompt_token_ids, params, seqs, detoks,
-            request.output_kind, request.arrival_time, num_decoded=[0] * params.n,
-            num_sent=[0] * params.n, sent_finished=[False] * params.n)
+        num_tokens = len(request.prompt_token_ids)
+        seqs = [Sequence(self._next_seq_id + i, request_id, list(request.prompt_token_ids),
+                         num_tokens, params, index=i, arrival_time=request.arrival_time)
+                for i in range(params.n)]
+        self._next_seq_id += params.n
         if params.structured_outputs is not None:
             self.grammar_gate.park(request_id, params.structured_outputs, seqs)
         else:
             self.scheduler.add(seqs)
-        self._requests[request_id] = req
+        self._requests[request_id] = RequestState.new(request, seqs, self.tokenizer)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     arrival_time: float | None = None, *, prompt: str | None = None,
@@ -174,7 +129,7 @@ class EngineCore:
         for detok in req.detoks:
             detok.finish()
         del self._requests[request_id]
-        return self._make_output(req, force=True)
+        return req.make_output(force=True)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self.grammar_gate)
@@ -185,7 +140,7 @@ class EngineCore:
         run = (self.runner.execute(out) if out.scheduled or out.finished_seq_ids
                else RunnerOutput({}))
         changed = self.scheduler.update(out, run)
-        touched: dict[str, _Request] = {}
+        touched: dict[str, RequestState] = {}
         for seq in changed:
             req = self._requests.get(seq.request_id)
             if req is None:
@@ -196,11 +151,11 @@ class EngineCore:
         for req in touched.values():
             if not req.has_first_token and any(s.first_token_time for s in req.seqs):
                 req.has_first_token = True
-                self._num_prompt_tokens += len(req.prompt_token_ids)
-            output = self._make_output(req)
+                self._num_prompt_tokens += len(req.request.prompt_token_ids)
+            output = req.make_output()
             if output is not None:
                 outputs.append(output)
-            if all(s.is_finished for s in req.seqs):
+            if req.is_finished:
                 del self._requests[req.request_id]
         return outputs
 
@@ -225,69 +180,13 @@ class EngineCore:
             prefix_cache_queries=bm.num_prefix_queries, prefix_cache_hits=bm.num_prefix_hits,
             prompt_tokens=self._num_prompt_tokens, generation_tokens=self._num_generation_tokens)
 
-    def _detokenize(self, req: _Request, seq: Sequence) -> None:
-        detok = req.detoks[seq.index]
-        output_ids = seq.output_token_ids
-        end = len(output_ids)
-        stopped_by_token = (seq.status is SequenceStatus.FINISHED_STOPPED
-                            and not isinstance(seq.stop_reason, str))
-        if stopped_by_token and not req.params.include_stop_str_in_output:
-            end -= 1  # the EOS / stop token is not part of the text
-        new_ids = output_ids[req.num_decoded[seq.index]:end]
-        self._num_generation_tokens += len(output_ids) - req.num_decoded[seq.index]
-        req.num_decoded[seq.index] = len(output_ids)
-        stop = detok.update(new_ids, check_stop=seq.num_output_tokens > req.params.min_tokens)
+    def _detokenize(self, req: RequestState, seq: Sequence) -> None:
+        num_new, stop = req.detokenize(seq)
+        self._num_generation_tokens += num_new
         if stop is not None:
             if seq.is_finished:  # finished by length in the same step: the stop string wins
                 seq.status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, stop
             else:
                 self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED, stop)
         if seq.is_finished:
-            detok.finish()
-
-    def _make_output(self, req: _Request, force: bool = False) -> RequestOutput | None:
-        finished = all(s.is_finished for s in req.seqs)
-        if req.kind is RequestOutputKind.FINAL_ONLY and not finished and not force:
-            return None
-        delta = req.kind is RequestOutputKind.DELTA
-        want_logprobs = req.params.logprobs is not None
-        completions = []
-        for i, (seq, detok) in enumerate(zip(req.seqs, req.detoks)):
-            start = req.num_sent[i] if delta else 0
-            token_ids = seq.output_token_ids[start:]
-            text = detok.take_delta() if delta else detok.releasable_text
-            newly_finished = seq.is_finished and not req.sent_finished[i]
-            if delta and not token_ids and not text and not newly_finished:
-                continue
-            req.num_sent[i] = seq.num_output_tokens
-            req.sent_finished[i] = seq.is_finished
-            completions.append(CompletionOutput(
-                index=i, text=text, token_ids=token_ids,
-                cumulative_logprob=seq.cumulative_logprob if want_logprobs else None,
-                logprobs=seq.logprobs[start:] if want_logprobs else None,
-                finish_reason=seq.status.finish_reason, stop_reason=seq.stop_reason))
-        return RequestOutput(
-            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
-            prompt_logprobs=self._prompt_logprobs(req, delta), outputs=completions,
-            finished=finished, num_cached_tokens=req.seqs[0].num_cached_tokens,
-            metrics=self._metrics(req, finished))
-
-    def _prompt_logprobs(self, req: _Request, delta: bool) -> list[Any] | None:
-        first = req.seqs[0]
-        if req.params.prompt_logprobs is None or first.wants_prompt_logprobs:
-            return None  # not asked for, or not all computed yet
-        if delta and req.sent_prompt_logprobs:
-            return None
-        req.sent_prompt_logprobs = True
-        return list(first.prompt_logprobs)
-
-    def _metrics(self, req: _Request, finished: bool) -> RequestMetrics:
-        seqs = req.seqs
-        scheduled = [s.first_scheduled_time for s in seqs if s.first_scheduled_time is not None]
-        first_tokens = [s.first_token_time for s in seqs if s.first_token_time is not None]
-        return RequestMetrics(
-            arrival_time=req.arrival_time,
-            first_scheduled_time=min(scheduled) if scheduled else None,
-            first_token_time=min(first_tokens) if first_tokens else None,
-            last_token_time=time.time() if first_tokens else None,
-            finished_time=time.time() if finished else None)
+            req.detoks[seq.index].finish()

@@ -17,13 +17,7 @@ from shoal.services.gateway.protocol import parse_body
 from shoal.services.gateway.state import STATE
 from shoal.shared.errors import InvalidRequest, NotFound
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate,
-    DeleteRequest,
-    InstanceFilter,
-    ListRequest,
-    ModelCreate,
-    ModelPublic,
-    ModelUpdate,
+    ApiKeyCreate, DeleteRequest, InstanceFilter, ListRequest, ModelCreate, ModelPublic, ModelUpdate
 )
 from shoal.shared.states import InstanceState
 

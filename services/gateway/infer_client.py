@@ -21,13 +21,8 @@ from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.errors import NotFound, ShoalError, Timeout, Unavailable
 from shoal.shared.schemas.infer import (
-    AbortRequest,
-    GenerateRequest,
-    InferChunk,
-    InferEnd,
-    InferError,
-    InferReplyEnvelope,
-    InferRequestEnvelope,
+    AbortRequest, GenerateRequest, InferChunk, InferEnd, InferError, InferReplyEnvelope,
+    InferRequestEnvelope
 )
 
 log = logging.getLogger(__name__)

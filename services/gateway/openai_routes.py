@@ -8,17 +8,11 @@ from aiohttp import web
 
 from shoal.services.gateway.errors import read_body
 from shoal.services.gateway.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeBody,
-    TokenizeBody,
-    parse_body,
+    ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody, parse_body
 )
 from shoal.services.gateway.responses import ResponseBuilder
 from shoal.services.gateway.router import (
-    messages_prefix_hashes,
-    text_prefix_hashes,
-    token_prefix_hashes,
+    messages_prefix_hashes, text_prefix_hashes, token_prefix_hashes
 )
 from shoal.services.gateway.serve import Answer, Job
 from shoal.services.gateway.state import STATE
@@ -26,10 +20,7 @@ from shoal.services.gateway.structured import rename_param
 from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.logging import log_context
 from shoal.shared.schemas.infer import (
-    DetokenizeReply,
-    DetokenizeRequest,
-    TokenizeReply,
-    TokenizeRequest,
+    DetokenizeReply, DetokenizeRequest, TokenizeReply, TokenizeRequest
 )
 from shoal.shared.telemetry import get_tracer
 

@@ -9,10 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from shoal.services.gateway.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeBody,
-    TokenizeBody,
+    ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody
 )
 from shoal.shared.schemas.registry import ApiKeyCreate, ModelCreate, ModelUpdate
 

@@ -16,10 +16,7 @@ from shoal.services.gateway.structured import StructuredFields
 from shoal.services.gateway.tools import ToolBody, ToolCallIn, ToolChoice, ToolPlan, plan_tools
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.infer import (
-    ChatMessage,
-    GenerateRequest,
-    SamplingOptions,
-    StructuredOutputsOptions,
+    ChatMessage, GenerateRequest, SamplingOptions, StructuredOutputsOptions
 )
 
 MAX_LOGPROBS = 20

@@ -17,11 +17,7 @@ from pydantic import Field
 from shoal.services.gateway.body import Body
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.infer import (
-    FunctionCall,
-    FunctionDefinition,
-    StructuredOutputsOptions,
-    ToolCall,
-    ToolDefinition,
+    FunctionCall, FunctionDefinition, StructuredOutputsOptions, ToolCall, ToolDefinition
 )
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}

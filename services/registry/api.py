@@ -20,32 +20,13 @@ from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.service import RpcService
 from shoal.shared.schemas.events import (
-    ApiKeyEvent,
-    EventKind,
-    InstanceEvent,
-    ModelEvent,
-    WorkerEvent,
+    ApiKeyEvent, EventKind, InstanceEvent, ModelEvent, WorkerEvent
 )
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate,
-    ApiKeyCreated,
-    ApiKeyPublic,
-    ApiKeyVerify,
-    ById,
-    ByIdOrName,
-    Deleted,
-    DeleteRequest,
-    InstanceCreate,
-    InstanceDelete,
-    InstanceFilter,
-    InstancePublic,
-    InstanceTransition,
-    ListRequest,
-    ModelCreate,
-    ModelPublic,
-    ModelUpdate,
-    WorkerPublic,
-    WorkerRegister,
+    ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyVerify, ById, ByIdOrName, Deleted,
+    DeleteRequest, InstanceCreate, InstanceDelete, InstanceFilter, InstancePublic,
+    InstanceTransition, ListRequest, ModelCreate, ModelPublic, ModelUpdate, WorkerPublic,
+    WorkerRegister
 )
 
 log = logging.getLogger(__name__)

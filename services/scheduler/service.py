@@ -31,13 +31,8 @@ from shoal.shared.errors import Conflict, NotFound, ShoalError
 from shoal.shared.loops import run_every
 from shoal.shared.schemas.common import utcnow
 from shoal.shared.schemas.registry import (
-    InstanceCreate,
-    InstanceDelete,
-    InstancePublic,
-    InstanceTransition,
-    LeaderFence,
-    ListRequest,
-    ModelPublic,
+    InstanceCreate, InstanceDelete, InstancePublic, InstanceTransition, LeaderFence, ListRequest,
+    ModelPublic
 )
 from shoal.shared.states import InstanceState
 

@@ -23,10 +23,7 @@ from shoal.shared.config import Settings
 from shoal.shared.errors import NotFound, ShoalError
 from shoal.shared.loops import run_every
 from shoal.shared.schemas.registry import (
-    DeviceStatus,
-    WorkerHeartbeat,
-    WorkerPublic,
-    WorkerRegister,
+    DeviceStatus, WorkerHeartbeat, WorkerPublic, WorkerRegister
 )
 
 log = logging.getLogger(__name__)

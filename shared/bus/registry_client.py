@@ -10,25 +10,9 @@ from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.schemas.common import Page
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate,
-    ApiKeyCreated,
-    ApiKeyPublic,
-    ApiKeyVerified,
-    ApiKeyVerify,
-    ById,
-    ByIdOrName,
-    Deleted,
-    DeleteRequest,
-    InstanceCreate,
-    InstanceFilter,
-    InstancePublic,
-    InstanceTransition,
-    ListRequest,
-    ModelCreate,
-    ModelPublic,
-    ModelUpdate,
-    WorkerPublic,
-    WorkerRegister,
+    ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyVerified, ApiKeyVerify, ById, ByIdOrName,
+    Deleted, DeleteRequest, InstanceCreate, InstanceFilter, InstancePublic, InstanceTransition,
+    ListRequest, ModelCreate, ModelPublic, ModelUpdate, WorkerPublic, WorkerRegister
 )
 
 

@@ -11,10 +11,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import (
-    AsyncEngine,
-    AsyncSession,
-    async_sessionmaker,
-    create_async_engine,
+    AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 )
 
 MIGRATIONS = Path(__file__).parent / "migrations"

@@ -6,9 +6,7 @@ from typing import Any
 
 from shoal.services.engine.config import ConfigError
 from shoal.services.engine.models.llama import (
-    LlamaForCausalLM,
-    MistralForCausalLM,
-    Qwen2ForCausalLM,
+    LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
 )
 from shoal.services.engine.models.qwen3 import Qwen3ForCausalLM
 

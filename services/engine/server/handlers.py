@@ -16,7 +16,8 @@ from typing import Any
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from shoal.services.engine.async_engine import AsyncEngine, RequestStream
+from shoal.services.engine.async_engine import AsyncEngine
+from shoal.services.engine.output_stream import RequestStream
 from shoal.services.engine.chat import render_chat
 from shoal.services.engine.engine_core import load_tokenizer
 from shoal.services.engine.outputs import TokenLogprob
@@ -28,22 +29,9 @@ from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.loops import run_every
 from shoal.shared.schemas.common import ErrorBody
 from shoal.shared.schemas.infer import (
-    AbortRequest,
-    ChoiceDelta,
-    DetokenizeReply,
-    DetokenizeRequest,
-    EngineLoad,
-    GenerateRequest,
-    InferChunk,
-    InferEnd,
-    InferError,
-    InferReplyEnvelope,
-    InferRequestEnvelope,
-    TokenizeReply,
-    TokenizeRequest,
-    TokenLogprobWire,
-    TopLogprob,
-    Usage,
+    AbortRequest, ChoiceDelta, DetokenizeReply, DetokenizeRequest, EngineLoad, GenerateRequest,
+    InferChunk, InferEnd, InferError, InferReplyEnvelope, InferRequestEnvelope, TokenizeReply,
+    TokenizeRequest, TokenLogprobWire, TopLogprob, Usage
 )
 
 log = logging.getLogger(__name__)

@@ -19,13 +19,7 @@ from shoal.shared.db.tables import ApiKeyRow
 from shoal.shared.errors import Conflict
 from shoal.shared.schemas.common import Page, utcnow
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate,
-    ApiKeyCreated,
-    ApiKeyPublic,
-    ApiKeyVerified,
-    ApiKeyVerify,
-    ById,
-    ListRequest,
+    ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyVerified, ApiKeyVerify, ById, ListRequest
 )
 
 SECRET_PREFIX = "sk-shoal-"

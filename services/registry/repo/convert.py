@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from shoal.shared.db.tables import ApiKeyRow, InstanceRow, ModelRow, WorkerRow
 from shoal.shared.schemas.registry import (
-    ApiKeyPublic,
-    DeviceStatus,
-    InstancePublic,
-    ModelPublic,
-    Placement,
-    WorkerPublic,
+    ApiKeyPublic, DeviceStatus, InstancePublic, ModelPublic, Placement, WorkerPublic
 )
 from shoal.shared.states import InstanceState, WorkerState
 

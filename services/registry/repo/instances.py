@@ -19,12 +19,7 @@ from shoal.shared.db.tables import InstanceRow, ModelRow, WorkerRow
 from shoal.shared.errors import InvalidRequest, NotFound
 from shoal.shared.schemas.common import Page, utcnow
 from shoal.shared.schemas.registry import (
-    ById,
-    InstanceCreate,
-    InstanceDelete,
-    InstanceFilter,
-    InstancePublic,
-    InstanceTransition,
+    ById, InstanceCreate, InstanceDelete, InstanceFilter, InstancePublic, InstanceTransition
 )
 from shoal.shared.states import InstanceState, check_transition
 

@@ -11,14 +11,8 @@ from shoal.shared.db.tables import InstanceRow, ModelRow
 from shoal.shared.errors import Conflict, InvalidRequest, NotFound
 from shoal.shared.schemas.common import Page
 from shoal.shared.schemas.registry import (
-    ByIdOrName,
-    DeleteRequest,
-    InstancePublic,
-    ListRequest,
-    ModelCreate,
-    ModelPublic,
-    ModelSpec,
-    ModelUpdate,
+    ByIdOrName, DeleteRequest, InstancePublic, ListRequest, ModelCreate, ModelPublic, ModelSpec,
+    ModelUpdate
 )
 
 

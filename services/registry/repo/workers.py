@@ -17,13 +17,7 @@ from shoal.services.registry.repo.convert import instance_public, worker_public
 from shoal.shared.db.tables import InstanceRow, WorkerRow
 from shoal.shared.schemas.common import Page, utcnow
 from shoal.shared.schemas.registry import (
-    ById,
-    DeleteRequest,
-    InstancePublic,
-    ListRequest,
-    WorkerHeartbeat,
-    WorkerPublic,
-    WorkerRegister,
+    ById, DeleteRequest, InstancePublic, ListRequest, WorkerHeartbeat, WorkerPublic, WorkerRegister
 )
 from shoal.shared.states import InstanceState, WorkerState, can_transition
 

@@ -12,11 +12,7 @@ from typing import Protocol
 from shoal.services.scheduler.claim import ModelClaim
 from shoal.services.scheduler.policies.fleet import FleetIndex, GpuSlot, WorkerSlot
 from shoal.shared.schemas.registry import (
-    ModelSpec,
-    Placement,
-    PlacementStrategy,
-    ResourceClaim,
-    SubordinateWorker,
+    ModelSpec, Placement, PlacementStrategy, ResourceClaim, SubordinateWorker
 )
 
 

@@ -10,21 +10,13 @@ from dataclasses import dataclass, field
 
 from shoal.services.scheduler.claim import ModelClaim
 from shoal.services.scheduler.policies.base import (
-    Candidate,
-    CandidateScorer,
-    CandidateSelector,
-    PlacementRequest,
-    WorkerFilter,
+    Candidate, CandidateScorer, CandidateSelector, PlacementRequest, WorkerFilter
 )
 from shoal.services.scheduler.policies.filters import GpuTypeFilter, LabelFilter, StatusFilter
 from shoal.services.scheduler.policies.fleet import FleetIndex, WorkerSlot
 from shoal.services.scheduler.policies.scorers import BinpackScorer, SpreadScorer
 from shoal.services.scheduler.policies.selectors import (
-    CpuSelector,
-    ManualGpuSelector,
-    MultiGpuSelector,
-    MultiWorkerSelector,
-    SingleGpuSelector,
+    CpuSelector, ManualGpuSelector, MultiGpuSelector, MultiWorkerSelector, SingleGpuSelector
 )
 from shoal.shared.schemas.registry import DeviceKind, Placement
 from shoal.shared.units import fmt_bytes

@@ -7,12 +7,7 @@ from itertools import count
 
 from shoal.services.scheduler.claim import ModelProfile, ModelShape
 from shoal.shared.schemas.registry import (
-    DeviceStatus,
-    GpuDevice,
-    InstancePublic,
-    ModelSpec,
-    Placement,
-    WorkerPublic,
+    DeviceStatus, GpuDevice, InstancePublic, ModelSpec, Placement, WorkerPublic
 )
 from shoal.shared.states import InstanceState, WorkerState
 

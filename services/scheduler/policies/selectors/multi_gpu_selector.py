@@ -9,10 +9,7 @@ from __future__ import annotations
 from shoal.services.scheduler.policies.base import Candidate, PlacementRequest
 from shoal.services.scheduler.policies.fleet import FleetIndex
 from shoal.services.scheduler.policies.selectors.common import (
-    capacities,
-    gpu_candidate,
-    pick_gpus,
-    valid_tp_sizes,
+    capacities, gpu_candidate, pick_gpus, valid_tp_sizes
 )
 from shoal.shared.units import fmt_bytes
 

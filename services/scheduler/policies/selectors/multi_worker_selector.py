@@ -12,10 +12,7 @@ from dataclasses import dataclass, field
 from shoal.services.scheduler.policies.base import Candidate, PlacementRequest
 from shoal.services.scheduler.policies.fleet import FleetIndex, GpuSlot, WorkerSlot
 from shoal.services.scheduler.policies.selectors.common import (
-    capacities,
-    gpu_candidate,
-    pick_gpus,
-    valid_tp_sizes,
+    capacities, gpu_candidate, pick_gpus, valid_tp_sizes
 )
 from shoal.shared.units import fmt_bytes, fmt_count
 

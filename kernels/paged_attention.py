@@ -77,7 +77,7 @@ def paged_attention(
     for i in range(len(lens)):
         q_len = starts[i + 1] - starts[i]
         if q_len > 1:
-            _prefill_one(q, k_cache, v_cache, block_tables[i], lens[i], starts[i], q_len, scale,
+            prefill_chunk(q, k_cache, v_cache, block_tables[i], lens[i], starts[i], q_len, scale,
                          window, out)
     return out
 
@@ -194,7 +194,7 @@ def _block_diagonal(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
     return torch.diagonal(o, dim1=1, dim2=3).permute(0, 3, 1, 2).reshape(n, num_heads, head_dim)
 
 
-def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def prefill_chunk(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_table: torch.Tensor, seq_len: int, start: int, q_len: int, scale: float,
                  window: int | None, out: torch.Tensor) -> None:
     """One chunk of q_len new tokens whose first sits at position seq_len - q_len; only the

@@ -8,7 +8,8 @@
 // One task = up to kTile consecutive query tokens of one sequence x one KV head: the rows of
 // that task (tokens x the query heads sharing the KV head) walk the sequence's blocks once, in
 // the block table's order, with an fp32 online softmax; blocks before the first row's window
-// are never touched. Tasks run in parallel on torch's intra-op threads.
+// are never touched. Tasks run in parallel on torch's intra-op threads. Chunks longer than
+// max_q_len (> 0) are skipped: cpu_ops.py runs them through SDPA, which wins on long prompts.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -107,7 +108,7 @@ void attend(const Task& task, const scalar_t* q, int64_t q_stride_t, int64_t q_s
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& block_tables,
                            const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
-                           double scale, int64_t window) {
+                           double scale, int64_t window, int64_t max_q_len) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
               "q must be [tokens, heads, head_dim] with dense heads");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
@@ -131,6 +132,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
   std::vector<int64_t> first_pos;  // per task: position of its first query
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = starts_p[s + 1] - starts_p[s];
+    if (max_q_len > 0 && q_len > max_q_len) continue;  // left to the caller (rows unwritten)
     const int64_t seq_start = lens_p[s] - q_len;  // position of the sequence's first query
     for (int64_t t = 0; t < q_len; t += kTile) {
       for (int64_t h = 0; h < num_kv_heads; ++h) {
@@ -189,7 +191,7 @@ void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_c
 
 TORCH_LIBRARY(shoal_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor seq_lens, Tensor query_start_loc, float scale, int window) -> Tensor");
+        "Tensor seq_lens, Tensor query_start_loc, float scale, int window, int max_q_len) -> Tensor");
   m.def("reshape_and_cache(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
         "Tensor slot_mapping) -> ()");
 }

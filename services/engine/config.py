@@ -80,7 +80,7 @@ class EngineConfig:
     cache_dir: str | None = None
     """Where converted models (GGUF -> safetensors) are cached; default ~/.cache/shoal/models."""
     num_threads: int | None = None
-    """torch intra-op threads on CPU; None leaves torch's default."""
+    """torch intra-op threads; None on CPU = all usable cores but one (vLLM-CPU's rule)."""
     enforce_eager: bool = False
     """Disable CUDA graphs (CUDA path only)."""
     quantization: str | None = None

@@ -31,7 +31,7 @@ class EngineArgs(Wire):
     enable_chunked_prefill: bool | None = None
     seed: int | None = None
     num_threads: int | None = Field(default=None, ge=1)
-    """torch intra-op threads on CPU."""
+    """torch intra-op threads on CPU (default: all usable cores but one)."""
     enforce_eager: bool | None = None
     quantization: str | None = None
     """vLLM's --quantization: "int8" (weight-only, CPU)."""

@@ -46,7 +46,7 @@ def _run_case(op, q_lens: list[int], ctx_lens: list[int], num_heads: int, num_kv
               window: int | None = None) -> None:
     """With a window, the blocks before it hold NaN: the op must skip them, not mask them."""
     num_seqs = len(q_lens)
-    seq_lens = [c + n for c, n in zip(ctx_lens, q_lens)]
+    seq_lens = [c + n for c, n in zip(ctx_lens, q_lens, strict=True)]
     max_blocks = max(-(-s // block_size) for s in seq_lens) + 1  # one spare column: padding
     num_blocks = sum(-(-s // block_size) for s in seq_lens) + 3
     k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
@@ -104,6 +104,14 @@ def test_decodes_of_very_different_lengths_are_grouped_correctly(op) -> None:
     ctx = [3, 300, 5, 90, 700, 1, 150, 41]  # several length groups, out of order
     _run_case(op, [1] * len(ctx), ctx, 9, 3, 16, 16, gen)
     _run_case(op, [1, 9, 1, 1, 4], [500, 0, 2, 130, 64], 4, 2, 8, 8, gen)  # chunks in between
+
+
+@pytest.mark.parametrize("window", [None, 37])
+def test_long_chunks_beside_decodes(op, window: int | None) -> None:
+    """Chunks of cpu_ops.LONG_CHUNK tokens and more take the SDPA path inside the C++ op set."""
+    gen = torch.Generator().manual_seed(torch.seed())
+    long = cpu_ops.LONG_CHUNK
+    _run_case(op, [long, 1, long + 45, 1, long - 1], [0, 50, 70, 3, 9], 9, 3, 16, 16, gen, window)
 
 
 # windows: 1 (a query sees only itself), shorter than a block, at and past block boundaries,

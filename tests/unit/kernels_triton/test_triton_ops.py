@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.tiny_models import VOCAB, save_tiny_model, with_config
-from tests.unit.kernels_triton.triton_helpers import DEVICE
 
 from shoal.kernels import TORCH_OPS, Ops, select_ops
 from shoal.services.engine import model_runner as model_runner_module
@@ -17,6 +15,8 @@ from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.model_runner import ModelRunner
 from shoal.services.engine.outputs import ScheduledSeq, SchedulerOutput
 from shoal.services.engine.sampling_params import SamplingParams
+from tests.tiny_models import VOCAB, save_tiny_model, with_config
+from tests.unit.kernels_triton.triton_helpers import DEVICE
 
 OPS = ["reshape_and_cache", "paged_attention", "rms_norm", "apply_rotary"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)

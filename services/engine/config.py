@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shoal.shared.errors import InvalidRequest
+from shoal.shared.schemas.engine_args import QUANTIZATIONS
 from shoal.shared.schemas.infer import TOOL_CALL_PARSERS
 from shoal.shared.units import GIB, MIB
 
@@ -79,9 +80,12 @@ class EngineConfig:
     cache_dir: str | None = None
     """Where converted models (GGUF -> safetensors) are cached; default ~/.cache/shoal/models."""
     num_threads: int | None = None
-    """torch intra-op threads on CPU; None leaves torch's default."""
+    """torch intra-op threads; None on CPU = all usable cores but one (vLLM-CPU's rule)."""
     enforce_eager: bool = False
     """Disable CUDA graphs (CUDA path only)."""
+    quantization: str | None = None
+    """vLLM's arg: "int8" = weight-only int8, one scale per output row, quantised at load (CPU
+    path); None runs the checkpoint's dtype."""
     tool_call_parser: str | None = None
     """How "auto" tool-choice answers are parsed for tool calls (vLLM's --tool-call-parser):
     "hermes" (<tool_call>{...}</tool_call>); None refuses tool_choice "auto"."""
@@ -103,6 +107,8 @@ class EngineConfig:
             refuse("gpu_memory_utilization", "in (0, 1]")
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
             refuse("tool_call_parser", f"one of {', '.join(TOOL_CALL_PARSERS)}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            refuse("quantization", f"one of {', '.join(QUANTIZATIONS)} or None")
         ENGINE_DEFAULTS.dtype(self.dtype, "cpu")  # ConfigError for an unknown dtype
         if not self.enable_chunked_prefill and self.max_model_len is not None:
             if self.max_num_batched_tokens < self.max_model_len:

@@ -7,6 +7,8 @@ the paged cache, logits only where needed, sample (sampler.py). It never touches
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,32 +21,48 @@ from shoal.services.engine.cuda_graphs import DecodeGraphs
 from shoal.services.engine.gpu_memory import profiled_config
 from shoal.services.engine.input_batch import ModelInputs, build_model_inputs
 from shoal.services.engine.kv_cache import bind_kv_caches, num_kv_blocks
+from shoal.services.engine.layers.cpu_weights import prepare_cpu_weights
 from shoal.services.engine.loader import load_weights
 from shoal.services.engine.models.registry import model_class
 from shoal.services.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput, TokenLogprob
 from shoal.services.engine.sampler import SeqState, logprob_entries, mix_seed, sample
+
+log = logging.getLogger(__name__)
 
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_dir: Path) -> None:
         self.config = config
         model_dir = Path(model_dir)
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
         self.device = torch.device(
             ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto"
             else config.device)
+        if config.num_threads or self.device.type == "cpu":
+            torch.set_num_threads(config.num_threads or default_cpu_threads())
         self.dtype = getattr(torch, ENGINE_DEFAULTS.dtype(config.dtype, self.device.type))
         hf_config = AutoConfig.from_pretrained(model_dir)
         self.hf_config = hf_config
         self.max_model_len = _max_model_len(config, hf_config)
         self.vocab_size: int = hf_config.vocab_size
         self.eos_token_ids = _eos_token_ids(model_dir, hf_config)
-        self.model = model_class(hf_config)(hf_config, self.max_model_len, select_ops(self.device))
+        ops = select_ops(self.device)
+        self.model = model_class(hf_config)(hf_config, self.max_model_len, ops)
         load_weights(self.model, model_dir)
         for param in self.model.parameters():  # buffers (rotary cos/sin) stay float32
             param.data = param.data.to(device=self.device, dtype=self.dtype)
         self.model.to(self.device).eval()
+        if self.device.type == "cpu":
+            matmul = prepare_cpu_weights(self.model, config.quantization)
+            self.settings = (f"CPU: {torch.get_num_threads()} torch threads, "
+                             f"{len(os.sched_getaffinity(0))} cores usable "
+                             f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}), "
+                             f"{self.dtype}, matmuls: {matmul}, attention: {ops.name} ops")
+        elif config.quantization is not None:
+            raise ConfigError("quantization is implemented on the CPU path only",
+                              param="quantization")
+        else:
+            self.settings = f"{self.device}: {self.dtype}, {ops.name} ops"
+        log.info("engine settings: %s", self.settings)
         self.block_size = config.block_size
         kv_config = config
         if self.device.type == "cuda":  # CUDA path: size the pool by profiling a full-size batch
@@ -86,8 +104,8 @@ class ModelRunner:
         tokens, logprobs = sample(logits, [states[i] for i in picked], self.eos_token_ids)
         seq_ids = [out.scheduled[i].seq_id for i in picked]
         return RunnerOutput(
-            sampled_token_ids=dict(zip(seq_ids, tokens)),
-            logprobs={sid: lp for sid, lp in zip(seq_ids, logprobs) if lp is not None},
+            sampled_token_ids=dict(zip(seq_ids, tokens, strict=True)),
+            logprobs={sid: lp for sid, lp in zip(seq_ids, logprobs, strict=True) if lp is not None},
             prompt_logprobs=prompt_logprobs,
         )
 
@@ -117,7 +135,7 @@ class ModelRunner:
                          ) -> dict[int, list[TokenLogprob | None]]:
         """Chunk [a, b) -> entries for prompt tokens a .. min(b, prompt_len) - 1 (None for 0)."""
         result: dict[int, list[TokenLogprob | None]] = {}
-        for s, state, first in zip(scheduled, states, inputs.chunk_rows):
+        for s, state, first in zip(scheduled, states, inputs.chunk_rows, strict=True):
             if first is None:
                 continue
             num = s.sampling_params.prompt_logprobs or 0
@@ -137,10 +155,19 @@ class ModelRunner:
         return result
 
 
+def default_cpu_threads() -> int:
+    """All usable cores but one (vLLM-CPU's rule), at least one. The spare core runs what is
+    not a matmul: the step loop's Python, detokenizing, and when serving the bus and the gateway.
+    On a 2-core machine that is one thread: two were 1.7x faster on a quiet machine but 10-40x
+    slower as soon as another process took a core (docs/figures.md, issue 13)."""
+    return max(1, len(os.sched_getaffinity(0)) - 1)
+
+
 def _max_model_len(config: EngineConfig, hf_config: Any) -> int:
     """The user's limit, or the model's whole length (sliding-window layers need no cap: the
     kernels apply the window, as vLLM does)."""
-    limit = int(getattr(hf_config, "max_position_embeddings", 0) or 0) or ENGINE_DEFAULTS.max_model_len_fallback
+    limit = (int(getattr(hf_config, "max_position_embeddings", 0) or 0)
+             or ENGINE_DEFAULTS.max_model_len_fallback)
     if config.max_model_len is None:
         return limit
     if config.max_model_len > limit:

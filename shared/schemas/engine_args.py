@@ -15,6 +15,9 @@ from pydantic import Field, field_validator
 from shoal.shared.schemas.common import Wire
 from shoal.shared.schemas.infer import TOOL_CALL_PARSERS
 
+QUANTIZATIONS = ("int8",)
+"""vLLM's `quantization` values the engine implements (weights quantised at load, CPU path)."""
+
 
 class EngineArgs(Wire):
     block_size: int | None = Field(default=None, gt=0)
@@ -28,8 +31,10 @@ class EngineArgs(Wire):
     enable_chunked_prefill: bool | None = None
     seed: int | None = None
     num_threads: int | None = Field(default=None, ge=1)
-    """torch intra-op threads on CPU."""
+    """torch intra-op threads on CPU (default: all usable cores but one)."""
     enforce_eager: bool | None = None
+    quantization: str | None = None
+    """vLLM's --quantization: "int8" (weight-only, CPU)."""
     tool_call_parser: str | None = None
     """vLLM's --tool-call-parser: "hermes"."""
 
@@ -38,6 +43,14 @@ class EngineArgs(Wire):
     def _power_of_two(cls, value: int | None) -> int | None:
         if value is not None and value & (value - 1):
             raise ValueError(f"block_size must be a power of two, got {value}")
+        return value
+
+    @field_validator("quantization")
+    @classmethod
+    def _known_quantization(cls, value: str | None) -> str | None:
+        if value is not None and value not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, "
+                             f"got {value!r}")
         return value
 
     @field_validator("tool_call_parser")

@@ -24,7 +24,7 @@ TOP_LEVEL = {"max_model_len", "dtype", "gpu_memory_utilization"}
 
 BAD = [("block_size", 12), ("block_size", 0), ("max_num_seqs", 0), ("max_num_batched_tokens", -1),
        ("kv_cache_memory", 0), ("num_kv_blocks", 0), ("num_threads", 0),
-       ("tool_call_parser", "nonsense")]
+       ("tool_call_parser", "nonsense"), ("quantization", "fp4")]
 
 
 def test_every_engine_setting_travels_once() -> None:
@@ -53,6 +53,10 @@ def test_what_the_engine_refuses_is_refused_at_deploy_time(field: str, value: ob
     with pytest.raises(InvalidRequest) as wire_err:  # the registry's decode of a deploy: a 400
         decode(json.dumps(body).encode(), ModelCreate)
     assert wire_err.value.param == f"engine_args.{field}"
+
+
+def test_quantization_travels() -> None:
+    assert EngineConfig(model="m", **EngineArgs(quantization="int8").given()).quantization == "int8"
 
 
 def test_unknown_args_and_cross_field_rules_are_refused() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -27,9 +29,13 @@ class LMHead(nn.Module):
         else:
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
             self.weight.weight_loader = default_weight_loader  # type: ignore[attr-defined]
+        self.kernel: Callable[[torch.Tensor], torch.Tensor] | None = None
+        """The weight prepared for a faster CPU kernel after loading (a copy when tied)."""
 
     def forward(self, hidden: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
         """hidden [num_tokens, hidden], logits_indices [num_logits] -> [num_logits, vocab] fp32."""
         if logits_indices.shape[0] != hidden.shape[0]:
             hidden = hidden.index_select(0, logits_indices)
+        if self.kernel is not None:
+            return self.kernel(hidden).float()
         return F.linear(hidden, self.weight).float()

@@ -6,6 +6,8 @@ that knows where a checkpoint shard goes, so loader.py stays a short loop (nano-
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,8 +27,12 @@ class Linear(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
             self.bias.weight_loader = default_weight_loader  # type: ignore[attr-defined]
+        self.kernel: Callable[[torch.Tensor], torch.Tensor] | None = None
+        """The weight prepared for a faster CPU kernel after loading (cpu_weights.py)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, in] -> [num_tokens, out]
+        if self.kernel is not None:
+            return self.kernel(x)
         return F.linear(x, self.weight, self.bias)
 
 

@@ -1,5 +1,5 @@
 """paged_attention against dense attention with an explicit causal (and sliding-window) mask,
-per sequence in float64."""
+per sequence in float64: the plain-torch op and the C++ op that reads the cache in place."""
 
 from __future__ import annotations
 
@@ -8,7 +8,16 @@ import math
 import pytest
 import torch
 
-from shoal.kernels import paged_attention
+from shoal.kernels import cpu_ops, paged_attention
+
+OPS = {"torch": paged_attention, "cpp": cpu_ops.paged_attention}
+
+
+@pytest.fixture(params=list(OPS))
+def op(request: pytest.FixtureRequest):  # noqa: ANN201
+    if request.param == "cpp" and not cpu_ops.load():
+        pytest.fail("the C++ attention op did not build (see the warning)")
+    return OPS[request.param]
 
 
 def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -32,12 +41,12 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     return out
 
 
-def _run_case(q_lens: list[int], ctx_lens: list[int], num_heads: int, num_kv_heads: int,
+def _run_case(op, q_lens: list[int], ctx_lens: list[int], num_heads: int, num_kv_heads: int,
               head_dim: int, block_size: int, gen: torch.Generator,
               window: int | None = None) -> None:
     """With a window, the blocks before it hold NaN: the op must skip them, not mask them."""
     num_seqs = len(q_lens)
-    seq_lens = [c + n for c, n in zip(ctx_lens, q_lens)]
+    seq_lens = [c + n for c, n in zip(ctx_lens, q_lens, strict=True)]
     max_blocks = max(-(-s // block_size) for s in seq_lens) + 1  # one spare column: padding
     num_blocks = sum(-(-s // block_size) for s in seq_lens) + 3
     k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
@@ -57,8 +66,8 @@ def _run_case(q_lens: list[int], ctx_lens: list[int], num_heads: int, num_kv_hea
     q = torch.randn(sum(q_lens), num_heads, head_dim, generator=gen)
     qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
     scale = 1.0 / math.sqrt(head_dim)
-    out = paged_attention(q, k_cache, v_cache, block_tables,
-                          torch.tensor(seq_lens, dtype=torch.int32), qsl, scale, window)
+    out = op(q, k_cache, v_cache, block_tables, torch.tensor(seq_lens, dtype=torch.int32), qsl,
+             scale, window)
     assert out.shape == q.shape
     for i in range(num_seqs):
         a, b = int(qsl[i]), int(qsl[i + 1])
@@ -68,33 +77,41 @@ def _run_case(q_lens: list[int], ctx_lens: list[int], num_heads: int, num_kv_hea
 
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (8, 2), (6, 1), (12, 12)])
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_mixed_prefill_chunks_and_decodes(num_heads: int, num_kv_heads: int,
+def test_mixed_prefill_chunks_and_decodes(op, num_heads: int, num_kv_heads: int,
                                           block_size: int) -> None:
     gen = torch.Generator().manual_seed(torch.seed())
     # a fresh prompt, decodes at and across block boundaries, a later chunk, odd lengths
     q_lens = [7, 1, 1, 5, 1, 13, 1]
     ctx_lens = [0, block_size - 1, block_size, 2 * block_size + 3, 0, 9, 37]
-    _run_case(q_lens, ctx_lens, num_heads, num_kv_heads, 32, block_size, gen)
+    _run_case(op, q_lens, ctx_lens, num_heads, num_kv_heads, 32, block_size, gen)
 
 
 @pytest.mark.parametrize("head_dim", [16, 64])
-def test_decode_only_batch(head_dim: int) -> None:
+def test_decode_only_batch(op, head_dim: int) -> None:
     gen = torch.Generator().manual_seed(torch.seed())
     ctx = torch.randint(0, 70, (11,), generator=gen).tolist()
-    _run_case([1] * 11, ctx, 9, 3, head_dim, 16, gen)
+    _run_case(op, [1] * 11, ctx, 9, 3, head_dim, 16, gen)
 
 
-def test_prefill_only_and_single_token_prompt() -> None:
+def test_prefill_only_and_single_token_prompt(op) -> None:
     gen = torch.Generator().manual_seed(torch.seed())
-    _run_case([17, 1, 33], [0, 0, 0], 4, 2, 8, 8, gen)
-    _run_case([64], [0], 4, 2, 8, 16, gen)  # exactly four full blocks
+    _run_case(op, [17, 1, 33], [0, 0, 0], 4, 2, 8, 8, gen)
+    _run_case(op, [64], [0], 4, 2, 8, 16, gen)  # exactly four full blocks
 
 
-def test_decodes_of_very_different_lengths_are_grouped_correctly() -> None:
+def test_decodes_of_very_different_lengths_are_grouped_correctly(op) -> None:
     gen = torch.Generator().manual_seed(torch.seed())
     ctx = [3, 300, 5, 90, 700, 1, 150, 41]  # several length groups, out of order
-    _run_case([1] * len(ctx), ctx, 9, 3, 16, 16, gen)
-    _run_case([1, 9, 1, 1, 4], [500, 0, 2, 130, 64], 4, 2, 8, 8, gen)  # with chunks in between
+    _run_case(op, [1] * len(ctx), ctx, 9, 3, 16, 16, gen)
+    _run_case(op, [1, 9, 1, 1, 4], [500, 0, 2, 130, 64], 4, 2, 8, 8, gen)  # chunks in between
+
+
+@pytest.mark.parametrize("window", [None, 37])
+def test_long_chunks_beside_decodes(op, window: int | None) -> None:
+    """Chunks of cpu_ops.LONG_CHUNK tokens and more take the SDPA path inside the C++ op set."""
+    gen = torch.Generator().manual_seed(torch.seed())
+    long = cpu_ops.LONG_CHUNK
+    _run_case(op, [long, 1, long + 45, 1, long - 1], [0, 50, 70, 3, 9], 9, 3, 16, 16, gen, window)
 
 
 # windows: 1 (a query sees only itself), shorter than a block, at and past block boundaries,
@@ -104,28 +121,28 @@ WINDOWS = [1, 3, 4, 7, 16, 33, 500]
 
 @pytest.mark.parametrize("window", WINDOWS)
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (6, 1)])
-def test_sliding_window_mixed_batch(window: int, num_heads: int, num_kv_heads: int) -> None:
+def test_sliding_window_mixed_batch(op, window: int, num_heads: int, num_kv_heads: int) -> None:
     gen = torch.Generator().manual_seed(torch.seed())
     block_size = 4
     # whole prompts shorter and longer than the window, decodes at and across block boundaries,
     # later chunks whose first query's window starts mid-block, odd lengths
     q_lens = [7, 1, 1, 5, 1, 13, 1, 40, 1]
     ctx_lens = [0, block_size - 1, block_size, 2 * block_size + 3, 0, 9, 37, 0, 61]
-    _run_case(q_lens, ctx_lens, num_heads, num_kv_heads, 16, block_size, gen, window)
+    _run_case(op, q_lens, ctx_lens, num_heads, num_kv_heads, 16, block_size, gen, window)
 
 
 @pytest.mark.parametrize("window", [5, 16, 100])
-def test_sliding_window_decodes_of_different_lengths(window: int) -> None:
+def test_sliding_window_decodes_of_different_lengths(op, window: int) -> None:
     gen = torch.Generator().manual_seed(torch.seed())
     # long and short contexts out of order (decodes are grouped by the keys they read)
     ctx = torch.randint(0, 300, (9,), generator=gen).tolist()
     ctx[2:2] = [window - 1, 2, window, 0, window + 1]
-    _run_case([1] * len(ctx), ctx, 8, 2, 16, 16, gen, window)  # all decodes: the fast path
-    _run_case([1] * len(ctx), ctx, 16, 16, 16, 16, gen, window)  # many KV heads: SDPA
-    _run_case([1, 9, 1, 1], [150, 0, window, 3], 8, 2, 16, 8, gen, window)  # with a chunk
+    _run_case(op, [1] * len(ctx), ctx, 8, 2, 16, 16, gen, window)  # all decodes: the fast path
+    _run_case(op, [1] * len(ctx), ctx, 16, 16, 16, 16, gen, window)  # many KV heads: SDPA
+    _run_case(op, [1, 9, 1, 1], [150, 0, window, 3], 8, 2, 16, 8, gen, window)  # with a chunk
 
 
-def test_window_changes_the_result() -> None:
+def test_window_changes_the_result(op) -> None:
     """Past the window the output differs from full attention (the mask is not a no-op)."""
     gen = torch.Generator().manual_seed(torch.seed())
     k_cache = torch.randn(8, 4, 1, 8, generator=gen)
@@ -134,5 +151,5 @@ def test_window_changes_the_result() -> None:
     q = torch.randn(1, 2, 8, generator=gen)
     args = (q, k_cache, v_cache, tables, torch.tensor([20], dtype=torch.int32),
             torch.tensor([0, 1], dtype=torch.int32), 0.3)
-    assert not torch.allclose(paged_attention(*args, 6), paged_attention(*args))
-    torch.testing.assert_close(paged_attention(*args, 20), paged_attention(*args))
+    assert not torch.allclose(op(*args, 6), op(*args))
+    torch.testing.assert_close(op(*args, 20), op(*args))

@@ -5,11 +5,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shoal.kernels import reshape_and_cache
+from shoal.kernels import cpu_ops, reshape_and_cache
+
+OPS = {"torch": reshape_and_cache, "cpp": cpu_ops.reshape_and_cache}
+
+
+@pytest.fixture(params=list(OPS))
+def op(request: pytest.FixtureRequest):  # noqa: ANN201
+    if request.param == "cpp" and not cpu_ops.load():
+        pytest.fail("the C++ op did not build (see the warning)")
+    return OPS[request.param]
 
 
 @pytest.mark.parametrize("block_size,num_kv_heads,head_dim", [(16, 3, 64), (4, 1, 8), (8, 2, 5)])
-def test_writes_slots_and_skips_minus_one(block_size: int, num_kv_heads: int,
+def test_writes_slots_and_skips_minus_one(op, block_size: int, num_kv_heads: int,
                                           head_dim: int) -> None:
     gen = torch.Generator().manual_seed(torch.seed())
     num_blocks, num_tokens = 6, 13
@@ -20,7 +29,7 @@ def test_writes_slots_and_skips_minus_one(block_size: int, num_kv_heads: int,
     slots[torch.tensor([0, 5, 12])] = -1
     k = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen)
     v = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen)
-    reshape_and_cache(k, v, k_cache, v_cache, slots.long())
+    op(k, v, k_cache, v_cache, slots.long())
     expect_k, expect_v = k_before, v_before
     for t, slot in enumerate(slots.tolist()):
         if slot >= 0:
@@ -30,9 +39,9 @@ def test_writes_slots_and_skips_minus_one(block_size: int, num_kv_heads: int,
     assert torch.equal(v_cache, expect_v)
 
 
-def test_all_skipped_is_a_no_op() -> None:
+def test_all_skipped_is_a_no_op(op) -> None:
     k_cache = torch.zeros(2, 4, 1, 8)
     v_cache = torch.zeros(2, 4, 1, 8)
-    reshape_and_cache(torch.ones(3, 1, 8), torch.ones(3, 1, 8), k_cache, v_cache,
+    op(torch.ones(3, 1, 8), torch.ones(3, 1, 8), k_cache, v_cache,
                       torch.full((3,), -1, dtype=torch.int64))
     assert not k_cache.any() and not v_cache.any()

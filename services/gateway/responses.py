@@ -122,6 +122,8 @@ class ResponseBuilder:
     tool_mode: ToolMode | None = None
     tool_call_parser: str | None = None
     """For tool_choice "auto": the instance's parser, learned from the engine's first reply."""
+    introduced: set[int] = field(default_factory=set)
+    """Chat choices whose streamed entries already named the assistant role."""
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -176,9 +178,15 @@ class ResponseBuilder:
         return {"index": index, "text": "", "logprobs": None, "finish_reason": reason,
                 "stop_reason": None}
 
-    def role_entry(self, index: int) -> JSON:
-        return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                "finish_reason": None}
+    def with_role(self, entry: JSON) -> JSON:
+        """The first streamed entry of a chat choice also names the role, as vLLM sends it: with
+        the first token, not before (a benchmark client times the first token from the first
+        chunk that has `choices`, so an early role-only chunk would fake a tiny TTFT)."""
+        index = entry["index"]
+        if self.kind == "chat" and index not in self.introduced:
+            self.introduced.add(index)
+            entry["delta"] = {"role": "assistant", "content": "", **entry["delta"]}
+        return entry
 
     def chunk(self, entries: list[JSON], usage: Usage | None = None,
               with_usage: bool = False) -> JSON:

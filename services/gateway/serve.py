@@ -103,7 +103,7 @@ class Answer:
             for delta in reply.choices:
                 entry = self.builder.apply(delta, job.index_offset + delta.index)
                 if self.builder.kind != "chat" or entry["delta"] or entry["finish_reason"] or entry["logprobs"]:
-                    entries.append(entry)
+                    entries.append(self.builder.with_role(entry))
         else:
             self.observer.on_end(reply)
             self.builder.usage = add_usage(self.builder.usage, reply.usage)
@@ -111,7 +111,7 @@ class Answer:
                 reason = reply.finish_reasons.get(index, "stop")
                 entry = self.builder.finish(job.index_offset + index, reason)
                 if entry is not None:
-                    entries.append(entry)
+                    entries.append(self.builder.with_role(entry))
         return entries
 
     async def whole(self) -> web.Response:
@@ -129,7 +129,7 @@ class Answer:
             first = await anext(replies)  # raises before the response is prepared
             response = web.StreamResponse(headers=SSE_HEADERS)
             await response.prepare(request)
-            await self._write_opening(response)
+            await self._write_echo(response)
             try:
                 await self._write(response, *first)
                 async for i, reply in replies:
@@ -143,18 +143,15 @@ class Answer:
             await response.write_eof()
             return response
 
-    async def _write_opening(self, response: web.StreamResponse) -> None:
+    async def _write_echo(self, response: web.StreamResponse) -> None:
+        """Completions with `echo`: the prompt comes first. (A chat choice's role rides with its
+        first token: ResponseBuilder.with_role.)"""
         for job in self.jobs:
+            if not job.echo:
+                continue
             for k in range(self.n):
-                index = job.index_offset + k
-                if self.builder.kind == "chat":
-                    entry = self.builder.role_entry(index)
-                elif job.echo:
-                    entry = {"index": index, "text": job.echo, "logprobs": None,
-                             "finish_reason": None,
-                             "stop_reason": None}
-                else:
-                    continue
+                entry = {"index": job.index_offset + k, "text": job.echo, "logprobs": None,
+                         "finish_reason": None, "stop_reason": None}
                 await response.write(self._chunk([entry]))
 
     async def _write(self, response: web.StreamResponse, i: int, reply: Reply) -> None:

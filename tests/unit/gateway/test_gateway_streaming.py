@@ -32,9 +32,12 @@ def lp(token: str, value: float) -> TokenLogprobWire:
 
 def test_chat_chunks_and_final_answer() -> None:
     b = ResponseBuilder("chat", "m", want_logprobs=True)
-    assert b.id.startswith("chatcmpl-") and b.role_entry(0)["delta"]["role"] == "assistant"
+    assert b.id.startswith("chatcmpl-")
     e1 = b.apply(ChoiceDelta(index=0, text="Par", token_ids=[1], logprobs=[lp("Par", -0.1)]), 0)
     assert e1["delta"] == {"content": "Par"} and e1["logprobs"]["content"][0]["bytes"] == list(b"Par")
+    # the role rides with the choice's first token (as vLLM sends it), once
+    assert b.with_role(e1)["delta"] == {"role": "assistant", "content": "Par"}
+    assert b.with_role({"index": 0, "delta": {"content": "is"}})["delta"] == {"content": "is"}
     assert len(e1["logprobs"]["content"][0]["top_logprobs"]) == 2
     b.apply(ChoiceDelta(index=0, text="is", token_ids=[2], logprobs=[lp("is", -0.2)],
                         finish_reason="stop"), 0)

@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     gateway_port: int = 8000
     require_api_key: bool = False
     """When true the gateway refuses requests without a valid API key (401)."""
+    api_key: str | None = None
+    """A fixed key (vLLM's --api-key): when set, keys are required and this one is valid beside
+    those made with `shoal keys create`."""
     gateway_max_outstanding: int = 1024
     """Inference requests one gateway holds at once; beyond it new ones get 429 (bounded memory)."""
     gateway_engine_dead_after: float = 3.0

@@ -89,6 +89,8 @@ class EngineConfig:
     tool_call_parser: str | None = None
     """How "auto" tool-choice answers are parsed for tool calls (vLLM's --tool-call-parser):
     "hermes" (<tool_call>{...}</tool_call>); None refuses tool_choice "auto"."""
+    chat_template: str | None = None
+    """A Jinja chat template used instead of the tokenizer's (vLLM's --chat-template)."""
 
     def __post_init__(self) -> None:
         def refuse(field: str, rule: str) -> None:

@@ -63,7 +63,7 @@ class LLM:
         for conversation in conversations:
             text, ids = render_chat(self.get_tokenizer(), conversation, tools=tools,  # type: ignore[arg-type]
                                     add_generation_prompt=add_generation_prompt,
-                                    chat_template=chat_template)
+                                    chat_template=chat_template or self.engine.config.chat_template)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 

@@ -1,7 +1,9 @@
 """Turn a model source into a Hugging Face folder the engine loads (config, safetensors, tokenizer).
 
-A folder is used as is; a .gguf file is dequantised once through transformers into a cache folder,
+A folder is used as is; a hub id (`org/name`) is found in the Hugging Face cache or downloaded
+(shared/hf_hub.py); a .gguf file is dequantised once through transformers into a cache folder,
 written atomically (temp dir + rename) so a crash never leaves a half-converted model behind.
+Each step reports its progress, tensor by tensor for a conversion, bytes for a download.
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from shoal.shared.errors import NotFound
+from shoal.shared.hf_hub import is_hub_id, resolve_hub_model
 
 Progress = Callable[[str, float], None]
 """progress(stage, fraction in [0, 1]): DOWNLOADING updates in the worker, a tqdm bar in the CLI."""
@@ -36,8 +41,9 @@ def smollm2_gguf_path() -> Path:
 
 
 def prepare_model(source: str, cache_dir: Path | None = None,
-                  progress: Progress | None = None) -> Path:
-    """Return a Hugging Face model folder for `source` (a folder, a .gguf file, or a hub id)."""
+                  progress: Progress | None = None, hub_cache_dir: Path | None = None) -> Path:
+    """Return a Hugging Face model folder for `source` (a folder, a .gguf file, or a hub id;
+    `hub_cache_dir` overrides the standard Hugging Face cache)."""
     report = progress or (lambda stage, fraction: None)
     path = Path(source).expanduser()
     if path.is_dir():
@@ -49,7 +55,10 @@ def prepare_model(source: str, cache_dir: Path | None = None,
         return _convert_gguf(path, cache_dir or default_cache_dir(), report)
     if path.exists():
         raise NotFound(f"{path} is neither a model folder nor a .gguf file")
-    return _download(source, cache_dir, report)
+    if not is_hub_id(source):
+        raise NotFound(f"model {source!r}: no such folder or .gguf file (nor a Hugging Face id "
+                       "org/name)")
+    return resolve_hub_model(source, report, hub_cache_dir)
 
 
 def converted_dir(gguf: Path, cache_dir: Path) -> Path:
@@ -69,10 +78,11 @@ def _convert_gguf(gguf: Path, cache_dir: Path, report: Progress) -> Path:
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=cache_dir))
     try:
-        report("loading gguf weights", 0.0)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                     dtype="float32")
-        report("loading gguf tokenizer", 0.5)
+        report("dequantising gguf tensors", 0.0)
+        with _tensor_progress(report, "dequantising gguf tensors", 0.0, 0.7):
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                         dtype="float32")
+        report("loading gguf tokenizer", 0.7)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         report("writing safetensors", 0.8)
         model.hf_quantizer = None  # the weights are already dense: let save_pretrained run
@@ -94,21 +104,30 @@ def _convert_gguf(gguf: Path, cache_dir: Path, report: Progress) -> Path:
     return target
 
 
-def _download(repo_id: str, cache_dir: Path | None, report: Progress) -> Path:
-    """A hub id: snapshot_download (fails cleanly on machines with no hub access)."""
-    if repo_id.count("/") != 1:
-        raise NotFound(f"model {repo_id!r}: no such folder or .gguf file")
-    from huggingface_hub import snapshot_download
+@contextmanager
+def _tensor_progress(report: Progress, stage: str, start: float, end: float) -> Iterator[None]:
+    """Report transformers' GGUF conversion tensor by tensor. Its loop iterates a tqdm bar made
+    by the name `tqdm` of its module; for the duration, that name makes bars that also call
+    `report` (a fraction between `start` and `end`). Without that name: the stage ends only."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
 
-    report("downloading", 0.0)
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        yield
+        return
+
+    class Reporting(original):  # type: ignore[misc, valid-type]
+        def update(self, n: float | None = 1) -> Any:
+            shown = super().update(n)
+            if self.total:
+                report(stage, start + (end - start) * min(1.0, self.n / self.total))
+            return shown
+
+    gguf_utils.tqdm = Reporting
     try:
-        folder = snapshot_download(repo_id, cache_dir=str(cache_dir) if cache_dir else None,
-                                   allow_patterns=["*.json", "*.safetensors", "*.jinja",
-                                                   "tokenizer*", "*.model", "*.txt"])
-    except Exception as exc:  # offline, gated, missing: one clear error
-        raise NotFound(f"model {repo_id!r} could not be downloaded: {exc}") from exc
-    report("done", 1.0)
-    return Path(folder)
+        yield
+    finally:
+        gguf_utils.tqdm = original
 
 
 def tqdm_progress(desc: str = "preparing model") -> Progress:

@@ -1,10 +1,12 @@
-"""API-key auth (only when `settings.require_api_key`): `Authorization: Bearer <key>` verified by
-the registry, cached for `gateway_key_cache_ttl` seconds so a request costs no bus round trip.
+"""API-key auth (only when `settings.require_api_key` or a fixed `settings.api_key`, vLLM's
+--api-key): `Authorization: Bearer <key>`, the fixed key or one verified by the registry, cached
+for `gateway_key_cache_ttl` seconds so a request costs no bus round trip.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import time
 from collections import OrderedDict
 
@@ -58,9 +60,13 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     from shoal.services.gateway.state import STATE  # the state module imports this one
 
     st = request.app[STATE]
-    if not st.settings.require_api_key or request.path in PUBLIC_PATHS or request.method == "OPTIONS":
+    fixed = st.settings.api_key
+    if (not (st.settings.require_api_key or fixed) or request.path in PUBLIC_PATHS
+            or request.method == "OPTIONS"):
         return await handler(request)
     secret = bearer(request.headers.get("Authorization"))
+    if fixed and hmac.compare_digest(secret.encode(), fixed.encode()):
+        return await handler(request)
     valid = st.keys.get(secret)
     if valid is None:
         valid = (await st.registry.verify_key(secret)).valid

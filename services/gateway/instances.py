@@ -168,6 +168,13 @@ class InstanceTable:
     def model_names(self) -> list[str]:
         return sorted({i.model_name for i in self.instances.values() if not i.is_dead})
 
+    def max_model_len(self, model_name: str) -> int | None:
+        """The context its running engines serve (the smallest, if they differ); None when no
+        engine of the model has reported yet."""
+        lens = [i.load.max_model_len for i in self.instances.values()
+                if i.model_name == model_name and i.load is not None and not i.is_dead]
+        return min(lens) if lens else None
+
     def live_loads(self) -> list[EngineLoad]:
         return [i.load for i in self.instances.values() if i.load is not None and not i.is_dead]
 

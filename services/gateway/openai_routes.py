@@ -36,8 +36,10 @@ async def list_models(request: web.Request) -> web.Response:
     except ShoalError:  # the registry is away: still list what is being served
         models = [(name, int(st.started_at), None) for name in st.table.model_names()]
     serving = set(st.table.model_names())
+    # max_model_len: what the engines serve (the model's config when it was not set), as vLLM
     data = [{"id": name, "object": "model", "created": created, "owned_by": "shoal", "root": name,
-             "parent": None, "max_model_len": max_len, "has_running_instance": name in serving}
+             "parent": None, "max_model_len": st.table.max_model_len(name) or max_len,
+             "has_running_instance": name in serving}
             for name, created, max_len in models]
     return web.json_response({"object": "list", "data": data})
 

@@ -37,6 +37,8 @@ class EngineArgs(Wire):
     """vLLM's --quantization: "int8" (weight-only, CPU)."""
     tool_call_parser: str | None = None
     """vLLM's --tool-call-parser: "hermes"."""
+    chat_template: str | None = Field(default=None, min_length=1)
+    """A Jinja chat template replacing the tokenizer's (vLLM's --chat-template)."""
 
     @field_validator("block_size")
     @classmethod

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from shoal.cli.serve import add_serve_arguments, refuse_unknown
 from shoal.shared.errors import ShoalError
 from shoal.shared.version import VERSION
 
@@ -46,14 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     gateway = sub.add_parser("gateway", help="run the OpenAI-compatible gateway")
     gateway.add_argument("--host", help="listen address (default 127.0.0.1)")
     gateway.add_argument("--port", type=int, help="listen port (default 8000)")
-    serve = sub.add_parser("serve",
-                           help="one model behind an OpenAI endpoint: `shoal up` + deploy PATH")
-    serve.add_argument("model_path", help="a Hugging Face folder or a .gguf file")
-    serve.add_argument("--served-model-name", help="the name clients use (default: from the path)")
-    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="listen port (default 8000)")
-    serve.add_argument("--tool-call-parser", choices=["hermes"],
-                       help='parse tool calls of tool_choice "auto" answers (as vllm serve does)')
+    serve = sub.add_parser("serve", help="one model behind an OpenAI endpoint, with `vllm serve`'s "
+                                         "flags: `shoal up` + deploy MODEL")
+    add_serve_arguments(serve)
     sub.add_parser("registry", help="run the registry service")
     engine = sub.add_parser("engine", help="run one engine instance (started by a worker)")
     engine.add_argument("--instance-id", required=True)
@@ -73,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
             if verb in ("get", "update", "delete", "revoke") or (resource, verb) in (("models", "deploy"), ("keys", "create")):
                 p.add_argument("target", help="name or id")
             if (resource, verb) == ("models", "deploy"):
-                p.add_argument("--source", required=True, help="local HF folder or .gguf file")
+                p.add_argument("--source", required=True,
+                               help="a Hugging Face id (org/name), folder or .gguf file")
                 p.add_argument("--replicas", type=int, default=1)
                 p.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto")
                 p.add_argument("--placement", choices=["binpack", "spread"], default="binpack")
@@ -90,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                                help="KEY=VALUE engine setting (max_num_seqs, kv_cache_memory, ...)")
                 p.add_argument("--dry-run", action="store_true",
                                help="print where it would be placed (or why not) and create nothing")
+                p.add_argument("--wait", action="store_true",
+                               help="follow an instance (download, conversion, load) until RUNNING")
             if (resource, verb) == ("models", "update"):
                 p.add_argument("--replicas", type=int)
             if (resource, verb) == ("instances", "list"):
@@ -98,10 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "serve":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from shoal.cli import commands  # deferred: keeps `shoal --help` instant
 
     try:
+        if extra:
+            refuse_unknown(extra)  # vLLM flags shoal serve does not take, named
         return commands.dispatch(args)
     except ShoalError as exc:
         print(f"shoal: {exc.message}", file=sys.stderr)

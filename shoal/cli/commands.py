@@ -11,7 +11,8 @@ from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.errors import NotFound
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate, DeleteRequest, InstanceFilter, ModelCreate, ModelPublic, ModelUpdate,
+    ApiKeyCreate, DeleteRequest, DeviceKind, InstanceFilter, ModelCreate, ModelPublic,
+    ModelUpdate,
 )
 
 
@@ -24,17 +25,14 @@ def dispatch(args: argparse.Namespace) -> int:
 
         return run_service("gateway", run_gateway, resolve_settings(**overrides))
     if args.command == "serve":
-        from pathlib import Path
-
+        from shoal.cli.serve import model_spec
         from shoal.cli.stack import up
 
-        path = Path(args.model_path).expanduser().resolve()
-        if not path.exists():
-            raise NotFound(f"{path} does not exist")
-        name = args.served_model_name or path.stem.split(".")[0]
+        spec = model_spec(args)
+        if args.api_key:
+            overrides["api_key"] = args.api_key
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
-        engine_args = {"tool_call_parser": args.tool_call_parser} if args.tool_call_parser else None
-        return up(settings, SERVICES, {}, (name, str(path)), engine_args)
+        return up(settings, SERVICES, {}, spec)
     if args.command == "up":
         from shoal.cli.stack import up
 
@@ -43,8 +41,8 @@ def dispatch(args: argparse.Namespace) -> int:
 
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
         extra = {"worker": ["--simulate-devices", args.simulate_devices]} if args.simulate_devices else {}
-        deploy = None if args.no_model or args.simulate_devices else (DEFAULT_MODEL,
-                                                                      str(smollm2_gguf_path()))
+        deploy = None if args.no_model or args.simulate_devices else ModelCreate(
+            name=DEFAULT_MODEL, source=str(smollm2_gguf_path()), device=DeviceKind.CPU)
         return up(settings, SERVICES, extra, deploy)
     if args.command == "scheduler":
         from shoal.services.scheduler.replica import run_scheduler
@@ -94,7 +92,10 @@ def models_cmd(settings: Settings, args: argparse.Namespace) -> int:
         )
         if args.dry_run:
             return dry_run(settings, req, args.json)
-        emit(run(settings, lambda c: c.create_model(req)), args.json, models_table)
+        model = run(settings, lambda c: c.create_model(req))
+        emit(model, args.json, models_table)
+        if args.wait:
+            return wait_for(settings, model)
     elif args.verb == "update":
         async def update(c: RegistryClient) -> ModelPublic:
             model = await _model(c, args.target)
@@ -109,6 +110,25 @@ def models_cmd(settings: Settings, args: argparse.Namespace) -> int:
 
         run(settings, delete)
         print(f"deleted model {args.target}")
+    return 0
+
+
+def wait_for(settings: Settings, model: ModelPublic) -> int:
+    """`models deploy --wait`: show an instance's progress until it is RUNNING (0), or give up
+    after an hour (1). Ctrl-C stops the wait, not the deployment."""
+    import time
+
+    from shoal.cli.progress import wait_running
+
+    deadline = time.monotonic() + 3600
+    try:
+        inst = run(settings, lambda c: wait_running(c, model.id, deadline))
+    except KeyboardInterrupt:
+        return 130
+    if inst is None:
+        print(f"shoal: {model.name} has no RUNNING instance yet; see `shoal instances list`")
+        return 1
+    print(f"shoal: {model.name} RUNNING as {inst.name}")
     return 0
 
 

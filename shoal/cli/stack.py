@@ -23,8 +23,9 @@ from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.embedded import EmbeddedNats, EmbeddedPostgres, write_stack_file
 from shoal.shared.errors import NotFound, ShoalError
-from shoal.shared.schemas.registry import DeviceKind, InstanceFilter, InstancePublic, ModelCreate
-from shoal.shared.states import InstanceState, WorkerState
+from shoal.cli.progress import wait_running
+from shoal.shared.schemas.registry import InstancePublic, ModelCreate
+from shoal.shared.states import WorkerState
 
 STOP_TIMEOUT_S = 40.0
 READY_TIMEOUT_S = 120.0
@@ -90,6 +91,8 @@ class Stack:
                    SHOAL_DATA_DIR=str(self.settings.data_dir),
                    SHOAL_GATEWAY_HOST=self.settings.gateway_host,
                    SHOAL_GATEWAY_PORT=str(self.settings.gateway_port))
+        if self.settings.api_key:
+            env["SHOAL_API_KEY"] = self.settings.api_key
         return env
 
     def start_services(self) -> None:
@@ -128,40 +131,23 @@ class Stack:
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 
-async def deploy_and_wait(settings: Settings, name: str, source: str, deadline: float,
-                          stopping: Callable[[], bool], since: datetime,
-                          engine_args: dict[str, int | float | bool | str] | None = None
-                          ) -> InstancePublic | None:
-    """Deploy `name` (unless it exists) and wait for a RUNNING instance, printing its progress.
-    None when stopped or timed out (the stack keeps running)."""
+async def deploy_and_wait(settings: Settings, spec: ModelCreate, deadline: float,
+                          stopping: Callable[[], bool], since: datetime) -> InstancePublic | None:
+    """Deploy `spec` (unless a model of that name exists) and wait for a RUNNING instance,
+    showing its progress. None when stopped or timed out (the stack keeps running)."""
     bus = await Bus.connect(settings, name="shoal-up")
     try:
         client = RegistryClient(bus)
         try:
-            model = await client.get_model(name=name)
+            model = await client.get_model(name=spec.name)
         except NotFound:
-            model = await client.create_model(ModelCreate(name=name, source=source,
-                                                          device=DeviceKind.CPU,
-                                                          engine_args=engine_args or {}))
-            print(f"shoal: deployed {name} from {source}", flush=True)
-        last = ""
-        while time.monotonic() < deadline and not stopping():
-            instances = await client.list_instances(InstanceFilter(model_id=model.id))
-            # RUNNING rows older than this start belong to engines of a previous run
-            running = [i for i in instances if i.state is InstanceState.RUNNING and i.state_changed_at >= since]
-            if running:
-                return running[0]
-            if instances:
-                i = instances[0]
-                line = f"shoal: {i.name} {i.state.value}" + (f": {i.state_message}" if i.state_message else "")
-                if line != last:
-                    print(line, flush=True)
-                    last = line
-            await asyncio.sleep(0.5)
-        if not stopping():
-            print(f"shoal: {name} has no RUNNING instance yet; see `shoal instances list`",
+            model = await client.create_model(spec)
+            print(f"shoal: deployed {spec.name} from {spec.source}", flush=True)
+        instance = await wait_running(client, model.id, deadline, stopping, since)
+        if instance is None and not stopping():
+            print(f"shoal: {spec.name} has no RUNNING instance yet; see `shoal instances list`",
                   flush=True)
-        return None
+        return instance
     finally:
         await bus.close()
 
@@ -187,10 +173,8 @@ async def wait_ready(settings: Settings, deadline: float, since: datetime) -> st
 
 
 def up(settings: Settings, services: list[str], extra_args: dict[str, list[str]],
-       model: tuple[str, str] | None = None,
-       engine_args: dict[str, int | float | bool | str] | None = None) -> int:
-    """Run the stack; with `model` = (name, source), deploy it (with `engine_args`) and wait
-    until it serves."""
+       model: ModelCreate | None = None) -> int:
+    """Run the stack; with `model`, deploy it and wait until it serves."""
     started = time.monotonic()
     since = datetime.now(UTC)
     stopping = False
@@ -213,16 +197,14 @@ def up(settings: Settings, services: list[str], extra_args: dict[str, list[str]]
         print(f"shoal: ready in {time.monotonic() - started:.1f}s — worker {worker} READY; "
               f"data in {settings.data_dir}", flush=True)
         if model is not None:
-            name, source = model
-            instance = asyncio.run(deploy_and_wait(stack.settings, name, source,
+            instance = asyncio.run(deploy_and_wait(stack.settings, model,
                                                    time.monotonic() + MODEL_TIMEOUT_S,
-                                                   lambda: stopping, since,
-                                                   engine_args))
+                                                   lambda: stopping, since))
             if instance is not None:
-                print(f"shoal: {name} RUNNING as {instance.name} after {time.monotonic() - started:.1f}s",
-                      flush=True)
+                print(f"shoal: {model.name} RUNNING as {instance.name} after "
+                      f"{time.monotonic() - started:.1f}s", flush=True)
                 if "gateway" in services:
-                    print(serving_hint(settings, name), flush=True)
+                    print(serving_hint(settings, model.name), flush=True)
         print("shoal: press Ctrl-C to stop everything", flush=True)
         while not stopping:
             stack.supervise_once()
@@ -242,7 +224,9 @@ def serving_hint(settings: Settings, model: str) -> str:
              f"  curl {base}/v1/chat/completions -H 'Content-Type: application/json' \\",
              f"    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", "
              f"\"content\": \"What is the capital of France?\"}}]}}'"]
-    if settings.require_api_key:
+    if settings.api_key:
+        lines.append("  send the key given with --api-key: -H 'Authorization: Bearer <key>'")
+    elif settings.require_api_key:
         lines.append("  API keys are required: create one with `shoal keys create NAME` and add "
                      "-H 'Authorization: Bearer <secret>'")
     else:

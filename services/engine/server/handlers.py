@@ -163,7 +163,8 @@ class EngineHandlers:
             tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
             return render_chat(self.tokenizer,
                                [m.model_dump(exclude_none=True) for m in req.messages],
-                               tools=tools, add_generation_prompt=req.add_generation_prompt)[1]
+                               tools=tools, add_generation_prompt=req.add_generation_prompt,
+                               chat_template=self.engine.core.config.chat_template)[1]
         if isinstance(req, GenerateRequest) and req.prompt_token_ids is not None:
             return list(req.prompt_token_ids)
         if req.prompt is None:

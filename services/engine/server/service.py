@@ -20,6 +20,7 @@ from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.errors import Conflict, NotFound, ShoalError
 from shoal.shared.logging import log_context
+from shoal.shared.progress import progress_message
 from shoal.shared.schemas.registry import InstancePublic, InstanceTransition, ModelPublic
 from shoal.shared.states import InstanceState, can_transition
 
@@ -109,8 +110,8 @@ async def start_engine(settings: Settings, reporter: InstanceReporter, model: Mo
         now = time.monotonic()
         if now - last_report[0] >= PROGRESS_EVERY_S or fraction >= 1.0:
             last_report[0] = now
-            message = f"preparing model files: {stage} {fraction:.0%}"
-            asyncio.run_coroutine_threadsafe(_message(reporter, message), loop)
+            asyncio.run_coroutine_threadsafe(_message(reporter, progress_message(stage, fraction)),
+                                             loop)
 
     model_dir = await asyncio.to_thread(prepare_model, model.source, settings.model_cache_dir,
                                         progress)

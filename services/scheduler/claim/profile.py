@@ -2,7 +2,8 @@
 
 Dispatches on the source: a .gguf file (GGUF metadata + tensor element counts), a Hugging Face
 folder with *.safetensors (8-byte length + JSON header of each file), or config.json alone
-(parameter count estimated from the shape). Pure Python: no network, no torch.
+(parameter count estimated from the shape); a Hugging Face id is read from the Hugging Face
+cache (or its config.json fetched from the hub: shared/hf_hub.py). No torch.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shoal.shared.errors import InvalidRequest, NotFound
+from shoal.shared.hf_hub import hub_config_folder, is_hub_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,4 +67,8 @@ def read_profile(source: str | Path) -> ModelProfile:
         return read_hf_profile(path)
     if path.exists():
         raise InvalidRequest(f"{path} is neither a model folder nor a .gguf file")
-    raise NotFound(f"model source {path} does not exist (no hub is reachable: use a local path)")
+    if is_hub_id(str(source)):  # the Hugging Face cache, else config.json from the hub
+        from shoal.services.scheduler.claim.hf_profile import read_hf_profile
+
+        return read_hf_profile(hub_config_folder(str(source)))
+    raise NotFound(f"model source {path} does not exist (nor is it a Hugging Face id org/name)")

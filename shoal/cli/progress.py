@@ -1,0 +1,81 @@
+"""Follow a model's instance until it is RUNNING, on the terminal: a line per state, and a tqdm
+bar while the engine prepares its model (download, conversion), fed by the progress the engine
+writes into the instance's state message (shared/progress.py).
+
+Used by `shoal up` / `shoal serve` and `shoal models deploy --wait`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.progress import parse_progress
+from shoal.shared.schemas.registry import InstanceFilter, InstancePublic
+from shoal.shared.states import InstanceState
+
+POLL_S = 0.5
+
+
+class ProgressView:
+    """Draws what successive snapshots of one instance say; `show` is called with each."""
+
+    def __init__(self, out: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
+        self.out = out
+        self.last_line = ""
+        self.bar: Any = None
+
+    def show(self, inst: InstancePublic) -> None:
+        progress = parse_progress(inst.state_message)
+        if progress is not None:
+            self._draw(inst, *progress)
+            return
+        self.close()
+        line = f"shoal: {inst.name} {inst.state.value}" + (
+            f": {inst.state_message}" if inst.state_message else "")
+        if line != self.last_line:
+            self.out(line)
+            self.last_line = line
+
+    def _draw(self, inst: InstancePublic, stage: str, fraction: float) -> None:
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(total=100, unit="%", desc=f"shoal: {inst.name} {inst.state.value}",
+                            bar_format="{desc}: {percentage:3.0f}%|{bar:30}| {postfix}")
+        self.bar.set_postfix_str(stage, refresh=False)
+        self.bar.update(max(0, round(fraction * 100) - self.bar.n))
+        self.last_line = ""
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+async def wait_running(client: RegistryClient, model_id: str, deadline: float,
+                       stopping: Callable[[], bool] = lambda: False,
+                       since: datetime | None = None,
+                       view: ProgressView | None = None) -> InstancePublic | None:
+    """Until an instance of the model is RUNNING (since `since`: RUNNING rows older than that
+    belong to engines of a previous run); None when stopped or past the deadline. An instance in
+    ERROR is shown and waited on: the worker restarts it."""
+    view = view or ProgressView()
+    try:
+        while time.monotonic() < deadline and not stopping():
+            instances = await client.list_instances(InstanceFilter(model_id=model_id))
+            running = [i for i in instances if i.state is InstanceState.RUNNING
+                       and (since is None or i.state_changed_at >= since)]
+            if running:
+                view.close()
+                return running[0]
+            if instances:
+                view.show(instances[0])
+            await asyncio.sleep(POLL_S)
+        return None
+    finally:
+        view.close()

@@ -1,0 +1,105 @@
+"""`shoal serve MODEL`: the whole stack plus one model, with `vllm serve`'s flags.
+
+vLLM's spellings are accepted for what Shoal does (they become the model's ModelSpec fields and
+engine_args, checked by the same rules as a deploy); vLLM flags Shoal does not implement are
+refused by name, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from shoal.shared.errors import InvalidRequest, NotFound
+from shoal.shared.hf_hub import hub_config_folder, is_hub_id
+from shoal.shared.schemas.registry import DeviceKind, ModelCreate
+
+DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16",
+          "float": "float32", "float32": "float32"}
+"""vLLM's --dtype spellings -> Shoal's."""
+
+
+def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument("model", help="a Hugging Face id (org/name; the Hugging Face cache first), "
+                                     "a Hugging Face folder or a .gguf file")
+    serve.add_argument("--served-model-name", help="the name clients use (default: from MODEL)")
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default 8000)")
+    serve.add_argument("--api-key", help="clients must send `Authorization: Bearer KEY` (or a key "
+                                         "made with `shoal keys create`)")
+    serve.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    serve.add_argument("--dtype", choices=sorted(DTYPES), default="auto")
+    serve.add_argument("--tensor-parallel-size", "-tp", type=int, dest="tp")
+    serve.add_argument("--pipeline-parallel-size", "-pp", type=int, dest="pp")
+    serve.add_argument("--gpu-memory-utilization", type=float)
+    serve.add_argument("--max-num-seqs", type=int)
+    serve.add_argument("--max-num-batched-tokens", type=int)
+    serve.add_argument("--block-size", type=int)
+    serve.add_argument("--kv-cache-memory-bytes", type=int, help="bytes of the KV-cache pool")
+    serve.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction)
+    serve.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction)
+    serve.add_argument("--enforce-eager", action="store_true", default=None)
+    serve.add_argument("--seed", type=int)
+    serve.add_argument("--chat-template", help="a Jinja chat template: a file, or the template")
+    serve.add_argument("--generation-config", default="vllm",
+                       help="only 'vllm': sampling defaults are the request's (OpenAI's)")
+    serve.add_argument("--tool-call-parser", choices=["hermes"],
+                       help='parse tool calls of tool_choice "auto" answers')
+
+
+def refuse_unknown(extra: list[str]) -> None:
+    """vLLM flags (or typos) that `shoal serve` does not take: one clear error naming them."""
+    flags = sorted({a.split("=", 1)[0] for a in extra if a.startswith("-")})
+    if flags:
+        raise InvalidRequest(f"shoal serve does not support {', '.join(flags)} (see `shoal serve "
+                             "--help` for the vLLM flags it takes)")
+    if extra:
+        raise InvalidRequest(f"unexpected arguments: {' '.join(extra)}")
+
+
+def model_spec(args: argparse.Namespace) -> ModelCreate:
+    """The model to deploy, from MODEL and the flags; refuses what Shoal cannot do."""
+    if args.generation_config != "vllm":
+        raise InvalidRequest("--generation-config: Shoal takes sampling defaults from the request "
+                             "(vLLM's `--generation-config vllm`); a model's "
+                             "generation_config.json is not applied", param="generation_config")
+    source, default_name = resolve_source(args.model)
+    engine_args = {"max_num_seqs": args.max_num_seqs,
+                   "max_num_batched_tokens": args.max_num_batched_tokens,
+                   "block_size": args.block_size, "kv_cache_memory": args.kv_cache_memory_bytes,
+                   "enable_prefix_caching": args.enable_prefix_caching,
+                   "enable_chunked_prefill": args.enable_chunked_prefill,
+                   "enforce_eager": args.enforce_eager, "seed": args.seed,
+                   "tool_call_parser": args.tool_call_parser,
+                   "chat_template": chat_template(args.chat_template)}
+    spec = {"name": args.served_model_name or default_name, "source": source,
+            "device": DeviceKind.AUTO if (args.tp or args.pp) else DeviceKind.CPU,
+            "tp": args.tp, "pp": args.pp, "max_model_len": args.max_model_len,
+            "dtype": DTYPES[args.dtype], "gpu_memory_utilization": args.gpu_memory_utilization,
+            "engine_args": {k: v for k, v in engine_args.items() if v is not None}}
+    return ModelCreate(**{k: v for k, v in spec.items() if v is not None})
+
+
+def resolve_source(model: str) -> tuple[str, str]:
+    """(the source to deploy, the default served name). A path that exists is served from
+    there; a Hugging Face id must be in the cache or the hub must answer (checked here, so an
+    offline machine hears it at once instead of a PENDING instance)."""
+    path = Path(model).expanduser()
+    if path.exists():
+        return str(path.resolve()), path.stem.split(".")[0]
+    if not is_hub_id(model):
+        raise NotFound(f"{path} does not exist (nor is {model!r} a Hugging Face id org/name)")
+    hub_config_folder(model)  # raises the cache / hub message
+    return model, model.rsplit("/", 1)[1]
+
+
+def chat_template(value: str | None) -> str | None:
+    """vLLM's --chat-template: a file's contents, or the template text itself."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path.read_text()
+    if "{" not in value:
+        raise NotFound(f"--chat-template: {value} is neither a file nor a Jinja template")
+    return value

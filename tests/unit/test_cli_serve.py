@@ -1,0 +1,101 @@
+"""`shoal serve` with `vllm serve`'s flags: each becomes the model's field or engine arg that
+does the same, the deploy's own rules check the values, and vLLM flags Shoal does not implement
+are refused by name (never ignored)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shoal.cli import build_parser, main
+from shoal.cli.serve import model_spec
+from shoal.cli.progress import ProgressView
+from shoal.shared.errors import InvalidRequest, NotFound
+from shoal.shared.progress import parse_progress, progress_message
+from shoal.shared.schemas.registry import InstancePublic
+from shoal.shared.states import InstanceState
+from shoal.shared.version import VERSION
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    (tmp_path / "my-model").mkdir()
+    (tmp_path / "my-model" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    return tmp_path / "my-model"
+
+
+def spec(*argv: str):
+    return model_spec(build_parser().parse_args(["serve", *argv]))
+
+
+def test_vllm_flags_become_the_models_settings(folder: Path, tmp_path: Path) -> None:
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    s = spec(str(folder), "--served-model-name", "smol", "--max-model-len", "4096",
+             "--dtype", "half", "--gpu-memory-utilization", "0.5", "--max-num-seqs", "8",
+             "--no-enable-prefix-caching", "--seed", "7", "--chat-template", str(template),
+             "--max-num-batched-tokens", "1024", "--kv-cache-memory-bytes", "67108864",
+             "--tool-call-parser", "hermes")
+    assert (s.name, s.source, s.max_model_len, s.dtype, s.gpu_memory_utilization) == \
+        ("smol", str(folder), 4096, "float16", 0.5)
+    assert s.engine_args.given() == {
+        "max_num_seqs": 8, "max_num_batched_tokens": 1024, "kv_cache_memory": 67108864,
+        "enable_prefix_caching": False, "seed": 7, "tool_call_parser": "hermes",
+        "chat_template": template.read_text()}
+    assert s.device.value == "cpu" and s.tp is None
+    parallel = spec(str(folder), "--tensor-parallel-size", "2", "-pp", "2")
+    assert (parallel.tp, parallel.pp, parallel.device.value) == (2, 2, "auto")
+    assert spec(str(folder)).name == "my-model" and spec(str(folder)).engine_args.given() == {}
+
+
+def test_bad_values_are_refused_by_the_deploy_rules(folder: Path) -> None:
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        spec(str(folder), "--max-num-seqs", "0")
+    with pytest.raises(InvalidRequest, match="generation-config"):
+        spec(str(folder), "--generation-config", "auto")
+    with pytest.raises(NotFound, match="neither a file nor a Jinja template"):
+        spec(str(folder), "--chat-template", "missing.jinja")
+    with pytest.raises(NotFound, match="nor is 'nowhere' a Hugging Face id"):
+        spec("nowhere")
+
+
+def test_unsupported_vllm_flags_are_refused_by_name(folder: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", str(folder), "--quantization", "awq", "--enable-lora"]) == 1
+    err = capsys.readouterr().err
+    assert "does not support --enable-lora, --quantization" in err
+    with pytest.raises(SystemExit):  # other commands keep argparse's own refusal
+        main(["workers", "list", "--quantization", "awq"])
+
+
+def test_version() -> None:
+    out = subprocess.run([sys.executable, "-m", "shoal", "--version"], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == f"shoal {VERSION}"
+
+
+def test_progress_travels_in_the_state_message_and_draws_a_bar() -> None:
+    assert parse_progress(progress_message("downloading 12 of 270 MB", 0.044)) == \
+        ("downloading 12 of 270 MB", 0.04)
+    assert parse_progress("loading weights") is None and parse_progress(None) is None
+    lines: list[str] = []
+    view = ProgressView(lines.append)
+
+    def inst(state: InstanceState, message: str | None) -> InstancePublic:
+        now = "2026-01-01T00:00:00Z"
+        return InstancePublic(id="i", name="smol-1", model_id="m", model_name="smol", state=state,
+                              state_message=message, created_at=now, updated_at=now,
+                              state_changed_at=now, version=1)
+
+    view.show(inst(InstanceState.SCHEDULED, None))
+    view.show(inst(InstanceState.DOWNLOADING, progress_message("dequantising gguf tensors", 0.3)))
+    assert view.bar is not None and view.bar.n == 30
+    view.show(inst(InstanceState.DOWNLOADING, progress_message("dequantising gguf tensors", 0.7)))
+    assert view.bar.n == 70
+    view.show(inst(InstanceState.STARTING, "loading weights"))
+    assert view.bar is None
+    assert lines == ["shoal: smol-1 SCHEDULED", "shoal: smol-1 STARTING: loading weights"]

@@ -7,6 +7,7 @@ environment (docs/architecture.md "Config objects"). Defaults follow GPUStack's 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -86,8 +87,9 @@ class Settings(BaseSettings):
 
     log_level: str = "INFO"
     log_json: bool = False
-    otel_exporter: str = "none"
-    """'none' or 'console': where spans go (an OTLP exporter can be configured by the SDK's env)."""
+    otel_exporter: Literal["none", "console", "otlp"] = "none"
+    """Where spans go: nowhere, the console, or OTLP (endpoint and protocol from the standard
+    OTEL_EXPORTER_OTLP_* variables). Anything else is refused at start."""
 
     @property
     def stack_file(self) -> Path:

@@ -18,6 +18,7 @@ from shoal.services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from shoal.services.gateway.openapi import openapi_document
 from shoal.services.gateway.router import Router
 from shoal.services.gateway.state import STATE, GatewayState
+from shoal.services.gateway.tracing import instrument_http
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
@@ -72,6 +73,7 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
 
 def make_app(settings: Settings) -> web.Application:
     """Build the app; the bus connects when it starts (aiohttp runner or test server)."""
+    instrument_http()  # HTTP server spans (web.Application, wrapped before it is built here)
     app = web.Application(client_max_size=settings.gateway_max_body_bytes,
                           middlewares=[error_middleware, auth_middleware])
     app[SETTINGS] = settings

@@ -17,12 +17,12 @@ from shoal.services.gateway.router import (
 from shoal.services.gateway.serve import Answer, Job
 from shoal.services.gateway.state import STATE
 from shoal.services.gateway.structured import rename_param
+from shoal.services.gateway.tracing import inference_span
 from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.logging import log_context
 from shoal.shared.schemas.infer import (
     DetokenizeReply, DetokenizeRequest, TokenizeReply, TokenizeRequest
 )
-from shoal.shared.telemetry import get_tracer
 
 routes = web.RouteTableDef()
 
@@ -89,12 +89,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _answer(request: web.Request, answer: Answer, stream: bool,
                   spec_source: str | None = None) -> web.StreamResponse:
-    """Run the answer inside a span (its traceparent rides to the engine) and a log context.
-    An engine 400 about the output constraint names the field the client sent."""
+    """Run the answer inside its GenAI span (whose traceparent rides to the engine) and a log
+    context. An engine 400 about the output constraint names the field the client sent."""
     with log_context(request_id=answer.builder.id, model=answer.builder.model), \
-            get_tracer("shoal.gateway").start_as_current_span(f"{request.method} {request.path}") as span:
-        span.set_attribute("shoal.request_id", answer.builder.id)
-        span.set_attribute("shoal.model", answer.builder.model)
+            inference_span(answer.jobs[0].request, answer.builder, stream):
         try:
             return await (answer.stream(request) if stream else answer.whole())
         except InvalidRequest as exc:

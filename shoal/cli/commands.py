@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from shoal.cli import SERVICES, _labels
 from shoal.cli.resources import emit, instances_table, keys_table, models_table, run, workers_table
@@ -29,6 +30,9 @@ def dispatch(args: argparse.Namespace) -> int:
         from shoal.cli.stack import up
 
         spec = model_spec(args)
+        if args.otlp_traces_endpoint:  # for every service of the stack, which inherit the env
+            os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = args.otlp_traces_endpoint
+            os.environ["SHOAL_OTEL_EXPORTER"] = "otlp"
         if args.api_key:
             overrides["api_key"] = args.api_key
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from shoal.shared.config import Settings
 from shoal.shared.embedded import read_stack_file
 from shoal.shared.logging import setup_logging
-from shoal.shared.telemetry import setup_tracing
+from shoal.shared.telemetry import setup_tracing, shutdown_tracing
 
 ServiceMain = Callable[[Settings, asyncio.Event], Awaitable[None]]
 
@@ -37,5 +37,8 @@ def run_service(name: str, main: ServiceMain, settings: Settings) -> int:
             loop.add_signal_handler(sig, stop.set)
         await main(settings, stop)
 
-    asyncio.run(serve())
+    try:
+        asyncio.run(serve())
+    finally:
+        shutdown_tracing()  # spans still batched for OTLP leave before the process does
     return 0

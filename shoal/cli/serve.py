@@ -45,6 +45,9 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                        help="only 'vllm': sampling defaults are the request's (OpenAI's)")
     serve.add_argument("--tool-call-parser", choices=["hermes"],
                        help='parse tool calls of tool_choice "auto" answers')
+    serve.add_argument("--otlp-traces-endpoint",
+                       help="send traces there over OTLP (gRPC unless OTEL_EXPORTER_OTLP_PROTOCOL "
+                            "says http/protobuf)")
 
 
 def refuse_unknown(extra: list[str]) -> None:

@@ -1,12 +1,14 @@
 """Serving end to end: registry, scheduler, a real worker running SmolLM2 in an engine process, and
 the gateway, driven with the official `openai` SDK (sync and async, streamed and not): answers,
 greedy parity with the offline `shoal.LLM`, n, stop strings, logprobs, usage and cached tokens,
-refusals, client disconnects freeing the engine, the bounded queue, and a killed engine."""
+refusals, client disconnects freeing the engine, the bounded queue, and a killed engine; one
+trace from the client's traceparent through gateway and engine, at real OTLP receivers."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import time
 import uuid
@@ -15,6 +17,13 @@ import aiohttp
 import openai
 import psutil
 import pytest
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+    OTLPSpanExporter as HttpSpanExporter,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from shoal.services.gateway.service import run_gateway
 from shoal.services.scheduler.replica import run_scheduler
@@ -27,6 +36,7 @@ from shoal.shared.states import InstanceState
 from tests.integration.conftest import make_settings, running_registry
 from shoal.shared.embedded import free_port
 from tests.integration.test_gateway import running_gateway
+from tests.otlp_receiver import GrpcReceiver, HttpReceiver, Switchable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 READY_TIMEOUT = 300
@@ -46,7 +56,44 @@ async def running_instance(client: RegistryClient, model_id: str, timeout: float
 
 
 @pytest.fixture(scope="module")
-async def stack(servers, tmp_path_factory):
+def engine_traces():
+    """Engines started in this module export their spans over OTLP/gRPC to a real receiver
+    (the worker passes its environment on to the engine processes it starts)."""
+    receiver = GrpcReceiver()
+    env = {"SHOAL_OTEL_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint(),
+           "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc", "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield receiver.received
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        receiver.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway_traces():
+    """This process's spans (the gateway runs in it) go over OTLP/HTTP to a real receiver."""
+    receiver = HttpReceiver()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider(resource=Resource.create({"service.name": "shoal-gateway"}))
+        trace.set_tracer_provider(provider)
+    processor = Switchable(BatchSpanProcessor(HttpSpanExporter(endpoint=receiver.endpoint())))
+    provider.add_span_processor(processor)
+    try:
+        yield receiver.received, processor
+    finally:
+        processor.close()
+        receiver.stop()
+
+
+@pytest.fixture(scope="module")
+async def stack(servers, tmp_path_factory, engine_traces):
     # heartbeat_timeout 10 s, not the integration tests' 2 s: a test here loads an offline LLM
     # in this process, which can starve the worker's heartbeats for seconds on a loaded machine
     settings = make_settings(servers, tmp_path_factory.mktemp("serving-e2e"), drain_timeout=5.0,
@@ -114,6 +161,47 @@ async def test_chat_sync_and_async_stream_answer_paris(stack) -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == \
         [reply.choices[0].finish_reason]
+
+
+async def test_one_trace_from_the_client_through_gateway_and_engine(stack, gateway_traces,
+                                                                   engine_traces) -> None:
+    """The client's traceparent parents the gateway's HTTP span (OTLP/HTTP receiver), whose
+    GenAI span parents the engine's (OTLP/gRPC receiver, another process), whose children are
+    the request's queue, prefill and decode phases."""
+    settings, client, model, inst, url = stack
+    received, processor = gateway_traces
+    trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
+    reply = await async_api(url).chat.completions.create(
+        model=model.name, messages=FRANCE, temperature=0, max_tokens=8,
+        extra_headers={"traceparent": f"00-{trace_id}-{client_span}-01"})
+    processor.force_flush()
+    chat_name, engine_name = f"chat {model.name}", f"generate {model.name}"
+    spans = {s.name: s for s in await asyncio.to_thread(
+        received.wait_for, trace_id, {"POST /v1/chat/completions", chat_name})}
+    http, chat = spans["POST /v1/chat/completions"], spans[chat_name]
+    assert http.parent_span_id == client_span and http.kind == 2  # SERVER
+    assert 200 in (http.attributes.get("http.status_code"),
+                   http.attributes.get("http.response.status_code"))
+    assert chat.parent_span_id == http.span_id
+    assert chat.attributes["gen_ai.operation.name"] == "chat"
+    assert chat.attributes["gen_ai.request.model"] == model.name
+    assert chat.attributes["gen_ai.request.max_tokens"] == 8
+    assert chat.attributes["gen_ai.usage.input_tokens"] == reply.usage.prompt_tokens
+    assert chat.attributes["gen_ai.usage.output_tokens"] == reply.usage.completion_tokens
+    assert chat.attributes["gen_ai.response.finish_reasons"] == [reply.choices[0].finish_reason]
+    assert chat.attributes["gen_ai.response.id"] == reply.id
+
+    engine = {s.name: s for s in await asyncio.to_thread(
+        engine_traces.wait_for, trace_id, {engine_name, "queue", "prefill", "decode"})}
+    generate = engine[engine_name]
+    assert generate.service == "shoal-engine" and generate.parent_span_id == chat.span_id
+    assert generate.attributes["gen_ai.usage.output_tokens"] == reply.usage.completion_tokens
+    assert generate.attributes["messaging.system"] == "nats"
+    queue, prefill, decode = engine["queue"], engine["prefill"], engine["decode"]
+    assert {queue.parent_span_id, prefill.parent_span_id, decode.parent_span_id} == \
+        {generate.span_id}
+    assert queue.start_ns <= queue.end_ns <= prefill.start_ns + 1000 and \
+        prefill.end_ns <= decode.start_ns + 1000 and decode.end_ns <= generate.end_ns
 
 
 async def test_continuous_usage_stats_count_every_chunk(stack) -> None:

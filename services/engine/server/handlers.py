@@ -15,6 +15,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from opentelemetry.trace import Span
 
 from shoal.services.engine.async_engine import AsyncEngine
 from shoal.services.engine.output_stream import RequestStream
@@ -23,6 +24,7 @@ from shoal.services.engine.engine_core import load_tokenizer
 from shoal.services.engine.outputs import TokenLogprob
 from shoal.services.engine.request_output import RequestOutput
 from shoal.services.engine.sampling_params import SamplingParams
+from shoal.services.engine.server.tracing import generate_span, record_finished
 from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus, decode, encode
 from shoal.shared.errors import InvalidRequest, ShoalError
@@ -85,7 +87,8 @@ class EngineHandlers:
         if isinstance(request, GenerateRequest):
             if not msg.reply:
                 return
-            task = asyncio.create_task(self.generate(request, msg.reply), name=request.request_id)
+            task = asyncio.create_task(self.generate(request, msg.reply, msg.headers),
+                                       name=request.request_id)
             self.tasks[request.request_id] = task
             task.add_done_callback(lambda _t, rid=request.request_id: self.tasks.pop(rid, None))
             return
@@ -105,7 +108,14 @@ class EngineHandlers:
         if task is not None:
             task.cancel()  # the engine stream's finally aborts it and frees its blocks
 
-    async def generate(self, req: GenerateRequest, inbox: str) -> None:
+    async def generate(self, req: GenerateRequest, inbox: str,
+                       headers: dict[str, str] | None = None) -> None:
+        """Serve one request inside its span, in the trace its NATS headers carry."""
+        subject = subjects.infer(self.instance_id)
+        with generate_span(req, headers, subject, self.instance_id) as span:
+            await self._generate(req, inbox, span)
+
+    async def _generate(self, req: GenerateRequest, inbox: str, span: Span) -> None:
         seq = 0  # the seq of the next reply: every reply counts, so a gap is visible
 
         async def send(reply: InferChunk | InferEnd | InferError) -> None:
@@ -134,10 +144,11 @@ class EngineHandlers:
                                       prompt_logprobs=self.prompt_logprobs(out)))
             assert last is not None
             m = last.metrics
+            usage = Usage(prompt_tokens=len(token_ids), completion_tokens=completion_tokens,
+                          cached_tokens=last.num_cached_tokens)
+            record_finished(span, m, usage, [finish_reasons[i] for i in sorted(finish_reasons)])
             await send(InferEnd(
-                request_id=req.request_id, seq=seq, instance_id=self.instance_id,
-                usage=Usage(prompt_tokens=len(token_ids), completion_tokens=completion_tokens,
-                            cached_tokens=last.num_cached_tokens),
+                request_id=req.request_id, seq=seq, instance_id=self.instance_id, usage=usage,
                 finish_reasons=finish_reasons,
                 ttft_s=(m.first_token_time - m.arrival_time) if m.first_token_time else None,
                 queue_s=(m.first_scheduled_time - m.arrival_time) if m.first_scheduled_time else None,

@@ -35,7 +35,8 @@ class RecordingTokenizer:
 
 def handlers(parser: str | None = None) -> tuple[EngineHandlers, RecordingTokenizer]:
     tokenizer = RecordingTokenizer()
-    engine = SimpleNamespace(core=SimpleNamespace(config=SimpleNamespace(tool_call_parser=parser)))
+    engine = SimpleNamespace(core=SimpleNamespace(config=SimpleNamespace(tool_call_parser=parser,
+                                                                         chat_template=None)))
     adapter = EngineHandlers(bus=None, engine=engine,  # type: ignore[arg-type]
                              instance_id="i", model_name="m", tokenizer=tokenizer)
     return adapter, tokenizer

@@ -85,6 +85,16 @@ class Settings(BaseSettings):
     """Seconds a verified API key is trusted before the registry is asked again."""
     gateway_max_body_bytes: int = 32 * 1024 * 1024
 
+    metrics_host: str = "127.0.0.1"
+    """Where the registry, scheduler, worker and engine processes serve /metrics (the gateway
+    serves it on its own port)."""
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Their /metrics port; 0 = any free one (a gateway's /metrics/targets lists each). Engines
+    always take a free one."""
+    metrics_advertise_host: str | None = None
+    """The host name Prometheus reaches them by; default metrics_host, or this machine's name
+    when that is 0.0.0.0."""
+
     log_level: str = "INFO"
     log_json: bool = False
     otel_exporter: Literal["none", "console", "otlp"] = "none"

@@ -1,56 +1,63 @@
-"""Prometheus metrics under vLLM's names, so existing vLLM dashboards work unchanged.
+"""Prometheus metrics under vLLM's names, so vLLM's dashboards work unchanged, split by where
+each is observed (every name lives in one kind of process, so sums over all targets add up):
 
-Per-request figures (TTFT, inter-token latency, e2e, queue time, token counts, successes) are
-observed by the gateway as its clients see them. Engine-side gauges and cumulative counters
-(running, waiting, KV-cache use, preemptions, prefix-cache queries and hits, token totals) come
-from the engines' load messages through `EngineLoadCollector`, labelled by model and instance.
+- `ClientMetrics`, in the gateways: what clients see per request (TTFT, inter-token latency,
+  end-to-end latency), each request counted by the one gateway that served it;
+- `EngineLoadCollector`, in each engine: its state (running, waiting, KV use, prefix cache,
+  cumulative tokens, preemptions), labelled by model and engine (the instance id); the engine's
+  per-request histograms are in services/engine/server/metrics.py.
+
+Buckets are vLLM 0.32's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from shoal.shared.schemas.infer import EngineLoad
 
-LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                   7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                10.0, 20.0, 40.0, 80.0)
-TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 
 
-class ServingMetrics:
-    """What the gateway observes per request, as its clients see it (label: model_name); the
-    engine's own per-request record is request_output.RequestMetrics."""
+def token_buckets(max_model_len: int) -> list[int]:
+    """vLLM's request-token buckets: 1, 2, 5, 10, 20, 50, ... up to max_model_len."""
+    buckets, scale = [], 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_model_len:
+                return buckets
+            buckets.append(mantissa * scale)
+        scale *= 10
+
+
+class ClientMetrics:
+    """What the gateway observes per request, as its clients see it (label: model_name)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         labels = ["model_name"]
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", labels,
-                              buckets=LATENCY_BUCKETS, registry=registry)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency.", labels,
+        self.ttft = Histogram("vllm:time_to_first_token_seconds",
+                              "Time to first token, as the client sees it.", labels,
+                              buckets=TTFT_BUCKETS, registry=registry)
+        self.itl = Histogram("vllm:inter_token_latency_seconds",
+                             "Inter-token latency, as the client sees it.", labels,
                              buckets=ITL_BUCKETS, registry=registry)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency.",
-                             labels,
-                             buckets=LATENCY_BUCKETS, registry=registry)
-        self.queue = Histogram("vllm:request_queue_time_seconds",
-                               "Time spent waiting in the engine queue.",
-                               labels, buckets=LATENCY_BUCKETS, registry=registry)
-        self.prompt_tokens = Histogram("vllm:request_prompt_tokens", "Prompt tokens per request.",
-                                       labels,
-                                       buckets=TOKEN_BUCKETS, registry=registry)
-        self.generation_tokens = Histogram("vllm:request_generation_tokens",
-                                           "Generated tokens per request.",
-                                           labels, buckets=TOKEN_BUCKETS, registry=registry)
-        self.success = Counter("vllm:request_success", "Finished requests by finish reason.",
-                               ["model_name", "finished_reason"], registry=registry)
+                             labels, buckets=REQUEST_LATENCY_BUCKETS, registry=registry)
 
 
 class EngineLoadCollector(Collector):
-    """Exports the latest load of every live instance (gauges and cumulative counters)."""
+    """An engine's state at scrape time, from its loads (gauges and cumulative counters)."""
 
     def __init__(self, loads: Callable[[], Iterable[EngineLoad]]) -> None:
         self._loads = loads

@@ -72,7 +72,7 @@ class Received:
 
 
 class GrpcReceiver(trace_service_pb2_grpc.TraceServiceServicer):
-    """OTLP/gRPC on 127.0.0.1:<port>; endpoint() is what OTEL_EXPORTER_OTLP_TRACES_ENDPOINT takes."""
+    """OTLP/gRPC on 127.0.0.1:<port>; endpoint() is for OTEL_EXPORTER_OTLP_TRACES_ENDPOINT."""
 
     def __init__(self) -> None:
         self.received = Received()

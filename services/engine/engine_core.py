@@ -11,6 +11,7 @@ then enters the waiting queue carrying it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -73,6 +74,8 @@ class EngineCore:
         self._next_seq_id = 0
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
+        self.on_step_tokens: Callable[[int], None] | None = None
+        """Called with each step's batched tokens (vllm:iteration_tokens_total)."""
 
     @property
     def max_model_len(self) -> int:
@@ -137,6 +140,8 @@ class EngineCore:
     def step(self) -> list[RequestOutput]:
         failed = self._admit_compiled()
         out = self.scheduler.schedule()
+        if out.scheduled and self.on_step_tokens is not None:
+            self.on_step_tokens(out.num_batched_tokens)
         run = (self.runner.execute(out) if out.scheduled or out.finished_seq_ids
                else RunnerOutput({}))
         changed = self.scheduler.update(out, run)

@@ -22,6 +22,13 @@ from shoal.services.gateway.tracing import instrument_http
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
+from shoal.shared.metrics_endpoint import (
+    advertised_host,
+    answer_discovery,
+    discover_targets,
+    http_sd,
+)
+from shoal.shared.schemas.metrics import MetricsTarget
 from shoal.shared.version import VERSION
 
 SETTINGS: web.AppKey[Settings] = web.AppKey("shoal_gateway_settings", Settings)
@@ -44,6 +51,13 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
+@ops.get("/metrics/targets")
+async def metrics_targets(request: web.Request) -> web.Response:
+    """Every process's /metrics in Prometheus' HTTP service-discovery format (http_sd_configs):
+    gateways, registries, scheduler replicas, workers and engines (shared/metrics_endpoint.py)."""
+    return web.json_response(http_sd(await discover_targets(request.app[STATE].bus)))
+
+
 @ops.get("/openapi.json")
 async def openapi(request: web.Request) -> web.Response:
     return web.json_response(openapi_document(VERSION))
@@ -56,12 +70,16 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
         registry = RegistryClient(bus)
         router = Router()
         table = InstanceTable(bus, registry, settings, router)
+        admission = Admission(settings.gateway_max_outstanding)
         app[STATE] = GatewayState(
             settings=settings, bus=bus, registry=registry, router=router, table=table,
-            client=InferClient(bus, registry, table, router, settings),
-            admission=Admission(settings.gateway_max_outstanding),
-            metrics=GatewayMetrics(table.live_loads), keys=KeyCache(settings.gateway_key_cache_ttl),
+            client=InferClient(bus, registry, table, router, settings), admission=admission,
+            metrics=GatewayMetrics(lambda: admission.num_active),
+            keys=KeyCache(settings.gateway_key_cache_ttl),
         )
+        host = advertised_host(settings.gateway_host, settings.metrics_advertise_host)
+        await answer_discovery(bus, MetricsTarget(service="gateway",
+                                                  address=f"{host}:{settings.gateway_port}"))
         await table.start()
         try:
             yield

@@ -15,7 +15,8 @@ from aiohttp.typedefs import Handler
 
 from shoal.shared.errors import Unauthorized
 
-PUBLIC_PATHS = frozenset({"/health", "/version", "/metrics", "/openapi.json", "/ping"})
+PUBLIC_PATHS = frozenset({"/health", "/version", "/metrics", "/metrics/targets", "/openapi.json",
+                          "/ping"})
 MAX_CACHED_KEYS = 10000
 
 

@@ -1,26 +1,30 @@
-"""Gateway metrics under vLLM's names: per-request observations (TTFT, inter-token latency, e2e,
-queue time, token counts, successes by finish reason) plus the engines' live loads at scrape time.
+"""Gateway metrics: what its clients see per request, under vLLM's names (TTFT, inter-token
+latency, end-to-end latency; shared/metrics.py ClientMetrics), and the gateway's own load.
+Engines' state and per-request phases are not here: each engine serves its own, so that with
+several gateways nothing is counted twice (docs/observability.md).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from prometheus_client import generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
-from shoal.shared.metrics import EngineLoadCollector, ServingMetrics, new_registry
-from shoal.shared.schemas.infer import EngineLoad, InferChunk, InferEnd
+from shoal.shared.metrics import ClientMetrics, new_registry
+from shoal.shared.schemas.infer import InferChunk, InferEnd
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class GatewayMetrics:
-    def __init__(self, loads: Callable[[], Iterable[EngineLoad]]) -> None:
+    def __init__(self, in_flight: Callable[[], int] = lambda: 0) -> None:
         self.registry = new_registry()
-        self.requests = ServingMetrics(self.registry)
-        self.registry.register(EngineLoadCollector(loads))
+        self.requests = ClientMetrics(self.registry)
+        self.registry.register(_InFlight(in_flight))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -29,10 +33,20 @@ class GatewayMetrics:
         return RequestObserver(self.requests, model)
 
 
+class _InFlight(Collector):
+    def __init__(self, in_flight: Callable[[], int]) -> None:
+        self._in_flight = in_flight
+
+    def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
+        yield GaugeMetricFamily("shoal:gateway_requests_in_flight",
+                                "Inference requests this gateway holds (admitted, not answered).",
+                                value=self._in_flight())
+
+
 class RequestObserver:
     """One request as its client sees it: first token, gaps between tokens, end."""
 
-    def __init__(self, metrics: ServingMetrics, model: str) -> None:
+    def __init__(self, metrics: ClientMetrics, model: str) -> None:
         self.metrics = metrics
         self.model = model
         self.arrival = time.perf_counter()
@@ -53,11 +67,4 @@ class RequestObserver:
         self.last_token = now
 
     def on_end(self, end: InferEnd) -> None:
-        m, model = self.metrics, self.model
-        m.e2e.labels(model).observe(time.perf_counter() - self.arrival)
-        if end.queue_s is not None:
-            m.queue.labels(model).observe(end.queue_s)
-        m.prompt_tokens.labels(model).observe(end.usage.prompt_tokens)
-        m.generation_tokens.labels(model).observe(end.usage.completion_tokens)
-        for reason in end.finish_reasons.values() or ["stop"]:
-            m.success.labels(model, reason).inc()
+        self.metrics.e2e.labels(self.model).observe(time.perf_counter() - self.arrival)

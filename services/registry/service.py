@@ -16,6 +16,8 @@ from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.service import RpcService
 from shoal.shared.config import Settings
+from shoal.shared.metrics import new_registry
+from shoal.shared.metrics_endpoint import MetricsEndpoint
 from shoal.shared.db.session import make_engine, make_session_factory, run_migrations
 from shoal.shared.errors import Unavailable
 from shoal.shared.schemas.registry import WorkerHeartbeat
@@ -40,11 +42,15 @@ async def run_registry(settings: Settings, stop: asyncio.Event,
 
         api = RegistryApi(bus, ModelRepo(sessions), WorkerRepo(sessions), InstanceRepo(sessions),
                           ApiKeyRepo(sessions))
+        metrics = new_registry()
         svc = RpcService(bus, subjects.REGISTRY_SERVICE, VERSION, subjects.REGISTRY_GROUP,
-                         "Shoal registry: models, workers, instances, API keys")
+                         "Shoal registry: models, workers, instances, API keys", metrics)
         await svc.start()
         stack.push_async_callback(svc.stop)
         await api.register(svc)
+        endpoint = MetricsEndpoint(metrics, "registry", settings)
+        await endpoint.start(bus)
+        stack.push_async_callback(endpoint.stop)
 
         liveness = Liveness(api, settings.heartbeat_timeout, settings.heartbeat_check_interval)
         await bus.subscribe(subjects.HEARTBEATS_ALL, WorkerHeartbeat, liveness.on_heartbeat,

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 
 from shoal.services.scheduler.election import PostgresElection, default_identity
+from shoal.services.scheduler.metrics import SchedulerCollector
 from shoal.services.scheduler.reconcile import SchedulerConfig
 from shoal.services.scheduler.service import SchedulerService
 from shoal.shared.bus import subjects
@@ -19,6 +20,8 @@ from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.bus.service import RpcService
 from shoal.shared.config import Settings
 from shoal.shared.errors import Unavailable
+from shoal.shared.metrics import new_registry
+from shoal.shared.metrics_endpoint import MetricsEndpoint
 from shoal.shared.schemas.common import Empty
 from shoal.shared.schemas.scheduler import SchedulerStatus
 from shoal.shared.version import VERSION
@@ -40,13 +43,19 @@ class SchedulerReplica:
         bus = await Bus.connect(self.settings, name=subjects.SCHEDULER_SERVICE)
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(bus.close)
+            metrics = new_registry()
             rpc = RpcService(bus, subjects.SCHEDULER_SERVICE, VERSION, subjects.SCHEDULER_GROUP,
-                             "Shoal scheduler: places instances; one replica leads")
+                             "Shoal scheduler: places instances; one replica leads", metrics)
             await rpc.start()
             stack.push_async_callback(rpc.stop)
             await rpc.endpoint("leader", "get", Empty, self.status)
             self.service = SchedulerService(RegistryClient(bus),
                                             SchedulerConfig.from_settings(self.settings))
+            metrics.register(SchedulerCollector(self.identity, self.election, self.service))
+            endpoint = MetricsEndpoint(metrics, "scheduler", self.settings,
+                                       labels={"replica": self.identity})
+            await endpoint.start(bus)
+            stack.push_async_callback(endpoint.stop)
             resign = asyncio.Event()
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self.election.run(resign), name="scheduler-election")

@@ -32,7 +32,7 @@ from shoal.shared.loops import run_every
 from shoal.shared.schemas.common import utcnow
 from shoal.shared.schemas.registry import (
     InstanceCreate, InstanceDelete, InstancePublic, InstanceTransition, LeaderFence, ListRequest,
-    ModelPublic
+    ModelPublic, WorkerPublic,
 )
 from shoal.shared.states import InstanceState
 
@@ -65,6 +65,8 @@ class SchedulerService:
         """Spreads the periodic passes of unelected writers apart (each waits interval +-10%)."""
         self.fence: LeaderFence | None = None
         """The current term's fence, sent with every write (None without an election)."""
+        self.snapshot: tuple[list[WorkerPublic], list[InstancePublic]] | None = None
+        """The fleet as the last pass read it (PENDING instances carry why in their message)."""
 
     # ------------------------------------------------------------ loop
     async def run(self, bus: Bus, stop: asyncio.Event, ready: asyncio.Event | None = None,
@@ -141,6 +143,7 @@ class SchedulerService:
             models = await self._every(self.registry.list_models)
             workers = await self._every(self.registry.list_workers)
             instances = await self.registry.list_instances()
+            self.snapshot = (workers, instances)  # for the leader's cluster metrics
             plan = plan_pass(models, workers, instances, utcnow(), self.config)
             stats = PassStats()
             current = {i.id: i for i in instances}

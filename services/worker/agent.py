@@ -15,6 +15,7 @@ import socket
 from dataclasses import dataclass, field
 
 from shoal.services.worker.devices import detect_devices, parse_simulated
+from shoal.services.worker.metrics import DeviceCollector
 from shoal.services.worker.supervisor import Supervisor
 from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
@@ -22,6 +23,8 @@ from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.errors import NotFound, ShoalError
 from shoal.shared.loops import run_every
+from shoal.shared.metrics import new_registry
+from shoal.shared.metrics_endpoint import MetricsEndpoint
 from shoal.shared.schemas.registry import (
     DeviceStatus, WorkerHeartbeat, WorkerPublic, WorkerRegister
 )
@@ -39,6 +42,8 @@ class WorkerAgent:
     worker: WorkerPublic | None = None
     supervisor: Supervisor | None = None
     """Runs the engines of the instances placed here (real workers only)."""
+    last_status: DeviceStatus | None = None
+    """The devices as last detected (heartbeats), for /metrics."""
 
     def __post_init__(self) -> None:
         self.name = self.name or self.settings.worker_name or socket.gethostname()
@@ -50,8 +55,11 @@ class WorkerAgent:
 
     def devices(self) -> DeviceStatus:
         if self.settings.simulate_devices is not None:
-            return parse_simulated(self.settings.simulate_devices)
-        return detect_devices()
+            status = parse_simulated(self.settings.simulate_devices)
+        else:
+            status = detect_devices()
+        self.last_status = status
+        return status
 
     async def register(self) -> WorkerPublic:
         self.worker = await self.registry.register_worker(WorkerRegister(
@@ -74,11 +82,16 @@ class WorkerAgent:
         if not self.simulated and self.worker is not None:
             self.supervisor = Supervisor(self.settings, self.bus, self.worker.id)
             supervisor = asyncio.create_task(self.supervisor.run(stop), name="supervisor")
+        metrics = new_registry()
+        metrics.register(DeviceCollector(self.name, lambda: self.last_status))
+        endpoint = MetricsEndpoint(metrics, "worker", self.settings, labels={"worker": self.name})
+        await endpoint.start(self.bus)
         if ready is not None:
             ready.set()
         try:
             await self._heartbeat_forever(stop)
         finally:
+            await endpoint.stop()
             if supervisor is not None:
                 await supervisor
 

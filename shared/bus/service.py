@@ -9,6 +9,7 @@ serving. Discovery ($SRV.PING/INFO/STATS) comes from nats.micro.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -16,10 +17,12 @@ import nats.micro
 from nats.micro.request import Request
 from nats.micro.service import Service
 from opentelemetry import trace
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import BaseModel
 
 from shoal.shared.bus.client import Bus, decode, error_body, error_headers
 from shoal.shared.errors import ShoalError
+from shoal.shared.metrics import TTFT_BUCKETS as LATENCY_BUCKETS
 from shoal.shared.telemetry import extract_context, get_tracer
 
 log = logging.getLogger(__name__)
@@ -32,7 +35,7 @@ class RpcService:
     """One micro service; endpoints are served as <group>.<resource>.<verb>."""
 
     def __init__(self, bus: Bus, name: str, version: str, group: str,
-                 description: str = "") -> None:
+                 description: str = "", metrics: CollectorRegistry | None = None) -> None:
         self.bus = bus
         self.name = name
         self.version = version
@@ -40,6 +43,13 @@ class RpcService:
         self.description = description
         self._service: Service | None = None
         self._tracer = get_tracer(name)
+        self._latency = Histogram(
+            "shoal:bus_request_duration_seconds", "Time to answer a request, by endpoint.",
+            ["service", "endpoint"], buckets=LATENCY_BUCKETS,
+            registry=metrics) if metrics is not None else None
+        self._errors = Counter(
+            "shoal:bus_request_errors", "Requests answered with an error, by endpoint and code.",
+            ["service", "endpoint", "code"], registry=metrics) if metrics is not None else None
 
     async def start(self) -> None:
         self._service = await nats.micro.add_service(
@@ -61,6 +71,7 @@ class RpcService:
 
     def _wrap(self, name: str, request_type: type[Req], handler: Handler[Req]) -> Callable[[Request], Awaitable[None]]:
         async def handle(request: Request) -> None:
+            start = time.perf_counter()
             with self._tracer.start_as_current_span(
                 name, context=extract_context(request.headers), kind=trace.SpanKind.SERVER
             ) as span:
@@ -69,16 +80,25 @@ class RpcService:
                 except ShoalError as exc:
                     span.set_attribute("shoal.error", exc.code)
                     await respond_error(request, exc)
+                    self._observe(name, start, str(exc.http_status))
                     return
                 except Exception as exc:  # noqa: BLE001 - answer, log, keep serving
                     log.exception("%s failed", name)
                     span.record_exception(exc)
                     await respond_error(request,
                                         ShoalError(f"internal error in {name}: {type(exc).__name__}"))
+                    self._observe(name, start, "500")
                     return
                 await request.respond(reply.model_dump_json().encode())
+                self._observe(name, start, None)
 
         return handle
+
+    def _observe(self, endpoint: str, start: float, error_code: str | None) -> None:
+        if self._latency is not None:
+            self._latency.labels(self.name, endpoint).observe(time.perf_counter() - start)
+        if self._errors is not None and error_code is not None:
+            self._errors.labels(self.name, endpoint, error_code).inc()
 
 
 async def respond_error(request: Request, exc: ShoalError) -> None:

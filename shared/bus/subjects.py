@@ -78,3 +78,8 @@ def load(instance_id: str) -> str:
 
 
 LOAD_ALL = f"{PREFIX}.load.*"
+
+
+METRICS_TARGETS = f"{PREFIX}.metrics.targets"
+"""Request, answered by every process that serves /metrics (each replies with its address):
+how a gateway's /metrics/targets lists them for Prometheus."""

@@ -24,6 +24,7 @@ from shoal.services.engine.engine_core import load_tokenizer
 from shoal.services.engine.outputs import TokenLogprob
 from shoal.services.engine.request_output import RequestOutput
 from shoal.services.engine.sampling_params import SamplingParams
+from shoal.services.engine.server.metrics import EngineMetrics
 from shoal.services.engine.server.tracing import generate_span, record_finished
 from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus, decode, encode
@@ -50,6 +51,7 @@ class EngineHandlers:
     subs: list[Subscription] = field(default_factory=list)
     draining: bool = False
     tokenizer: Any = None
+    metrics: EngineMetrics | None = None
 
     async def start(self) -> None:
         # A tokenizer of our own: the engine thread detokenizes with its copy meanwhile.
@@ -134,19 +136,24 @@ class EngineHandlers:
                                   prompt_token_ids=token_ids, tool_call_parser=parser))
             last: RequestOutput | None = None
             finish_reasons: dict[int, str] = {}
-            completion_tokens = 0
+            child_tokens: dict[int, int] = {}
             async for out in outputs:
                 last = out
-                completion_tokens += sum(len(c.token_ids) for c in out.outputs)
+                for c in out.outputs:
+                    child_tokens[c.index] = child_tokens.get(c.index, 0) + len(c.token_ids)
                 finish_reasons.update({c.index: c.finish_reason for c in out.outputs if c.finish_reason})
                 await send(InferChunk(request_id=req.request_id, seq=seq,
                                       choices=[self.choice(c) for c in out.outputs],
                                       prompt_logprobs=self.prompt_logprobs(out)))
             assert last is not None
             m = last.metrics
-            usage = Usage(prompt_tokens=len(token_ids), completion_tokens=completion_tokens,
+            usage = Usage(prompt_tokens=len(token_ids),
+                          completion_tokens=sum(child_tokens.values()),
                           cached_tokens=last.num_cached_tokens)
             record_finished(span, m, usage, [finish_reasons[i] for i in sorted(finish_reasons)])
+            if self.metrics is not None:
+                self.metrics.on_finished(m, req.sampling, len(token_ids), child_tokens,
+                                         finish_reasons)
             await send(InferEnd(
                 request_id=req.request_id, seq=seq, instance_id=self.instance_id, usage=usage,
                 finish_reasons=finish_reasons,

@@ -15,11 +15,13 @@ from shoal.services.engine.async_engine import AsyncEngine
 from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.model_prep import prepare_model
 from shoal.services.engine.server.handlers import EngineHandlers
+from shoal.services.engine.server.metrics import EngineMetrics, cache_info
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.errors import Conflict, NotFound, ShoalError
 from shoal.shared.logging import log_context
+from shoal.shared.metrics_endpoint import MetricsEndpoint
 from shoal.shared.progress import progress_message
 from shoal.shared.schemas.registry import InstancePublic, InstanceTransition, ModelPublic
 from shoal.shared.states import InstanceState, can_transition
@@ -124,7 +126,15 @@ async def start_engine(settings: Settings, reporter: InstanceReporter, model: Mo
 async def serve(settings: Settings, bus: Bus, reporter: InstanceReporter, engine: AsyncEngine,
                 model: ModelPublic, stop: asyncio.Event) -> None:
     handlers = EngineHandlers(bus, engine, reporter.instance.id, model.name)
+    core = engine.core
+    handlers.metrics = metrics = EngineMetrics(model.name, reporter.instance.id,
+                                               core.max_model_len, handlers.load,
+                                               cache_info(core.config, core.runner.num_kv_blocks))
+    core.on_step_tokens = metrics.iteration_tokens.observe  # prometheus is thread-safe
     await handlers.start()
+    endpoint = MetricsEndpoint(metrics.registry, "engine", settings, port=0, labels={
+        "instance": reporter.instance.name, "model_name": model.name})
+    await endpoint.start(bus)
     load_stop = asyncio.Event()
     loads = asyncio.create_task(handlers.publish_load_forever(load_stop))
     try:
@@ -139,6 +149,7 @@ async def serve(settings: Settings, bus: Bus, reporter: InstanceReporter, engine
     finally:
         load_stop.set()
         await loads
+        await endpoint.stop()
 
 
 async def _message(reporter: InstanceReporter, message: str) -> None:

@@ -37,7 +37,8 @@ def record_finished(span: trace.Span, m: RequestMetrics, usage: Usage,
     """Usage, finish reasons and latencies on the request's span, and its phases as children."""
     span.set_attributes(response_attributes(usage, finish_reasons))
     if m.first_token_time is not None:
-        span.set_attribute("gen_ai.latency.time_to_first_token", m.first_token_time - m.arrival_time)
+        span.set_attribute("gen_ai.latency.time_to_first_token",
+                           m.first_token_time - m.arrival_time)
     if m.first_scheduled_time is not None:
         span.set_attribute("gen_ai.latency.time_in_queue", m.first_scheduled_time - m.arrival_time)
     if m.last_token_time is not None:

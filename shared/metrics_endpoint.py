@@ -33,10 +33,19 @@ DISCOVERY_WAIT_S = 0.5
 
 
 def advertised_host(host: str, advertise: str | None = None) -> str:
-    """The name others reach a listener by: a wildcard bind is this machine's name."""
+    """The address others reach a listener by. A wildcard bind advertises this machine's own
+    address (a container's IP, unique even for scaled replicas), or its name when that only
+    resolves to a loopback address."""
     if advertise:
         return advertise
-    return socket.gethostname() if host in ("0.0.0.0", "::", "") else host
+    if host not in ("0.0.0.0", "::", ""):
+        return host
+    name = socket.gethostname()
+    try:
+        address = socket.gethostbyname(name)
+    except OSError:
+        return name
+    return name if address.startswith("127.") else address
 
 
 async def answer_discovery(bus: Bus, target: MetricsTarget) -> Subscription:

@@ -37,6 +37,7 @@ from tests.integration.conftest import make_settings, running_registry
 from shoal.shared.embedded import free_port
 from tests.integration.test_gateway import running_gateway
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver, Switchable
+from tests.unit.test_dashboards import queried_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 READY_TIMEOUT = 300
@@ -132,10 +133,24 @@ def sync_api(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
 
 
+async def scrape_all(url: str) -> dict[str, str]:
+    """What a Prometheus scraping every target finds: /metrics of each address the gateway's
+    /metrics/targets lists (gateways, registry, scheduler, worker, engines)."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{url}/metrics/targets") as r:
+            groups = await r.json()
+        scraped = {}
+        for group in groups:
+            (address,) = group["targets"]
+            async with http.get(f"http://{address}/metrics") as r:
+                scraped[address] = await r.text()
+        return scraped
+
+
 async def metric(url: str, name: str, model: str) -> float:
-    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as r:
-        text = await r.text()
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+    """`name` summed over every target, as a PromQL sum() over all of them would."""
+    values = [float(line.rsplit(" ", 1)[1]) for text in (await scrape_all(url)).values()
+              for line in text.splitlines()
               if line.startswith(name + "{") and f'model_name="{model}"' in line]
     return sum(values)
 
@@ -301,6 +316,41 @@ async def test_cached_tokens_tokenize_and_refusals(stack) -> None:
             assert "Hello world" in (await r.json())["prompt"]
     assert await metric(url, "vllm:e2e_request_latency_seconds_count", model.name) > 0
     assert await metric(url, "vllm:prefix_cache_hits_total", model.name) > 0
+
+
+async def test_dashboards_queries_resolve_and_sums_count_once(stack) -> None:
+    """Every metric the shipped dashboards query is on some target of the live stack; a request
+    through a second gateway is counted once in the sum over all targets."""
+    settings, client, model, inst, url = stack
+    api = async_api(url)
+    await api.chat.completions.create(model=model.name, messages=FRANCE, max_tokens=4, n=2)
+    scraped = await scrape_all(url)
+    assert {_service_of(text) for text in scraped.values()} >= {
+        "gateway", "registry", "scheduler", "worker", "engine"}
+    exposed = {line.split("{")[0].split(" ")[0] for text in scraped.values()
+               for line in text.splitlines() if line and not line.startswith("#")}
+    missing = sorted(queried_metrics() - exposed)
+    assert not missing, f"dashboard queries that resolve to nothing: {missing}"
+
+    names = ("vllm:e2e_request_latency_seconds_count", "vllm:request_success_total",
+             "vllm:request_prefill_time_seconds_count")
+    before = [await metric(url, n, model.name) for n in names]
+    async with running_gateway(settings) as second:
+        await async_api(second).completions.create(model=model.name, prompt="Hi", max_tokens=2)
+        after = [await metric(url, n, model.name) for n in names]
+    assert [a - b for a, b in zip(after, before)] == [1, 1, 1]
+
+
+def _service_of(text: str) -> str:
+    """Which process a scrape came from, by a metric only that kind of process has."""
+    for service, marker in (("engine", "vllm:cache_config_info"),
+                            ("gateway", "shoal:gateway_requests_in_flight"),
+                            ("scheduler", "shoal:scheduler_is_leader"),
+                            ("worker", "shoal:worker_cpu_cores"),
+                            ("registry", "shoal:bus_request_duration_seconds")):
+        if marker in text:
+            return service
+    return ""
 
 
 async def test_client_disconnect_frees_the_engine(stack) -> None:

@@ -68,7 +68,16 @@ async def test_health_version_openapi_metrics(gateway: str, http: aiohttp.Client
                                                  "/api/v1/models/{id}", "/tokenize"} <= set(doc["paths"])
     async with http.get(f"{gateway}/metrics") as r:
         text = await r.text()
-    assert r.status == 200 and "vllm:time_to_first_token_seconds" in text and "vllm:num_requests_running" in text
+    assert r.status == 200 and "vllm:time_to_first_token_seconds" in text
+    assert "shoal:gateway_requests_in_flight" in text
+    assert "vllm:num_requests_running" not in text  # the engines' own, not every gateway's
+    async with http.get(f"{gateway}/metrics/targets") as r:
+        groups = await r.json()
+    services = {g["labels"]["shoal_service"] for g in groups}
+    assert r.status == 200 and {"gateway", "registry"} <= services
+    registry = next(g for g in groups if g["labels"]["shoal_service"] == "registry")
+    async with http.get(f"http://{registry['targets'][0]}/metrics") as r:
+        assert "shoal:bus_request_duration_seconds_bucket" in await r.text()
     async with http.get(f"{gateway}/no/such/route") as r:
         assert r.status == 404 and (await r.json())["error"]["type"] == "not_found_error"
 

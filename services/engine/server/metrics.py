@@ -39,7 +39,8 @@ class EngineMetrics:
         self.queue = histogram("vllm:request_queue_time_seconds",
                                "Time in the WAITING phase.", REQUEST_LATENCY_BUCKETS)
         self.prefill = histogram("vllm:request_prefill_time_seconds",
-                                 "Time from first scheduled to first token.", REQUEST_LATENCY_BUCKETS)
+                                 "Time from first scheduled to first token.",
+                                 REQUEST_LATENCY_BUCKETS)
         self.decode = histogram("vllm:request_decode_time_seconds",
                                 "Time from first to last token.", REQUEST_LATENCY_BUCKETS)
         self.inference = histogram("vllm:request_inference_time_seconds",

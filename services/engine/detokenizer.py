@@ -21,9 +21,8 @@ absence) depends on what precedes it."""
 
 
 class Tokenizer(Protocol):
-    """A transformers fast tokenizer: `backend_tokenizer` is its `tokenizers.Tokenizer`."""
-
-    backend_tokenizer: Any
+    """A transformers fast tokenizer (its `backend_tokenizer` is the `tokenizers.Tokenizer`
+    that DecodeStream runs)."""
 
     def decode(self, token_ids: Any, skip_special_tokens: bool = ...,
                clean_up_tokenization_spaces: bool | None = ...) -> str: ...
@@ -33,11 +32,11 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int],
                  params: SamplingParams) -> None:
         self.tokenizer = tokenizer
-        self.backend = tokenizer.backend_tokenizer
+        self.backend = getattr(tokenizer, "backend_tokenizer", None)
         self.skip_special_tokens = params.skip_special_tokens
         self.stop = params.stop
         self.include_stop = params.include_stop_str_in_output
-        self.stream = DecodeStream(skip_special_tokens=self.skip_special_tokens)
+        self.stream = self._new_stream()
         for token_id in prompt_token_ids[-_PREFIX_WINDOW:]:
             self._step(token_id)  # context only: its text is the prompt's
         self.pending: list[int] = []
@@ -96,8 +95,13 @@ class IncrementalDetokenizer:
         except Exception as exc:  # noqa: BLE001 - tokenizers raises a plain Exception
             if "Invalid prefix" not in str(exc):
                 raise
-            self.stream = DecodeStream(skip_special_tokens=self.skip_special_tokens)
+            self.stream = self._new_stream()
             return self.stream.step(self.backend, token_id)
+
+    def _new_stream(self) -> Any:
+        if self.backend is None:  # a tokenizer without a Rust backend (test doubles)
+            return _TokenByToken(self.tokenizer, self.skip_special_tokens)
+        return DecodeStream(skip_special_tokens=self.skip_special_tokens)
 
     def _find_stop(self, old_len: int) -> str | None:
         """The earliest stop string ending in the new text; the text is cut at it."""
@@ -122,3 +126,14 @@ class IncrementalDetokenizer:
                     longest = n
                     break
         return longest
+
+
+class _TokenByToken:
+    """DecodeStream's interface for tokenizers whose every token decodes on its own."""
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+
+    def step(self, _backend: Any, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=self.skip_special_tokens)

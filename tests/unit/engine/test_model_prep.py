@@ -51,10 +51,15 @@ def test_gguf_converts_once_with_progress_and_leaves_no_temp_dir(tmp_path: Path)
     gguf = tmp_path / "smol.gguf"
     os.symlink(smollm2_gguf_path(), gguf)  # a path of its own: a cache entry of its own
     cache = tmp_path / "cache"
-    stages: list[str] = []
-    folder = prepare_model(str(gguf), cache, lambda stage, fraction: stages.append(stage))
+    reports: list[tuple[str, float]] = []
+    folder = prepare_model(str(gguf), cache, lambda stage, f: reports.append((stage, f)))
+    stages = [stage for stage, _ in reports]
     assert folder == converted_dir(gguf, cache)
-    assert stages[0] == "loading gguf weights" and stages[-1] == "done"
+    assert stages[0] == "dequantising gguf tensors" and stages[-1] == "done"
+    # tensor by tensor, not 0 % then done
+    fractions = [f for stage, f in reports if stage == "dequantising gguf tensors"]
+    assert len({round(f, 2) for f in fractions if 0 < f < 0.7}) >= 3
+    assert fractions == sorted(fractions)
     assert (folder / "config.json").is_file() and list(folder.glob("*.safetensors"))
     assert (folder / "tokenizer.json").is_file()
     assert [p.name for p in cache.iterdir()] == [folder.name]  # the temp dir was renamed

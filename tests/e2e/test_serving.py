@@ -37,7 +37,7 @@ from tests.integration.conftest import make_settings, running_registry
 from shoal.shared.embedded import free_port
 from tests.integration.test_gateway import running_gateway
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver, Switchable
-from tests.unit.test_dashboards import family, queried_metrics
+from tests.unit.test_dashboards import declared_series, queried_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 READY_TIMEOUT = 300
@@ -328,8 +328,8 @@ async def test_dashboards_queries_resolve_and_sums_count_once(stack) -> None:
     assert {_service_of(text) for text in scraped.values()} >= {
         "gateway", "registry", "scheduler", "worker", "engine"}
     lines = [line for text in scraped.values() for line in text.splitlines()]
-    declared = {family(line.split()[2]) for line in lines if line.startswith("# TYPE ")}
-    missing = sorted(m for m in queried_metrics() if family(m) not in declared)
+    declared = set().union(*(declared_series(text) for text in scraped.values()))
+    missing = sorted(queried_metrics() - declared)
     assert not missing, f"dashboard queries naming metrics no target exposes: {missing}"
     # vLLM's dashboard has data to draw after one request (on a CPU stack with nothing
     # pending, the GPU and pending-placement families are declared without series)

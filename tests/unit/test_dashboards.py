@@ -57,6 +57,19 @@ def family(name: str) -> str:
     return name
 
 
+def declared_series(exposition: str) -> set[str]:
+    """The series names a scrape's `# TYPE` lines declare, samples or not (a gauge family of GPUs
+    on a machine without one is declared, with no series)."""
+    names = set()
+    for line in exposition.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            names.add(name)
+            if kind == "histogram":
+                names.update(f"{name}{s}" for s in ("_bucket", "_sum", "_count"))
+    return names
+
+
 def exposed(registry: CollectorRegistry) -> set[str]:
     """Every series name a scrape of `registry` shows (families and their samples)."""
     names = set()

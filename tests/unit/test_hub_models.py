@@ -91,3 +91,20 @@ def test_hf_hub_offline_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_a_missing_path_is_not_mistaken_for_a_hub_id(tmp_path: Path) -> None:
     with pytest.raises(NotFound, match="no such folder"):
         prepare_model(str(tmp_path / "nope"), tmp_path / "cache")
+
+
+def test_download_progress_is_reported_in_bytes() -> None:
+    """snapshot_download's byte bars (unit "B") feed the progress callback; its file-count bar
+    does not (no hub here: the bar class is driven as snapshot_download drives it)."""
+    from shoal.shared.hf_hub import _progress_tqdm
+
+    reports: list[tuple[str, float]] = []
+    bar_class = _progress_tqdm(lambda stage, f: reports.append((stage, f)))
+    files = bar_class(total=3, desc="Fetching 3 files")
+    files.update(1)
+    data = bar_class(total=200e6, unit="B", desc="Downloading bytes")
+    data.update(50e6)
+    data.update(150e6)
+    files.close()
+    data.close()
+    assert reports == [("downloading 50 of 200 MB", 0.25), ("downloading 200 of 200 MB", 0.99)]

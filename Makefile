@@ -7,7 +7,8 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.shoal-installed
 PYTEST_ARGS ?=
 
-.PHONY: install up test test-unit test-integration test-e2e bench bench-peer peer-vllm loadtest compose-check clean
+.PHONY: install lint up test test-unit test-integration test-e2e bench bench-peer peer-vllm loadtest \
+	compose-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +27,11 @@ install: $(STAMP)
 up: install
 	$(VENV)/bin/shoal up
 
-test: install
+lint: install
+	$(VENV)/bin/ruff check .
+
+# ruff first, so CI (.ci/run -> make test) enforces it.
+test: install lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: install

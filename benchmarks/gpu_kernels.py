@@ -95,7 +95,7 @@ def kernel_benchmarks(device: torch.device, bandwidth: float, smoke: bool) -> li
                 device)
             rows.append(_row("paged_attention_decode", ms, moved, bandwidth, num_seqs=num_seqs,
                              context=ctx, num_splits=forced, chosen_by_rule=forced == splits))
-        del cache, v_cache
+        cache = v_cache = None  # frees the caches before the next case (the lambdas use them)
     # fused residual + RMSNorm (read x, residual, weight; write out, residual) and rotary
     num_tokens = 8 if smoke else 4096
     x = torch.randn(num_tokens, hidden, device=device).to(dtype)

@@ -1,7 +1,8 @@
 """reshape_and_cache: write this step's keys and values into the paged KV cache (plain torch).
 
-The CPU path and the reference for the Triton kernel. Layout (docs/architecture.md "KV-cache contract"):
-caches `[num_blocks, block_size, num_kv_heads, head_dim]`, `slot_mapping` int64, -1 = skip.
+The CPU path and the reference for the Triton kernel. Layout (docs/architecture.md "KV-cache
+contract"): caches `[num_blocks, block_size, num_kv_heads, head_dim]`, `slot_mapping` int64,
+-1 = skip.
 """
 
 from __future__ import annotations

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-WORDS = ("the of and to in is was for on that with as by at from his her an were are which this be "
-         "river city history model paris music science garden winter market story engine light road "
-         "question answer people water time world number system night family mountain").split()
+WORDS = ("the of and to in is was for on that with as by at from his her an were are which this "
+         "be river city history model paris music science garden winter market story engine "
+         "light road question answer people water time world number system night family "
+         "mountain").split()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +115,8 @@ async def run_served(url: str, model: str, samples: list[Sample], rate: float, a
 
     limit = asyncio.Semaphore(max_concurrency or len(samples))
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         async def limited(sample: Sample) -> Result:
             async with limit:
                 return await one_request(session, url, model, sample)
@@ -207,8 +209,10 @@ def plot(runs: list[dict[str, object]], path: Path) -> None:
         metrics = [r["metrics"] for r in rows]
         axes[0].plot(xs, [m["output_throughput"] for m in metrics], "o-", label=backend)  # type: ignore[index]
         for key, style in (("median", "o-"), ("p99", "x--")):
-            axes[1].plot(xs, [m[f"{key}_ttft_ms"] for m in metrics], style, label=f"{backend} {key}")  # type: ignore[index]
-            axes[2].plot(xs, [m[f"{key}_tpot_ms"] for m in metrics], style, label=f"{backend} {key}")  # type: ignore[index]
+            ttft = [m[f"{key}_ttft_ms"] for m in metrics]  # type: ignore[index]
+            tpot = [m[f"{key}_tpot_ms"] for m in metrics]  # type: ignore[index]
+            axes[1].plot(xs, ttft, style, label=f"{backend} {key}")
+            axes[2].plot(xs, tpot, style, label=f"{backend} {key}")
     for ax, title in zip(axes, ("output tokens/s", "TTFT (ms)", "TPOT (ms)")):
         ax.set_xlabel("max concurrency")
         ax.set_title(title)
@@ -255,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     for backend in backends:
         for conc in concurrencies:
             rate = math.inf if args.sweep else args.request_rate
-            print(f"{backend}: {len(samples)} prompts, concurrency {conc or 'unbounded'}, rate {rate}", flush=True)
+            print(f"{backend}: {len(samples)} prompts, concurrency {conc or 'unbounded'}, "
+                  f"rate {rate}", flush=True)
             if backend == "served":
                 results, duration = asyncio.run(run_served(args.base_url.rstrip("/"), args.model,
                                                            samples, rate,
@@ -274,10 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_offline:
         served = {r["max_concurrency"]: r["metrics"] for r in runs if r["backend"] == "served"}
         offline = {r["max_concurrency"]: r["metrics"] for r in runs if r["backend"] == "offline"}
+        pairs = {c: (served[c], offline[c]) for c in served if c in offline}
         summary["served_vs_offline"] = {
-            str(c): {"output_throughput_ratio": served[c]["output_throughput"] / offline[c]["output_throughput"],  # type: ignore[index]
-                     "added_median_ttft_ms": served[c]["median_ttft_ms"] - offline[c]["median_ttft_ms"]}  # type: ignore[index]
-            for c in served if c in offline}
+            str(c): {"output_throughput_ratio": s["output_throughput"] / o["output_throughput"],  # type: ignore[index]
+                     "added_median_ttft_ms": s["median_ttft_ms"] - o["median_ttft_ms"]}  # type: ignore[index]
+            for c, (s, o) in pairs.items()}
         print("served vs offline:", json.dumps(summary["served_vs_offline"]), flush=True)
     out = args.out or RESULTS / f"serving-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """Settings: every knob of the control plane, read once from SHOAL_* variables at the process edge.
 
 One `Settings` object is built by the CLI (or a test) and passed down; nothing deeper reads the
-environment (docs/architecture.md "Config objects"). Defaults follow GPUStack's timings where users expect them.
+environment (docs/architecture.md "Config objects"). Defaults follow GPUStack's timings where
+users expect them.
 """
 
 from __future__ import annotations

@@ -11,11 +11,13 @@ import contextvars
 import json
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime, UTC
+from types import MappingProxyType
 
-_CONTEXT: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("shoal_log_context",
-                                                                          default={})
+# Read-only default: log_context() sets a new dict, never changes the one it has.
+_CONTEXT: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
+    "shoal_log_context", default=MappingProxyType({}))
 _FIELDS = ("request_id", "instance_id", "worker_id", "model")
 
 
@@ -55,7 +57,8 @@ def setup_logging(level: str = "INFO", json_lines: bool = False, service: str = 
     if json_lines:
         handler.setFormatter(_JsonFormatter())
     else:
-        handler.setFormatter(_TextFormatter(f"%(asctime)s %(levelname)-7s {service} %(name)s: %(message)s"))
+        fmt = f"%(asctime)s %(levelname)-7s {service} %(name)s: %(message)s"
+        handler.setFormatter(_TextFormatter(fmt))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

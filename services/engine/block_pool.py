@@ -48,7 +48,8 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.blocks = [Block(i) for i in range(num_blocks)]
         # block_id -> block, least recently freed first; popitem(last=False) takes the LRU.
-        self.free_blocks: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self.free_blocks: OrderedDict[int, Block] = OrderedDict((b.block_id, b)
+                                                                for b in self.blocks)
         self.cached: dict[int, Block] = {}
 
     @property
@@ -71,7 +72,8 @@ class BlockPool:
         block.ref_count = 1
         return block
 
-    def lookup(self, block_hash: int, parent_hash: int | None, token_ids: Sequence[int]) -> Block | None:
+    def lookup(self, block_hash: int, parent_hash: int | None,
+               token_ids: Sequence[int]) -> Block | None:
         """The cached block for this (hash, parent, tokens), or None on a miss or a collision."""
         block = self.cached.get(block_hash)
         if block is None or block.parent_hash != parent_hash or block.token_ids != tuple(token_ids):

@@ -1,5 +1,5 @@
-"""Size the KV block pool from a memory budget and allocate the per-layer caches (docs/architecture.md
-"KV-cache contract").
+"""Size the KV block pool from a memory budget and allocate the per-layer caches
+(docs/architecture.md "KV-cache contract").
 
 One tensor per K and V for all layers, `[num_layers, num_blocks, block_size, num_kv_heads,
 head_dim]`; each Attention layer gets its contiguous `[num_blocks, ...]` slice.

@@ -174,7 +174,8 @@ class SamplingParams:
         _check(len(self.stop) <= 16, "stop", f"at most 16 stop strings, got {len(self.stop)}")
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
                "must be non-negative integers")
-        _check(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+        _check(self.max_tokens is None
+               or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
                "max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
         _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens",
                f"must be an integer >= 0, got {self.min_tokens!r}")

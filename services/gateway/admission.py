@@ -18,8 +18,8 @@ class Admission:
     @contextlib.contextmanager
     def slot(self) -> Iterator[None]:
         if self.num_active >= self.limit:
-            raise Overloaded(f"the gateway is at its limit of {self.limit} requests in flight; retry later",
-                             code="too_many_requests")
+            raise Overloaded(f"the gateway is at its limit of {self.limit} requests in flight; "
+                             "retry later", code="too_many_requests")
         self.num_active += 1
         try:
             yield

@@ -126,8 +126,10 @@ class InferClient:
             item = await asyncio.wait_for(queue.get(), timeout)
         except TimeoutError:
             if not started:
-                raise _NotStarted(Timeout(f"instance {inst.id} did not accept within {timeout}s")) from None
-            raise Unavailable(f"the engine of instance {inst.id} sent nothing for {timeout}s") from None
+                raise _NotStarted(Timeout(f"instance {inst.id} did not accept within "
+                                          f"{timeout}s")) from None
+            raise Unavailable(f"the engine of instance {inst.id} sent nothing for "
+                              f"{timeout}s") from None
         if isinstance(item, EngineGone):
             error = Unavailable(item.reason)
             raise _NotStarted(error) if not started else error
@@ -141,7 +143,8 @@ class InferClient:
         try:
             return InferReplyEnvelope.model_validate_json(msg.data).reply
         except ValidationError as exc:
-            raise Unavailable(f"malformed reply from the engine: {exc.errors()[0]['msg']}") from None
+            reason = exc.errors()[0]["msg"]
+            raise Unavailable(f"malformed reply from the engine: {reason}") from None
 
     async def _abort(self, instance_id: str, request_id: str) -> None:
         try:

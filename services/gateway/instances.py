@@ -109,10 +109,11 @@ class InstanceTable:
             await asyncio.sleep(period)
             now = time.monotonic()
             for inst in self.instances.values():
-                if not inst.is_dead and now - inst.last_seen > self.settings.gateway_engine_dead_after:
+                silent = now - inst.last_seen
+                if not inst.is_dead and silent > self.settings.gateway_engine_dead_after:
                     inst.is_dead = True
                     log.warning("instance %s sent no load for %.1fs: treating it as dead", inst.id,
-                                now - inst.last_seen)
+                                silent)
                     self.router.affinity.forget(inst.id)
                     self._fail(inst, f"the engine of instance {inst.id} stopped responding")
 
@@ -158,7 +159,8 @@ class InstanceTable:
     # ---------------------------------------------------------------- queries
     def live(self, model_name: str) -> list[LiveInstance]:
         return [i for i in self.instances.values()
-                if i.model_name == model_name and not i.is_dead and not (i.load and i.load.draining)]
+                if i.model_name == model_name and not i.is_dead
+                and not (i.load and i.load.draining)]
 
     def candidates(self, model_name: str) -> list[Candidate]:
         return [Candidate(i.id, i.num_outstanding,

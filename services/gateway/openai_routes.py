@@ -63,7 +63,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         builder = ResponseBuilder("completion", body.model, want_logprobs=body.logprobs is not None)
         jobs = []
         for i, prompt in enumerate(body.prompts()):
-            hashes = text_prefix_hashes(prompt) if isinstance(prompt, str) else token_prefix_hashes(prompt)
+            hashes = (text_prefix_hashes(prompt) if isinstance(prompt, str)
+                      else token_prefix_hashes(prompt))
             echo = prompt if body.echo and isinstance(prompt, str) else ""
             jobs.append(Job(body.generate(f"{builder.id}-{i}", prompt), hashes, i * body.n, echo))
         answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model),

@@ -77,8 +77,8 @@ class _SamplingBody(StructuredFields):
             raise InvalidRequest("stream_options is only allowed when stream is true",
                                  param="stream_options")
         if max_tokens is not None and self.min_tokens > max_tokens:
-            raise InvalidRequest(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({max_tokens})",
-                                 param="min_tokens")
+            raise InvalidRequest(f"min_tokens ({self.min_tokens}) must be <= max_tokens "
+                                 f"({max_tokens})", param="min_tokens")
         return SamplingOptions(
             n=self.n, temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
@@ -188,7 +188,8 @@ class ChatCompletionRequest(_SamplingBody):
         self.generate("validate")
 
     def generate(self, request_id: str) -> GenerateRequest:
-        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        max_tokens = (self.max_completion_tokens if self.max_completion_tokens is not None
+                      else self.max_tokens)
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         sampling = self.sampling(max_tokens, logprobs)
         is_auto = (mode := self.tool_plan().mode) is not None and mode.kind == "auto"

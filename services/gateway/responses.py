@@ -54,7 +54,8 @@ def _token_entry(token: str, logprob: float) -> JSON:
 
 def chat_logprobs(items: list[TokenLogprobWire]) -> JSON:
     return {"content": [{**_token_entry(i.token, i.logprob),
-                         "top_logprobs": [_token_entry(t.token, t.logprob) for t in i.top]} for i in items]}
+                         "top_logprobs": [_token_entry(t.token, t.logprob) for t in i.top]}
+                        for i in items]}
 
 
 @dataclass(slots=True)
@@ -157,7 +158,8 @@ class ResponseBuilder:
             state.finish_reason, state.stop_reason = reason, delta.stop_reason
         lp: JSON | None = None
         if self.want_logprobs and delta.logprobs is not None:
-            lp = chat_logprobs(delta.logprobs) if self.kind == "chat" else completion_logprobs(delta.logprobs, offset)
+            lp = (chat_logprobs(delta.logprobs) if self.kind == "chat"
+                  else completion_logprobs(delta.logprobs, offset))
         if self.kind == "chat":
             return {"index": index, "delta": _chat_delta(parsed), "logprobs": lp,
                     "finish_reason": reason}
@@ -215,9 +217,9 @@ class ResponseBuilder:
                 self.finish(index, "stop")  # flushes what a tool-call parser still holds
             text = (prefix_text or {}).get(index, "") + state.text
             if self.kind == "chat":
+                lp = chat_logprobs(state.logprobs) if self.want_logprobs else None
                 entries.append({"index": index, "message": self._message(state, text),
-                                "logprobs": chat_logprobs(state.logprobs) if self.want_logprobs else None,
-                                "finish_reason": state.finish_reason or "stop"})
+                                "logprobs": lp, "finish_reason": state.finish_reason or "stop"})
             else:
                 lp = completion_logprobs(state.logprobs, 0) if self.want_logprobs else None
                 entries.append({"index": index, "text": text, "logprobs": lp,

@@ -51,7 +51,8 @@ def text_prefix_hashes(text: str, chunk_chars: int = PREFIX_CHUNK_CHARS) -> list
                   for i in range(num_full))
 
 
-def token_prefix_hashes(token_ids: Sequence[int], chunk_tokens: int = PREFIX_CHUNK_TOKENS) -> list[bytes]:
+def token_prefix_hashes(token_ids: Sequence[int],
+                        chunk_tokens: int = PREFIX_CHUNK_TOKENS) -> list[bytes]:
     num_full = len(token_ids) // chunk_tokens
     return _chain(",".join(map(str, token_ids[i * chunk_tokens:(i + 1) * chunk_tokens])).encode()
                   for i in range(num_full))

@@ -102,7 +102,8 @@ class Answer:
                 self.builder.tool_call_parser = reply.tool_call_parser
             for delta in reply.choices:
                 entry = self.builder.apply(delta, job.index_offset + delta.index)
-                if self.builder.kind != "chat" or entry["delta"] or entry["finish_reason"] or entry["logprobs"]:
+                if (self.builder.kind != "chat" or entry["delta"] or entry["finish_reason"]
+                        or entry["logprobs"]):
                     entries.append(self.builder.with_role(entry))
         else:
             self.observer.on_end(reply)
@@ -118,7 +119,8 @@ class Answer:
         async with contextlib.aclosing(merged(self.client, self.jobs)) as replies:
             async for i, reply in replies:
                 self._entries(i, reply)
-        prefix = {job.index_offset + k: job.echo for job in self.jobs for k in range(self.n) if job.echo}
+        prefix = {job.index_offset + k: job.echo for job in self.jobs for k in range(self.n)
+                  if job.echo}
         for job in self.jobs:  # choices that produced nothing still appear
             for k in range(self.n):
                 self.builder.choices.setdefault(job.index_offset + k, ChoiceState())

@@ -16,7 +16,8 @@ SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Contro
 
 def sse_event(payload: dict[str, Any]) -> bytes:
     """One event; JSON never contains a raw newline, so one `data:` line is enough."""
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return b"data: " + data.encode() + b"\n\n"
 
 
 def sse_error(error: ShoalError) -> bytes:

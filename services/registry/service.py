@@ -30,7 +30,8 @@ async def run_registry(settings: Settings, stop: asyncio.Event,
                        ready: asyncio.Event | None = None) -> None:
     """Serve until `stop` is set; `ready` is set once every endpoint is subscribed."""
     if not settings.database_url:
-        raise Unavailable("no database URL: set SHOAL_DATABASE_URL or start the stack with `shoal up`")
+        raise Unavailable("no database URL: set SHOAL_DATABASE_URL or start the stack with "
+                          "`shoal up`")
     engine = make_engine(settings.database_url)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(engine.dispose)

@@ -112,7 +112,8 @@ class WorkerAgent:
                 await self.register()
                 return
             except ShoalError as exc:
-                level = logging.INFO if delay < 2 else logging.WARNING  # the registry may be starting
+                # INFO while the registry may still be starting, WARNING after that
+                level = logging.INFO if delay < 2 else logging.WARNING
                 log.log(level, "cannot register yet (%s); retrying in %.1fs", exc.message, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)

@@ -79,15 +79,15 @@ def parse_simulated(spec: str) -> DeviceStatus:
     for item in (part.strip() for part in spec.split(",")):
         match = _ITEM.match(item)
         if not match:
-            raise InvalidRequest(f"bad simulated device {item!r}: expected COUNTxNAME-SIZEGB or COUNTxcpu",
-                                 param="simulate_devices")
+            raise InvalidRequest(f"bad simulated device {item!r}: expected COUNTxNAME-SIZEGB or "
+                                 "COUNTxcpu", param="simulate_devices")
         count, what = int(match["count"]), match["what"]
         if what.lower() == "cpu":
             continue
         gpu = _GPU.match(what)
         if not gpu or count < 1:
-            raise InvalidRequest(f"bad simulated GPU {what!r}: expected NAME-SIZEGB, e.g. H100-80GB",
-                                 param="simulate_devices")
+            raise InvalidRequest(f"bad simulated GPU {what!r}: expected NAME-SIZEGB, "
+                                 "e.g. H100-80GB", param="simulate_devices")
         for _ in range(count):
             gpus.append(GpuDevice(index=len(gpus), name=gpu["name"], vendor="nvidia (simulated)",
                                   memory_total=int(gpu["gib"]) * GIB, memory_used=0))

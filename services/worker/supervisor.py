@@ -96,8 +96,8 @@ class Supervisor:
             self._wake.set()
 
     async def reconcile(self) -> None:
-        mine = {i.id: i for i in await self.registry.list_instances(InstanceFilter(worker_id=self.worker_id))
-                if i.state in SERVED_STATES}
+        listed = await self.registry.list_instances(InstanceFilter(worker_id=self.worker_id))
+        mine = {i.id: i for i in listed if i.state in SERVED_STATES}
         self.states = {i: inst.state for i, inst in mine.items()}
         for instance_id in [i for i in self.engines if i not in mine]:
             log.info("instance %s is no longer here: stopping its engine", instance_id)

@@ -126,7 +126,8 @@ class Bus:
         except NoRespondersError:
             raise Unavailable(f"no service answers on {subject}") from None
         except NatsTimeout:
-            raise Timeout(f"no reply on {subject} within {timeout or self.settings.request_timeout}s") from None
+            waited = timeout or self.settings.request_timeout
+            raise Timeout(f"no reply on {subject} within {waited}s") from None
         raise_for_error(msg)
         return decode(msg.data, reply_type)
 

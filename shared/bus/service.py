@@ -69,7 +69,8 @@ class RpcService:
         await group.add_endpoint(name=verb,
                                  handler=self._wrap(f"{resource}.{verb}", request_type, handler))
 
-    def _wrap(self, name: str, request_type: type[Req], handler: Handler[Req]) -> Callable[[Request], Awaitable[None]]:
+    def _wrap(self, name: str, request_type: type[Req],
+              handler: Handler[Req]) -> Callable[[Request], Awaitable[None]]:
         async def handle(request: Request) -> None:
             start = time.perf_counter()
             with self._tracer.start_as_current_span(
@@ -85,8 +86,8 @@ class RpcService:
                 except Exception as exc:  # noqa: BLE001 - answer, log, keep serving
                     log.exception("%s failed", name)
                     span.record_exception(exc)
-                    await respond_error(request,
-                                        ShoalError(f"internal error in {name}: {type(exc).__name__}"))
+                    error = ShoalError(f"internal error in {name}: {type(exc).__name__}")
+                    await respond_error(request, error)
                     self._observe(name, start, "500")
                     return
                 await request.respond(reply.model_dump_json().encode())

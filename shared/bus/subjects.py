@@ -22,7 +22,8 @@ _TOKEN = re.compile(r"^[A-Za-z0-9_\-]+$")
 
 def _token(value: str, what: str) -> str:
     if not _TOKEN.match(value):
-        raise ValueError(f"{what} {value!r} cannot be a subject token (letters, digits, - and _ only)")
+        raise ValueError(f"{what} {value!r} cannot be a subject token "
+                         "(letters, digits, - and _ only)")
     return value
 
 

@@ -7,7 +7,7 @@ duplicate deliveries by comparing versions.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Literal, Union
+from typing import Literal
 
 from shoal.shared.schemas.common import Wire
 from shoal.shared.schemas.registry import ApiKeyPublic, InstancePublic, ModelPublic, WorkerPublic
@@ -51,7 +51,7 @@ class ApiKeyEvent(Wire):
     data: ApiKeyPublic
 
 
-Event = Union[ModelEvent, InstanceEvent, WorkerEvent, ApiKeyEvent]
+Event = ModelEvent | InstanceEvent | WorkerEvent | ApiKeyEvent
 EVENT_TYPES: dict[str, type[Wire]] = {
     "models": ModelEvent, "instances": InstanceEvent, "workers": WorkerEvent, "keys": ApiKeyEvent,
 }

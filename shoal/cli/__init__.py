@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         for verb in verbs:
             p = res_sub.add_parser(verb)
             p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-            if verb in ("get", "update", "delete", "revoke") or (resource, verb) in (("models", "deploy"), ("keys", "create")):
+            if (verb in ("get", "update", "delete", "revoke")
+                    or (resource, verb) in (("models", "deploy"), ("keys", "create"))):
                 p.add_argument("target", help="name or id")
             if (resource, verb) == ("models", "deploy"):
                 p.add_argument("--source", required=True,
@@ -86,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                 p.add_argument("--engine-arg", action="append", default=[],
                                help="KEY=VALUE engine setting (max_num_seqs, kv_cache_memory, ...)")
                 p.add_argument("--dry-run", action="store_true",
-                               help="print where it would be placed (or why not) and create nothing")
+                               help="print where it would be placed (or why not) and create "
+                                    "nothing")
                 p.add_argument("--wait", action="store_true",
                                help="follow an instance (download, conversion, load) until RUNNING")
             if (resource, verb) == ("models", "update"):

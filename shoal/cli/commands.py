@@ -44,7 +44,8 @@ def dispatch(args: argparse.Namespace) -> int:
         from shoal.services.engine import smollm2_gguf_path
 
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
-        extra = {"worker": ["--simulate-devices", args.simulate_devices]} if args.simulate_devices else {}
+        extra = ({"worker": ["--simulate-devices", args.simulate_devices]}
+                 if args.simulate_devices else {})
         deploy = None if args.no_model or args.simulate_devices else ModelCreate(
             name=DEFAULT_MODEL, source=str(smollm2_gguf_path()), device=DeviceKind.CPU)
         return up(settings, SERVICES, extra, deploy)
@@ -189,7 +190,8 @@ def keys_cmd(settings: Settings, args: argparse.Namespace) -> int:
         if args.json:
             emit(created, True, keys_table)
         else:
-            print(f"API key {created.name} ({created.id}) created. Its secret is shown once:\n\n    {created.secret}\n")
+            print(f"API key {created.name} ({created.id}) created. Its secret is shown once:\n\n"
+                  f"    {created.secret}\n")
     elif args.verb == "list":
         emit(run(settings, lambda c: c.list_keys()), args.json, keys_table)
     else:

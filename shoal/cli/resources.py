@@ -64,7 +64,8 @@ def models_table(models: Sequence[ModelPublic]) -> str:
 def workers_table(workers: Sequence[WorkerPublic]) -> str:
     rows = []
     for w in workers:
-        gpus = ", ".join(f"{g.index}:{g.name} {g.memory_total / GIB:.0f}G" for g in w.status.gpus) or "-"
+        gpus = ", ".join(f"{g.index}:{g.name} {g.memory_total / GIB:.0f}G"
+                         for g in w.status.gpus) or "-"
         rows.append([w.name + (" (simulated)" if w.simulated else ""), w.id, w.state.value,
                      w.status.cpu_cores, f"{w.status.memory_total / GIB:.1f}G", gpus,
                      ",".join(f"{k}={v}" for k, v in w.labels.items()) or "-",

@@ -230,5 +230,6 @@ def serving_hint(settings: Settings, model: str) -> str:
         lines.append("  API keys are required: create one with `shoal keys create NAME` and add "
                      "-H 'Authorization: Bearer <secret>'")
     else:
-        lines.append("  (no API key needed; set SHOAL_REQUIRE_API_KEY=true and use `shoal keys create NAME` to require one)")
+        lines.append("  (no API key needed; set SHOAL_REQUIRE_API_KEY=true and use "
+                     "`shoal keys create NAME` to require one)")
     return "\n".join(lines)

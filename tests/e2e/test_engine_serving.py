@@ -85,11 +85,12 @@ async def stack(servers, tmp_path_factory):
     async with running_registry(settings):
         bus = await Bus.connect(settings, name="engine-e2e")
         stop, ready = asyncio.Event(), asyncio.Event()
-        worker_settings = settings.model_copy(update={"worker_name": f"real-{uuid.uuid4().hex[:6]}"})
+        worker_name = f"real-{uuid.uuid4().hex[:6]}"
+        worker_settings = settings.model_copy(update={"worker_name": worker_name})
         worker_task = asyncio.create_task(run_worker(worker_settings, stop, ready))
         await asyncio.wait_for(ready.wait(), 20)
         client = RegistryClient(bus)
-        worker = next(w for w in await client.list_workers() if w.name == worker_settings.worker_name)
+        worker = next(w for w in await client.list_workers() if w.name == worker_name)
         model = await client.create_model(ModelCreate(
             name=f"smol-{uuid.uuid4().hex[:6]}", source=str(smollm2_gguf_path()), device="cpu",
             max_model_len=512, engine_args={"max_num_seqs": 8, "kv_cache_memory": 64 * 2**20}))
@@ -107,8 +108,8 @@ async def stack(servers, tmp_path_factory):
 
 
 def engine_pids(instance_id: str) -> list[int]:
-    return [p.pid for p in psutil.process_iter(["cmdline"])
-            if instance_id in " ".join(p.info["cmdline"] or []) and "engine" in " ".join(p.info["cmdline"] or [])]
+    cmdlines = {p.pid: " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])}
+    return [pid for pid, cmd in cmdlines.items() if instance_id in cmd and "engine" in cmd]
 
 
 async def test_chat_streams_with_seq_and_usage(stack) -> None:
@@ -118,12 +119,14 @@ async def test_chat_streams_with_seq_and_usage(stack) -> None:
                                                 content="What is the capital of France?")],
                           sampling=SamplingOptions(temperature=0, max_tokens=20))
     replies = await generate(bus, subjects.infer(inst.id), req)
-    assert isinstance(replies[0], InferChunk) and replies[0].choices == [] and replies[0].prompt_token_ids
+    assert isinstance(replies[0], InferChunk)
+    assert replies[0].choices == [] and replies[0].prompt_token_ids
     end = replies[-1]
     assert isinstance(end, InferEnd), end
     assert "Paris" in text_of(replies)
     assert end.usage.prompt_tokens == len(replies[0].prompt_token_ids)
-    assert end.usage.completion_tokens == sum(len(c.token_ids) for r in replies[1:-1] for c in r.choices)
+    assert end.usage.completion_tokens == sum(len(c.token_ids) for r in replies[1:-1]
+                                              for c in r.choices)
     assert end.finish_reasons[0] in ("stop", "length") and end.instance_id == inst.id
 
 

@@ -53,7 +53,8 @@ async def running_instance(client: RegistryClient, model_id: str, timeout: float
         if running:
             return running[0]
         await asyncio.sleep(0.5)
-    raise AssertionError(f"no RUNNING instance after {timeout}s: {await client.list_instances(InstanceFilter(model_id=model_id))}")
+    instances = await client.list_instances(InstanceFilter(model_id=model_id))
+    raise AssertionError(f"no RUNNING instance after {timeout}s: {instances}")
 
 
 @pytest.fixture(scope="module")
@@ -173,9 +174,11 @@ async def test_chat_sync_and_async_stream_answer_paris(stack) -> None:
     first = next(c for c in chunks if c.choices)
     assert first.choices[0].delta.role == "assistant" and first.choices[0].delta.content
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.role) == 1
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
-    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == \
-        [reply.choices[0].finish_reason]
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
+    reasons = [c.choices[0].finish_reason for c in chunks
+               if c.choices and c.choices[0].finish_reason]
+    assert reasons == [reply.choices[0].finish_reason]
 
 
 async def test_one_trace_from_the_client_through_gateway_and_engine(stack, gateway_traces,
@@ -310,7 +313,8 @@ async def test_cached_tokens_tokenize_and_refusals(stack) -> None:
         async with http.post(f"{url}/tokenize",
                              json={"model": model.name, "prompt": "Hello world"}) as r:
             tok = await r.json()
-        assert r.status == 200 and tok["count"] == len(tok["tokens"]) > 0 and tok["max_model_len"] == 512
+        assert r.status == 200 and tok["max_model_len"] == 512
+        assert tok["count"] == len(tok["tokens"]) > 0
         async with http.post(f"{url}/detokenize",
                              json={"model": model.name, "tokens": tok["tokens"]}) as r:
             assert "Hello world" in (await r.json())["prompt"]
@@ -392,8 +396,8 @@ async def test_bounded_queue_refuses_beyond_its_limit(stack) -> None:
 
 
 def engine_pids(instance_id: str) -> list[int]:
-    return [p.pid for p in psutil.process_iter(["cmdline"])
-            if instance_id in " ".join(p.info["cmdline"] or []) and "engine" in " ".join(p.info["cmdline"] or [])]
+    cmdlines = {p.pid: " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])}
+    return [pid for pid, cmd in cmdlines.items() if instance_id in cmd and "engine" in cmd]
 
 
 async def test_killed_engine_ends_the_stream_with_an_error_then_comes_back(stack) -> None:

@@ -78,7 +78,8 @@ def test_up_ready_then_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
 
         assert _gateway_healthy(port, timeout=30), "the gateway never answered /health"
         spawned = _started_by(psutil.Process(up.pid), data_dir)
-        assert len(spawned) >= 6, spawned  # nats-server, postgres, registry, scheduler, worker, gateway
+        # nats-server, postgres, registry, scheduler, worker, gateway
+        assert len(spawned) >= 6, spawned
     finally:
         up.send_signal(signal.SIGINT)
         rest, _ = up.communicate(timeout=60)
@@ -86,6 +87,7 @@ def test_up_ready_then_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
     assert up.returncode == 0, "".join(output)
     assert "shoal: stopped" in "".join(output)
     time.sleep(0.5)
-    alive = [pid for pid in spawned if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    alive = [pid for pid in spawned
+             if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"left behind: {[psutil.Process(p).cmdline() for p in alive]}"
     assert not (data_dir / "stack.json").exists()

@@ -33,7 +33,8 @@ def settings(servers, data_dir: Path) -> Settings:
 
 
 @contextlib.asynccontextmanager
-async def running_service(main: ServiceMain, settings: Settings) -> AsyncIterator[asyncio.Task[None]]:
+async def running_service(main: ServiceMain,
+                          settings: Settings) -> AsyncIterator[asyncio.Task[None]]:
     """Run `main(settings, stop, ready)` as a task until it is ready; stop it (and re-raise its
     error, if any) on exit."""
     stop, ready = asyncio.Event(), asyncio.Event()
@@ -51,7 +52,8 @@ async def running_service(main: ServiceMain, settings: Settings) -> AsyncIterato
         await asyncio.wait_for(task, 15)
 
 
-def running_registry(settings: Settings) -> contextlib.AbstractAsyncContextManager[asyncio.Task[None]]:
+def running_registry(settings: Settings
+                     ) -> contextlib.AbstractAsyncContextManager[asyncio.Task[None]]:
     return running_service(run_registry, settings)
 
 

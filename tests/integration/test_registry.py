@@ -116,9 +116,8 @@ async def test_instance_state_machine(client: RegistryClient) -> None:
         await client.transition_instance(InstanceTransition(id=inst.id, version=inst.version - 1,
                                                             state=InstanceState.DOWNLOADING))
     for state in (InstanceState.DOWNLOADING, InstanceState.STARTING, InstanceState.RUNNING):
-        inst = await client.transition_instance(InstanceTransition(id=inst.id, version=inst.version,
-                                                                   state=state,
-                                                                   state_message=f"now {state.value}"))
+        inst = await client.transition_instance(InstanceTransition(
+            id=inst.id, version=inst.version, state=state, state_message=f"now {state.value}"))
     assert inst.state is InstanceState.RUNNING and inst.state_message == "now RUNNING"
     # back to PENDING clears the placement
     inst = await client.transition_instance(InstanceTransition(id=inst.id, version=inst.version,
@@ -156,8 +155,8 @@ async def test_events_carry_state_and_version(bus, client: RegistryClient) -> No
     assert info.state.messages >= 2
 
 
-async def test_malformed_messages_get_errors_and_service_keeps_serving(bus,
-                                                                       client: RegistryClient) -> None:
+async def test_malformed_messages_get_errors_and_service_keeps_serving(
+        bus, client: RegistryClient) -> None:
     subject = subjects.registry("models", "create")
     for bad in (b"not json", b'{"name": 5}',
                 json.dumps({"name": "ok", "source": "/x", "bogus": 1}).encode()):

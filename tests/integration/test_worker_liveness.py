@@ -46,7 +46,8 @@ async def test_simulated_worker_registers(client: RegistryClient, settings: Sett
     try:
         worker = await find_worker(client, name)
         assert worker is not None and worker.simulated and worker.state is WorkerState.READY
-        assert [(g.index, g.name, g.memory_total) for g in worker.status.gpus] == [(0, "A10", 24 * 2**30), (1, "A10", 24 * 2**30)]
+        gpus = [(g.index, g.name, g.memory_total) for g in worker.status.gpus]
+        assert gpus == [(0, "A10", 24 * 2**30), (1, "A10", 24 * 2**30)]
     finally:
         stop.set()
         await task

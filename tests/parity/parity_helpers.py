@@ -39,8 +39,9 @@ def assert_greedy_close(ours: list[int], ref: Reference, what: str) -> None:
         if a != b:
             lp = ref.step_logprobs[step]
             gap = abs(float(lp[a]) - float(lp[b]))
-            assert gap <= NEAR_TIE, (f"{what}: token {step} is {a}, transformers {b}, not a near-tie "
-                                     f"(logprob gap {gap:.2e}); ours {ours}, theirs {ref.token_ids}")
+            assert gap <= NEAR_TIE, (f"{what}: token {step} is {a}, transformers {b}, not a "
+                                     f"near-tie (logprob gap {gap:.2e}); ours {ours}, theirs "
+                                     f"{ref.token_ids}")
             return
 
 

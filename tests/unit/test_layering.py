@@ -52,15 +52,16 @@ def engine_core_files() -> list[Path]:
 def test_domain_code_has_no_network_imports(entry: str) -> None:
     files = engine_core_files() if entry.startswith("services/engine") else python_files(entry)
     assert files, f"{entry} has no Python files"
-    offenders = {str(f.relative_to(ROOT)): sorted({m.split(".")[0] for m, _ in imports_of(f)} & NETWORK)
-                 for f in files}
+    roots = {str(f.relative_to(ROOT)): {m.split(".")[0] for m, _ in imports_of(f)} for f in files}
+    offenders = {f: sorted(r & NETWORK) for f, r in roots.items()}
     assert not {f: bad for f, bad in offenders.items() if bad}
 
 
 def test_the_engine_imports_no_other_service() -> None:
     offenders = [f"{f.relative_to(ROOT)}: {module}" for f in python_files(ENGINE)
                  for module, _ in imports_of(f)
-                 if module.startswith("shoal.services.") and not module.startswith("shoal.services.engine")]
+                 if module.startswith("shoal.services.")
+                 and not module.startswith("shoal.services.engine")]
     assert not offenders
 
 

@@ -95,7 +95,8 @@ class EngineHandlers:
             task.add_done_callback(lambda _t, rid=request.request_id: self.tasks.pop(rid, None))
             return
         try:
-            reply = self.tokenize(request) if isinstance(request, TokenizeRequest) else self.detokenize(request)
+            reply = (self.tokenize(request) if isinstance(request, TokenizeRequest)
+                     else self.detokenize(request))
         except ShoalError as exc:
             await self.bus.respond_error(msg, exc)
             return
@@ -141,7 +142,8 @@ class EngineHandlers:
                 last = out
                 for c in out.outputs:
                     child_tokens[c.index] = child_tokens.get(c.index, 0) + len(c.token_ids)
-                finish_reasons.update({c.index: c.finish_reason for c in out.outputs if c.finish_reason})
+                finish_reasons.update({c.index: c.finish_reason for c in out.outputs
+                                       if c.finish_reason})
                 await send(InferChunk(request_id=req.request_id, seq=seq,
                                       choices=[self.choice(c) for c in out.outputs],
                                       prompt_logprobs=self.prompt_logprobs(out)))
@@ -158,7 +160,8 @@ class EngineHandlers:
                 request_id=req.request_id, seq=seq, instance_id=self.instance_id, usage=usage,
                 finish_reasons=finish_reasons,
                 ttft_s=(m.first_token_time - m.arrival_time) if m.first_token_time else None,
-                queue_s=(m.first_scheduled_time - m.arrival_time) if m.first_scheduled_time else None,
+                queue_s=((m.first_scheduled_time - m.arrival_time) if m.first_scheduled_time
+                         else None),
             ))
         except asyncio.CancelledError:
             await send(_error(req.request_id, seq, ShoalError("request aborted", code="aborted"),
@@ -218,15 +221,16 @@ class EngineHandlers:
         return DetokenizeReply(prompt=self.tokenizer.decode(req.tokens))
 
     def choice(self, c: Any) -> ChoiceDelta:
+        logprobs = [self.logprob(lp) for lp in c.logprobs] if c.logprobs is not None else None
         return ChoiceDelta(index=c.index, text=c.text, token_ids=list(c.token_ids),
-                           logprobs=[self.logprob(lp) for lp in c.logprobs] if c.logprobs is not None else None,
-                           finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+                           logprobs=logprobs, finish_reason=c.finish_reason,
+                           stop_reason=c.stop_reason)
 
     def logprob(self, lp: TokenLogprob) -> TokenLogprobWire:
         decode_one = self.tokenizer.decode
+        top = [TopLogprob(token_id=t, token=decode_one([t]), logprob=v) for t, v in lp.top]
         return TokenLogprobWire(token_id=lp.token_id, token=decode_one([lp.token_id]),
-                                logprob=lp.logprob,
-                                top=[TopLogprob(token_id=t, token=decode_one([t]), logprob=v) for t, v in lp.top])
+                                logprob=lp.logprob, top=top)
 
     def prompt_logprobs(self, out: RequestOutput) -> list[TokenLogprobWire | None] | None:
         if not out.prompt_logprobs:

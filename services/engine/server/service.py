@@ -61,7 +61,8 @@ class InstanceReporter:
             self.instance = await self.registry.get_instance(self.instance.id)
         except NotFound:
             raise Gone("the instance was deleted") from None
-        if self.instance.worker_id != self.worker_id or self.instance.state is InstanceState.PENDING:
+        instance = self.instance
+        if instance.worker_id != self.worker_id or instance.state is InstanceState.PENDING:
             raise Gone("the instance was moved to another worker")
 
 
@@ -90,7 +91,8 @@ async def run_engine(settings: Settings, stop: asyncio.Event, instance_id: str) 
                 return
             except Exception as exc:  # noqa: BLE001 - reported on the instance, then exit non-zero
                 log.exception("engine failed to start")
-                message = exc.message if isinstance(exc, ShoalError) else f"{type(exc).__name__}: {exc}"
+                message = (exc.message if isinstance(exc, ShoalError)
+                           else f"{type(exc).__name__}: {exc}")
                 await _report_error(reporter, f"engine failed to start: {message}")
                 raise SystemExit(1) from None
             await serve(settings, bus, reporter, engine, model, stop)
@@ -100,7 +102,8 @@ async def run_engine(settings: Settings, stop: asyncio.Event, instance_id: str) 
         await bus.close()
 
 
-async def start_engine(settings: Settings, reporter: InstanceReporter, model: ModelPublic) -> AsyncEngine:
+async def start_engine(settings: Settings, reporter: InstanceReporter,
+                       model: ModelPublic) -> AsyncEngine:
     loop = asyncio.get_running_loop()
     first = InstanceState.DOWNLOADING if can_transition(reporter.instance.state,
                                                         InstanceState.DOWNLOADING) \

@@ -48,7 +48,8 @@ class ApiKeyRepo:
 
     async def list(self, req: ListRequest) -> Page[ApiKeyPublic]:
         async with self.sessions() as s:
-            rows = await s.scalars(select(ApiKeyRow).order_by(ApiKeyRow.created_at).limit(req.limit).offset(req.offset))
+            query = select(ApiKeyRow).order_by(ApiKeyRow.created_at)
+            rows = await s.scalars(query.limit(req.limit).offset(req.offset))
             total = await s.scalar(select(func.count()).select_from(ApiKeyRow)) or 0
             return Page[ApiKeyPublic](items=[api_key_public(r) for r in rows], total=total)
 
@@ -67,6 +68,7 @@ class ApiKeyRepo:
             row = await s.scalar(select(ApiKeyRow).where(ApiKeyRow.secret_hash == digest))
         if row is None or not hmac.compare_digest(row.secret_hash, digest):
             return ApiKeyVerified(valid=False)
-        if row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= utcnow()):
+        expired = row.expires_at is not None and row.expires_at <= utcnow()
+        if row.revoked_at is not None or expired:
             return ApiKeyVerified(valid=False, key_id=row.id, name=row.name)
         return ApiKeyVerified(valid=True, key_id=row.id, name=row.name)

@@ -17,7 +17,8 @@ RowT = TypeVar("RowT", bound=Base)
 
 
 @contextlib.asynccontextmanager
-async def unit_of_work(sessions: async_sessionmaker[AsyncSession], what: str) -> AsyncIterator[AsyncSession]:
+async def unit_of_work(sessions: async_sessionmaker[AsyncSession],
+                       what: str) -> AsyncIterator[AsyncSession]:
     """A session in a transaction; a lost optimistic race or a duplicate becomes Conflict."""
     try:
         async with sessions() as session, session.begin():
@@ -40,5 +41,5 @@ async def get_or_404(session: AsyncSession, table: type[RowT], row_id: str, what
 def check_version(row_version: int, expected: int | None, what: str) -> None:
     """Refuse a write based on a stale read (before touching anything)."""
     if expected is not None and row_version != expected:
-        raise Conflict(f"{what} is at version {row_version}, not {expected}: read it again and retry",
-                       code="stale_version")
+        raise Conflict(f"{what} is at version {row_version}, not {expected}: read it again and "
+                       "retry", code="stale_version")

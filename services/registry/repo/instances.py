@@ -93,7 +93,8 @@ class InstanceRepo:
             return public
 
     @staticmethod
-    async def _placement_worker(s: AsyncSession, row: InstanceRow, req: InstanceTransition) -> WorkerRow | None:
+    async def _placement_worker(s: AsyncSession, row: InstanceRow,
+                                req: InstanceTransition) -> WorkerRow | None:
         """Validate the placement rules and return the worker a new placement names."""
         if req.placement is not None and req.state is not InstanceState.SCHEDULED:
             raise InvalidRequest("a placement can only be given when moving to SCHEDULED",

@@ -36,7 +36,8 @@ class ModelRepo:
 
     async def list(self, req: ListRequest) -> Page[ModelPublic]:
         async with self.sessions() as s:
-            rows = await s.scalars(select(ModelRow).order_by(ModelRow.name).limit(req.limit).offset(req.offset))
+            query = select(ModelRow).order_by(ModelRow.name)
+            rows = await s.scalars(query.limit(req.limit).offset(req.offset))
             total = await s.scalar(select(func.count()).select_from(ModelRow)) or 0
             return Page[ModelPublic](items=[model_public(r) for r in rows], total=total)
 
@@ -55,7 +56,8 @@ class ModelRepo:
         async with unit_of_work(self.sessions, f"model {req.id!r}") as s:
             row = await get_or_404(s, ModelRow, req.id, "model")
             check_version(row.version, req.version, f"model {row.name!r}")
-            instances = list(await s.scalars(select(InstanceRow).where(InstanceRow.model_id == row.id)))
+            query = select(InstanceRow).where(InstanceRow.model_id == row.id)
+            instances = list(await s.scalars(query))
             gone = [instance_public(i) for i in instances]
             for instance in instances:
                 await s.delete(instance)

@@ -59,7 +59,8 @@ class WorkerRepo:
 
     async def list(self, req: ListRequest) -> Page[WorkerPublic]:
         async with self.sessions() as s:
-            rows = await s.scalars(select(WorkerRow).order_by(WorkerRow.name).limit(req.limit).offset(req.offset))
+            query = select(WorkerRow).order_by(WorkerRow.name)
+            rows = await s.scalars(query.limit(req.limit).offset(req.offset))
             total = await s.scalar(select(func.count()).select_from(WorkerRow)) or 0
             return Page[WorkerPublic](items=[worker_public(r) for r in rows], total=total)
 

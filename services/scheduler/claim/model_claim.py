@@ -70,7 +70,8 @@ class ModelClaim:
         if not self.kv_cache:
             kv = "no KV cache (encoder)"
         elif self.kv_cache > one_seq:
-            kv = f"KV cache {fmt_bytes(self.kv_cache)} (the engine's pool; {seq} = {fmt_bytes(one_seq)})"
+            kv = (f"KV cache {fmt_bytes(self.kv_cache)} (the engine's pool; "
+                  f"{seq} = {fmt_bytes(one_seq)})")
         else:
             kv = f"KV cache {fmt_bytes(self.kv_cache)} ({seq})"
         return (f"The model needs {fmt_bytes(self.total)} of {where}: weights "

@@ -130,8 +130,9 @@ def assert_pool_whole(pool: BlockPool, live: Iterable[Sequence] = ()) -> None:
             owners[block_id] = owners.get(block_id, 0) + 1
     assert len(pool.free_blocks) == len(set(pool.free_blocks))
     for block in pool.blocks:
-        assert block.ref_count == owners.get(block.block_id, 0), \
-            f"block {block.block_id}: ref_count {block.ref_count} != {owners.get(block.block_id, 0)}"
+        owned = owners.get(block.block_id, 0)
+        assert block.ref_count == owned, \
+            f"block {block.block_id}: ref_count {block.ref_count} != {owned}"
         assert (block.ref_count == 0) == (block.block_id in pool.free_blocks), block.block_id
     for block_hash, block in pool.cached.items():
         assert block.block_hash == block_hash

@@ -26,8 +26,8 @@ def tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|end|>")
 
 
-def stream(tokenizer, prompt: str, completion_ids: list[int], **params) -> tuple[list[str],
-                                                                                 IncrementalDetokenizer, str | None]:
+def stream(tokenizer, prompt: str, completion_ids: list[int],
+           **params) -> tuple[list[str], IncrementalDetokenizer, str | None]:
     detok = IncrementalDetokenizer(tokenizer, tokenizer.encode(prompt), SamplingParams(**params))
     deltas, stop = [], None
     for token_id in completion_ids:

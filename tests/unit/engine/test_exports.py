@@ -23,7 +23,8 @@ def test_import_shoal_and_sampling_params_do_not_load_torch():
 
 def test_llm_and_the_engine_exports_resolve():
     out = run("import shoal\nfrom shoal.services import engine\n"
-              "print(shoal.LLM is engine.LLM, engine.AsyncEngine.__name__, engine.RequestOutput.__name__)")
+              "print(shoal.LLM is engine.LLM, engine.AsyncEngine.__name__, "
+              "engine.RequestOutput.__name__)")
     assert out == "True AsyncEngine RequestOutput"
     with pytest.raises(subprocess.CalledProcessError):
         run("import shoal\nshoal.NoSuchThing")

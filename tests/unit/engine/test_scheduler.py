@@ -18,7 +18,8 @@ from shoal.shared.errors import InvalidRequest
 _ids = itertools.count()
 
 
-def make(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256, **cfg) -> tuple[Scheduler, FakeRunner]:
+def make(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256,
+         **cfg) -> tuple[Scheduler, FakeRunner]:
     config = EngineConfig(model="fake", block_size=block_size, **cfg)
     runner = FakeRunner(num_blocks, block_size, max_model_len)
     return Scheduler(config, num_blocks, max_model_len, runner.eos_token_ids), runner
@@ -146,7 +147,8 @@ def test_preemption_takes_the_newest_running_sequence_and_requeues_it_first():
         out = step(sched, runner)
     resumed = next(s for s in out.scheduled if s.seq_id == new.seq_id)
     # A whole recompute of prompt + generated tokens, which samples the next token.
-    assert resumed.start_pos == 0 and resumed.is_sampling and resumed.token_ids == new.token_ids[:-1]
+    assert resumed.start_pos == 0 and resumed.is_sampling
+    assert resumed.token_ids == new.token_ids[:-1]
     assert len(resumed.token_ids) > new.prompt_len
 
 

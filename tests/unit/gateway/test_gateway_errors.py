@@ -56,7 +56,7 @@ def test_bearer_parsing() -> None:
 def test_key_cache_expires_and_is_bounded() -> None:
     cache = KeyCache(ttl=10)
     cache.put("k", True, now=0)
-    assert cache.get("k", now=5) is True and cache.get("k", now=11) is None and cache.get("other",
-                                                                                          now=0) is None
+    assert cache.get("k", now=5) is True and cache.get("k", now=11) is None
+    assert cache.get("other", now=0) is None
     cache.put("bad", False, now=0)
     assert cache.get("bad", now=1) is False

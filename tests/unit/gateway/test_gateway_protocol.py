@@ -81,7 +81,8 @@ def test_bad_completion_requests(raw: bytes, param: str) -> None:
 def test_malformed_bodies(raw: bytes) -> None:
     with pytest.raises(InvalidRequest) as err:
         parse_body(raw, ChatCompletionRequest)
-    assert err.value.code == "invalid_json" and err.value.to_dict()["type"] == "invalid_request_error"
+    assert err.value.code == "invalid_json"
+    assert err.value.to_dict()["type"] == "invalid_request_error"
 
 
 def test_chat_maps_to_generate_request() -> None:
@@ -97,9 +98,9 @@ def test_chat_maps_to_generate_request() -> None:
         (7, 2, ["x"], 0.0, 3, 4, 0, True)
     assert req.messages is not None and req.messages[0].content == "hi" and req.prompt is None
     assert body.include_usage
-    parts = parse_body(json.dumps({"model": "m", "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}).encode(),
-        ChatCompletionRequest)
+    content = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]})
+    parts = parse_body(raw.encode(), ChatCompletionRequest)
     assert parts.generate("r").messages[0].content == "ab"
     assert parse_body(chat(), ChatCompletionRequest).generate("r").sampling.max_tokens is None
 

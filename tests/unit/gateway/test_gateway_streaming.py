@@ -16,11 +16,13 @@ from shoal.shared.schemas.infer import ChoiceDelta, TokenLogprobWire, TopLogprob
 
 def test_sse_events_are_single_data_lines_and_done_closes() -> None:
     raw = sse_event({"text": "line1\nline2 é"}) + sse_error(Unavailable("engine died")) + DONE
-    assert raw.count(b"\n\n") == 3 and all(line.startswith(b"data: ") for line in raw.split(b"\n\n") if line)
+    assert raw.count(b"\n\n") == 3
+    assert all(line.startswith(b"data: ") for line in raw.split(b"\n\n") if line)
     events = parse_sse(raw)
     assert json.loads(events[0]) == {"text": "line1\nline2 é"}
     error = json.loads(events[1])["error"]
-    assert error["type"] == "service_unavailable" and error["status"] == 503 and error["message"] == "engine died"
+    assert error["type"] == "service_unavailable" and error["status"] == 503
+    assert error["message"] == "engine died"
     assert events[2] == "[DONE]"
 
 
@@ -34,7 +36,8 @@ def test_chat_chunks_and_final_answer() -> None:
     b = ResponseBuilder("chat", "m", want_logprobs=True)
     assert b.id.startswith("chatcmpl-")
     e1 = b.apply(ChoiceDelta(index=0, text="Par", token_ids=[1], logprobs=[lp("Par", -0.1)]), 0)
-    assert e1["delta"] == {"content": "Par"} and e1["logprobs"]["content"][0]["bytes"] == list(b"Par")
+    assert e1["delta"] == {"content": "Par"}
+    assert e1["logprobs"]["content"][0]["bytes"] == list(b"Par")
     # the role rides with the choice's first token (as vLLM sends it), once
     assert b.with_role(e1)["delta"] == {"role": "assistant", "content": "Par"}
     assert b.with_role({"index": 0, "delta": {"content": "is"}})["delta"] == {"content": "is"}
@@ -58,7 +61,8 @@ def test_completion_logprobs_offsets_echo_and_finish_from_end() -> None:
     b = ResponseBuilder("completion", "m", want_logprobs=True)
     e = b.apply(ChoiceDelta(index=1, text="ab", token_ids=[1, 2],
                             logprobs=[lp("a", -1.0), lp("b", -2.0)]), 3)
-    assert e["index"] == 3 and e["logprobs"]["text_offset"] == [0, 1] and e["logprobs"]["tokens"] == ["a", "b"]
+    assert e["index"] == 3 and e["logprobs"]["text_offset"] == [0, 1]
+    assert e["logprobs"]["tokens"] == ["a", "b"]
     e = b.apply(ChoiceDelta(index=1, text="c", token_ids=[3], logprobs=[lp("c", -0.5)]), 3)
     assert e["logprobs"]["text_offset"] == [2]
     closing = b.finish(3, "length")
@@ -72,7 +76,8 @@ def test_completion_logprobs_offsets_echo_and_finish_from_end() -> None:
 def test_usage_adds_up_over_batched_prompts() -> None:
     total = add_usage(Usage(prompt_tokens=3, completion_tokens=4, cached_tokens=1),
                       Usage(prompt_tokens=5, completion_tokens=6, cached_tokens=2))
-    assert usage_body(total)["total_tokens"] == 18 and usage_body(total)["prompt_tokens_details"] == {"cached_tokens": 3}
+    body = usage_body(total)
+    assert body["total_tokens"] == 18 and body["prompt_tokens_details"] == {"cached_tokens": 3}
 
 
 def test_admission_is_bounded_and_releases() -> None:

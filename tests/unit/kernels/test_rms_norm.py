@@ -22,7 +22,8 @@ def test_matches_transformers_and_float64() -> None:
 
 def test_fused_residual_returns_sum() -> None:
     gen = torch.Generator().manual_seed(torch.seed())
-    x, res, w = torch.randn(5, 16, generator=gen), torch.randn(5, 16, generator=gen), torch.randn(16)
+    x, res = torch.randn(5, 16, generator=gen), torch.randn(5, 16, generator=gen)
+    w = torch.randn(16)
     out, new_res = rms_norm(x, w, 1e-5, residual=res)
     assert torch.equal(new_res, x + res)
     assert torch.equal(out, rms_norm(x + res, w, 1e-5))

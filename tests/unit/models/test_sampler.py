@@ -121,4 +121,5 @@ def test_logprobs_come_from_the_raw_logits() -> None:
         assert abs(entry.logprob - float(raw[i, tokens[i]])) < 1e-6
         assert entry.rank == int((raw[i] > raw[i, tokens[i]]).sum()) + 1
         n = states[i].params.logprobs
-        assert [t for t, _ in entry.top] == raw[i].topk(n).indices.tolist() if n else entry.top == []
+        top_ids = [t for t, _ in entry.top]
+        assert top_ids == raw[i].topk(n).indices.tolist() if n else entry.top == []

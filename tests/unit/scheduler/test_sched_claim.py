@@ -43,7 +43,8 @@ def test_gguf_claim_counts_what_the_engine_holds(smollm2) -> None:
     assert gpu.total == gpu.weights + gpu.kv_cache + gpu.activations
     cpu = compute_claim(smollm2, spec(), "cpu")
     assert cpu.dtype == "float32" and cpu.weights == 134_515_008 * 4  # the 538 MB safetensors
-    assert cpu.kv_cache == ENGINE_DEFAULTS.cpu_kv_cache_memory  # the engine's pool > one 8192-token sequence
+    # the engine's pool > one 8192-token sequence
+    assert cpu.kv_cache == ENGINE_DEFAULTS.cpu_kv_cache_memory
     short = compute_claim(smollm2, spec(max_model_len=2048), "gpu")
     assert short.kv_cache == 30 * 2 * 3 * 64 * 2048 * 2 and short.max_model_len == 2048
     text = gpu.describe()

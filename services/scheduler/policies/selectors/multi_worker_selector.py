@@ -143,8 +143,8 @@ class MultiWorkerSelector:
             text = f"{head}, too few for any even split of workers x GPUs."
         else:
             short, n, k, g = shortfall
-            text = (f"{head}. The best multi-worker combination is {k} workers x {fmt_count(g, 'GPU')} "
-                    f"(TP={g}, PP={k}): its weakest GPU offers "
+            text = (f"{head}. The best multi-worker combination is {k} workers x "
+                    f"{fmt_count(g, 'GPU')} (TP={g}, PP={k}): its weakest GPU offers "
                     f"{fmt_bytes(claim.per_gpu(n) - short)}, but the model needs "
                     f"{fmt_bytes(claim.per_gpu(n))} per GPU on {n} GPUs, {fmt_bytes(short)} short.")
         counts = range(2, min(everything, claim.shape.num_layers) + 1)

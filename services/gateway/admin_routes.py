@@ -2,6 +2,8 @@
 
 Bodies are the registry's own pydantic payloads (unknown fields refused, 400); a stale `version`
 comes back from the registry as Conflict, answered 409; nothing is written on either.
+`POST /api/v1/models?dry_run=true` asks the scheduler where the model would go, over the bus
+(shoal.scheduler.placement.plan), and writes nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pydantic import BaseModel
 from shoal.services.gateway.errors import read_body
 from shoal.services.gateway.protocol import parse_body
 from shoal.services.gateway.state import STATE
+from shoal.shared.bus.scheduler_client import SchedulerClient
 from shoal.shared.errors import InvalidRequest, NotFound
 from shoal.shared.schemas.registry import (
     ApiKeyCreate, DeleteRequest, InstanceFilter, ListRequest, ModelCreate, ModelPublic, ModelUpdate
@@ -42,6 +45,13 @@ def _int_query(request: web.Request, name: str, default: int | None) -> int | No
         raise InvalidRequest(f"{name} must be an integer, got {raw!r}", param=name) from None
 
 
+def _bool_query(request: web.Request, name: str) -> bool:
+    raw = request.query.get(name, "false").lower()
+    if raw not in ("true", "1", "false", "0"):
+        raise InvalidRequest(f"{name} must be true or false, got {raw!r}", param=name)
+    return raw in ("true", "1")
+
+
 def _page(request: web.Request) -> ListRequest:
     try:
         return ListRequest(limit=_int_query(request, "limit", 1000),
@@ -63,7 +73,10 @@ async def list_models(request: web.Request) -> web.Response:
 @routes.post("/api/v1/models")
 async def create_model(request: web.Request) -> web.Response:
     body = parse_body(await read_body(request), ModelCreate)
-    return _json(await request.app[STATE].registry.create_model(body), status=201)
+    st = request.app[STATE]
+    if _bool_query(request, "dry_run"):
+        return _json(await SchedulerClient(st.bus).plan(body))
+    return _json(await st.registry.create_model(body), status=201)
 
 
 async def _model(request: web.Request, key: str) -> ModelPublic:

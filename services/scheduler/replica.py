@@ -1,8 +1,9 @@
 """One scheduler process: its bus, its status endpoint, the leader election and the service.
 
-Every replica connects, registers the shoal-scheduler micro service (so `$SRV.PING` and
-shoal.scheduler.leader.get answer from standbys too) and campaigns for the lock; only the
-leader reconciles. On stop the service ends its term first, then the lock is released.
+Every replica connects, registers the shoal-scheduler micro service (so `$SRV.PING`,
+shoal.scheduler.leader.get and the dry run shoal.scheduler.placement.plan answer from standbys
+too) and campaigns for the lock; only the leader reconciles. On stop the service ends its term
+first, then the lock is released.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from shoal.services.scheduler.dry_run import plan_dry_run
 from shoal.services.scheduler.election import PostgresElection, default_identity
 from shoal.services.scheduler.metrics import SchedulerCollector
 from shoal.services.scheduler.reconcile import SchedulerConfig
@@ -23,7 +25,8 @@ from shoal.shared.errors import Unavailable
 from shoal.shared.metrics import new_registry
 from shoal.shared.metrics_endpoint import MetricsEndpoint
 from shoal.shared.schemas.common import Empty
-from shoal.shared.schemas.scheduler import SchedulerStatus
+from shoal.shared.schemas.registry import ModelCreate
+from shoal.shared.schemas.scheduler import PlacementPlan, SchedulerStatus
 from shoal.shared.version import VERSION
 
 
@@ -48,9 +51,10 @@ class SchedulerReplica:
                              "Shoal scheduler: places instances; one replica leads", metrics)
             await rpc.start()
             stack.push_async_callback(rpc.stop)
-            await rpc.endpoint("leader", "get", Empty, self.status)
             self.service = SchedulerService(RegistryClient(bus),
                                             SchedulerConfig.from_settings(self.settings))
+            await rpc.endpoint("leader", "get", Empty, self.status)
+            await rpc.endpoint("placement", "plan", ModelCreate, self.plan)
             metrics.register(SchedulerCollector(self.identity, self.election, self.service))
             endpoint = MetricsEndpoint(metrics, "scheduler", self.settings,
                                        labels={"replica": self.identity})
@@ -74,6 +78,12 @@ class SchedulerReplica:
         return SchedulerStatus(replica=self.identity, is_leader=term is not None,
                                leader=self.election.leader,
                                leader_since=term.started_at if term else None)
+
+
+    async def plan(self, model: ModelCreate) -> PlacementPlan:
+        """The dry run; it shares the service's profile cache (a GGUF header is read once)."""
+        assert self.service is not None
+        return await plan_dry_run(self.service.registry, self.service.profiles, model)
 
 
 async def run_scheduler(settings: Settings, stop: asyncio.Event,

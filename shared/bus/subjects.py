@@ -40,6 +40,9 @@ SCHEDULER_SERVICE = "shoal-scheduler"
 SCHEDULER_GROUP = f"{PREFIX}.scheduler"
 SCHEDULER_LEADER = f"{SCHEDULER_GROUP}.leader.get"
 """Who leads, answered by any scheduler replica (standbys too): a SchedulerStatus."""
+SCHEDULER_PLAN = f"{SCHEDULER_GROUP}.placement.plan"
+"""Dry run: where one more instance of a ModelCreate would go now (a PlacementPlan), answered by
+any replica; nothing is written."""
 
 
 # ---------------------------------------------------------------- events (JetStream)

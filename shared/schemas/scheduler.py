@@ -1,10 +1,12 @@
-"""Scheduler API payloads: who leads the scheduler replicas (shoal.scheduler.leader.get)."""
+"""Scheduler API payloads: who leads the scheduler replicas (shoal.scheduler.leader.get) and the
+dry run of a placement (shoal.scheduler.placement.plan)."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
 from shoal.shared.schemas.common import Wire
+from shoal.shared.schemas.registry import Placement
 
 
 class SchedulerStatus(Wire):
@@ -16,3 +18,14 @@ class SchedulerStatus(Wire):
     seconds); None while no replica holds the lock."""
     leader_since: datetime | None = None
     """When the answering replica took the lead (only when it is the leader)."""
+
+
+class PlacementPlan(Wire):
+    """Where one more instance of a model would go on the fleet as it is now, or why nowhere."""
+
+    fits: bool
+    placement: Placement | None = None
+    worker_name: str | None = None
+    """The name of `placement.worker_id` (the first stage's worker)."""
+    message: str
+    """The scheduler's own words: the placement and what it claims, or the PENDING reason."""

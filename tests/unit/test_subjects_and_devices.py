@@ -16,6 +16,7 @@ def test_subject_names_are_the_documented_ones() -> None:
     assert subjects.infer("i1") == "shoal.infer.i1"
     assert subjects.abort("i1") == "shoal.abort.i1" and subjects.load("i1") == "shoal.load.i1"
     assert subjects.SCHEDULER_LEADER == "shoal.scheduler.leader.get"
+    assert subjects.SCHEDULER_PLAN == "shoal.scheduler.placement.plan"
 
 
 @pytest.mark.parametrize("bad", ["a.b", "a b", "", "x>"])

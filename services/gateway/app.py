@@ -1,5 +1,6 @@
-"""The gateway's aiohttp application: middlewares (errors, then auth), routes, and a cleanup
-context that owns the bus connection and the live instance table for the app's lifetime.
+"""The gateway's aiohttp application: middlewares (errors, then auth), routes (OpenAI, management,
+ops, and the dashboard with the API docs), and a cleanup context that owns the bus connection and
+the live instance table for the app's lifetime.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from shoal.services.gateway import admin_routes, openai_routes
+from shoal.services.gateway.ui_routes import add_ui
 from shoal.services.gateway.admission import Admission
 from shoal.services.gateway.auth import KeyCache, auth_middleware
 from shoal.services.gateway.errors import error_middleware
@@ -99,4 +101,5 @@ def make_app(settings: Settings) -> web.Application:
     app.add_routes(ops)
     app.add_routes(openai_routes.routes)
     app.add_routes(admin_routes.routes)
+    add_ui(app)
     return app

@@ -16,7 +16,10 @@ from aiohttp.typedefs import Handler
 from shoal.shared.errors import Unauthorized
 
 PUBLIC_PATHS = frozenset({"/health", "/version", "/metrics", "/metrics/targets", "/openapi.json",
-                          "/ping"})
+                          "/ping", "/", "/ui", "/docs"})
+PUBLIC_PREFIXES = ("/ui/", "/docs/")
+"""The dashboard's and the API docs' files: they hold no data (the pages call the API with the
+user's key), so a browser can load them and then ask for a key."""
 MAX_CACHED_KEYS = 10000
 
 
@@ -55,6 +58,10 @@ def bearer(header: str | None) -> str:
     return secret.strip()
 
 
+def is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+
+
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Only when `require_api_key`: every route but the public ones needs a valid key."""
@@ -62,7 +69,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
     st = request.app[STATE]
     fixed = st.settings.api_key
-    if (not (st.settings.require_api_key or fixed) or request.path in PUBLIC_PATHS
+    if (not (st.settings.require_api_key or fixed) or is_public(request.path)
             or request.method == "OPTIONS"):
         return await handler(request)
     secret = bearer(request.headers.get("Authorization"))

@@ -11,9 +11,11 @@ T = TypeVar("T")
 
 
 class Wire(BaseModel):
-    """Base of every bus payload: unknown fields are refused, so a typo is an error, not a no-op."""
+    """Base of every bus payload: unknown fields are refused, so a typo is an error, not a no-op.
+    Field docstrings become the fields' descriptions in JSON schemas (/openapi.json, the
+    dashboard's deploy form)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    model_config = ConfigDict(extra="forbid", frozen=False, use_attribute_docstrings=True)
 
 
 class ErrorBody(Wire):

@@ -88,8 +88,11 @@ class ModelSpec(Wire):
     source: str = Field(min_length=1)
     """A local Hugging Face folder or .gguf file (no hub is reachable)."""
     replicas: int = Field(default=1, ge=0, le=1024)
+    """How many instances to run (0 keeps the model without running it)."""
     device: DeviceKind = DeviceKind.AUTO
+    """auto: GPUs when one fits, else a CPU worker's RAM."""
     placement_strategy: PlacementStrategy = PlacementStrategy.BINPACK
+    """binpack takes the fullest worker that fits first; spread the emptiest."""
     worker_selector: dict[str, str] = Field(default_factory=dict)
     """Labels a worker must carry."""
     gpu_selector: list[str] = Field(default_factory=list)
@@ -99,9 +102,13 @@ class ModelSpec(Wire):
     distributed: bool = True
     """Allow spreading one instance over several workers (pipeline stages)."""
     tp: int | None = Field(default=None, ge=1)
+    """Tensor-parallel GPUs per stage (unset: the scheduler picks)."""
     pp: int | None = Field(default=None, ge=1)
+    """Pipeline stages, on one or several workers (unset: the scheduler picks)."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
+    """The share of each GPU's memory the engine may use."""
     max_model_len: int | None = Field(default=None, ge=1)
+    """Longest prompt + answer in tokens (unset: the model's own)."""
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     engine_args: EngineArgs = Field(default_factory=EngineArgs)
     """Engine settings (max_num_seqs, max_num_batched_tokens, kv_cache_memory, ...)."""

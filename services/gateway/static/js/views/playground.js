@@ -1,0 +1,283 @@
+// Playground: chat or complete with any RUNNING model, streamed, with the sampling settings a
+// person tunes first; per answer the time to first token, decode speed and token usage; "View
+// code" shows the same request as curl and as openai Python.
+
+import { api, apiKey, stream } from "../api.js";
+import { curl, python } from "../code.js";
+import { h, replace } from "../dom.js";
+import { copy, errorBox, showError } from "../widgets.js";
+
+export const title = "Playground";
+
+function numberField(label, attrs) {
+  const input = h("input", { type: "number", step: "any", inputmode: "decimal", ...attrs });
+  return [h("label", { class: "field" }, label, input), input];
+}
+
+export function create() {
+  const model = h("select", { "aria-label": "Model", required: true });
+  const system = h("textarea", { rows: 3, placeholder: "You are a helpful assistant." });
+  const [tempField, temperature] = numberField("Temperature", { min: 0, max: 2, value: 0.7 });
+  const [topPField, topP] = numberField("Top p", { min: 0, max: 1, value: 1 });
+  const [maxField, maxTokens] = numberField("Max tokens", { min: 1, step: 1, value: 128 });
+  const stop = h("textarea", { rows: 2, placeholder: "one per line", spellcheck: "false" });
+  const settings = h("form", { class: "settings", "aria-label": "Request settings" },
+    h("label", { class: "field" }, "Model", model),
+    h("label", { class: "field chat-only" }, "System prompt", system),
+    tempField, topPField, maxField,
+    h("label", { class: "field" }, "Stop sequences", stop));
+  settings.addEventListener("submit", (e) => e.preventDefault());
+
+  const error = errorBox();
+  const chat = chatPanel();
+  const completions = completionsPanel();
+  const codeBox = h("div", { class: "code-panel", id: "code-panel", hidden: true });
+  let kind = "chat";
+  let controller = null;
+  const tabs = [["chat", "Chat", chat], ["completions", "Completions", completions]].map(
+    ([id, label, panel]) => {
+      panel.root.id = `panel-${id}`;
+      panel.root.setAttribute("role", "tabpanel");
+      panel.root.setAttribute("aria-labelledby", `tab-${id}`);
+      return h("button", {
+        role: "tab", id: `tab-${id}`, type: "button", "aria-controls": `panel-${id}`,
+        onclick: () => select(id),
+      }, label);
+    });
+  const tablist = h("div", { role: "tablist", "aria-label": "Mode" }, tabs);
+  tablist.addEventListener("keydown", (e) => {
+    if (e.key !== "ArrowLeft" && e.key !== "ArrowRight") return;
+    select(kind === "chat" ? "completions" : "chat");
+    document.getElementById(`tab-${kind}`).focus();
+  });
+
+  function select(id) {
+    kind = id;
+    for (const tab of tabs) {
+      const on = tab.id === `tab-${id}`;
+      tab.setAttribute("aria-selected", String(on));
+      tab.tabIndex = on ? 0 : -1;
+    }
+    chat.root.hidden = id !== "chat";
+    completions.root.hidden = id !== "completions";
+    settings.querySelector(".chat-only").hidden = id !== "chat";
+    if (!codeBox.hidden) showCode();
+  }
+
+  function params() {
+    const out = { model: model.value };
+    if (temperature.value !== "") out.temperature = Number(temperature.value);
+    if (topP.value !== "") out.top_p = Number(topP.value);
+    if (maxTokens.value !== "") out.max_tokens = Number(maxTokens.value);
+    const stops = stop.value.split("\n").filter((s) => s !== "");
+    if (stops.length) out.stop = stops;
+    return out;
+  }
+
+  function request() {
+    const common = { ...params(), stream: true, stream_options: { include_usage: true } };
+    if (kind === "chat") {
+      const typed = chat.input.value.trim() ? [{ role: "user", content: chat.input.value }] : [];
+      const messages = [...(system.value.trim() ? [{ role: "system", content: system.value }] : []),
+        ...chat.messages, ...typed];
+      return { path: "/v1/chat/completions", body: { ...common, messages } };
+    }
+    return { path: "/v1/completions", body: { ...common, prompt: completions.input.value } };
+  }
+
+  function showCode() {
+    const { path, body } = request();
+    const origin = window.location.origin;
+    const snippets = [["curl", curl(origin, path, body, Boolean(apiKey()))],
+      ["Python (openai)", python(origin, kind, body)]];
+    replace(codeBox, snippets.map(([label, text]) => h("figure", {},
+      h("figcaption", {}, label, h("button", { type: "button", class: "secondary small",
+        onclick: () => copy(text) }, `Copy ${label}`)),
+      h("pre", { tabindex: "0", "aria-label": `${label} code` }, h("code", {}, text)))));
+  }
+
+  async function send(target) {
+    if (!model.value) {
+      showError(error, { message: "No model is RUNNING yet: deploy one under Models." });
+      return;
+    }
+    showError(error, null);
+    const { path, body } = request();
+    controller = new AbortController();
+    target.busy(true);
+    const started = performance.now();
+    let first = null;
+    let usage = null;
+    let finish = null;
+    try {
+      for await (const chunk of stream(path, body, controller.signal)) {
+        for (const c of chunk.choices) {
+          const piece = c.delta ? c.delta.content : c.text;
+          if (piece) {
+            first ??= performance.now();
+            target.append(piece);
+          }
+          finish = c.finish_reason || finish;
+        }
+        usage = chunk.usage || usage;
+      }
+    } catch (err) {
+      if (err.name !== "AbortError") {
+        showError(error, err);
+        target.failed(err);
+      } else {
+        finish = "stopped";
+      }
+    } finally {
+      controller = null;
+      target.busy(false);
+    }
+    const end = performance.now();
+    target.done({
+      ttft: first === null ? null : first - started,
+      speed: usage && first !== null && usage.completion_tokens > 1 && end > first
+        ? (usage.completion_tokens - 1) / ((end - first) / 1000) : null,
+      usage, finish,
+    });
+    if (!codeBox.hidden) showCode();
+  }
+
+  for (const panel of [chat, completions]) {
+    panel.onSend = () => send(panel);
+    panel.onStop = () => controller?.abort();
+    panel.onCode = () => {
+      const open = codeBox.hidden;
+      codeBox.hidden = !open;
+      for (const b of document.querySelectorAll(".view-code")) b.setAttribute("aria-expanded", String(open));
+      if (open) showCode();
+    };
+  }
+
+  async function refresh() {
+    let models;
+    try {
+      models = (await api("GET", "/v1/models")).data.filter((m) => m.has_running_instance);
+    } catch (err) {
+      showError(error, err);
+      return;
+    }
+    const current = model.value;
+    const names = models.map((m) => m.id);
+    const shown = [...model.options].map((o) => o.value).filter(Boolean);
+    if (model.options.length && names.join("\n") === shown.join("\n")) return;
+    replace(model, names.length ? names.map((n) => h("option", { value: n, selected: n === current }, n))
+      : h("option", { value: "" }, "no RUNNING model"));
+  }
+
+  select("chat");
+  const root = h("section", { "aria-labelledby": "playground-h" },
+    h("h1", { id: "playground-h", tabindex: "-1" }, "Playground"),
+    h("div", { class: "playground" }, settings,
+      h("div", { class: "pane" }, tablist, error, chat.root, completions.root, codeBox)));
+  return { root, refresh, interval: 5000 };
+}
+
+/** Buttons shared by both panels; the panel's owner sets onSend / onStop / onCode. */
+function controls(panel, sendLabel) {
+  const sendButton = h("button", { type: "submit", class: "primary" }, sendLabel);
+  const stopButton = h("button", { type: "button", class: "secondary", disabled: true,
+    onclick: () => panel.onStop() }, "Stop");
+  const codeButton = h("button", { type: "button", class: "secondary view-code",
+    "aria-expanded": "false", "aria-controls": "code-panel", onclick: () => panel.onCode() },
+  "View code");
+  panel.busy = (on) => {
+    panel.sending = on;
+    sendButton.disabled = on;
+    stopButton.disabled = !on;
+  };
+  return [sendButton, stopButton, codeButton];
+}
+
+/** Send on Enter (Shift+Enter for a new line); Escape stops the answer. */
+function keys(panel, textarea, form) {
+  textarea.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+      e.preventDefault();
+      form.requestSubmit();
+    } else if (e.key === "Escape") {
+      panel.onStop();
+    }
+  });
+}
+
+function chatPanel() {
+  const panel = { messages: [] };
+  const log = h("ol", { class: "chat-log", role: "log", "aria-live": "polite", "aria-label": "Conversation" });
+  panel.input = h("textarea", { rows: 3, "aria-label": "Message", placeholder: "Ask something… (Enter sends, Shift+Enter: new line)" });
+  const clear = h("button", { type: "button", class: "secondary", onclick: () => {
+    panel.messages = [];
+    replace(log);
+  } }, "Clear");
+  const form = h("form", { class: "compose" }, panel.input,
+    h("div", { class: "actions" }, controls(panel, "Send"), clear));
+  keys(panel, panel.input, form);
+  let answer = null;
+  let text = "";
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    if (!panel.input.value.trim() || panel.sending) return;
+    const content = panel.input.value;
+    panel.messages.push({ role: "user", content });
+    panel.input.value = "";
+    log.append(h("li", { class: "msg user" }, h("span", { class: "who" }, "You"), h("p", {}, content)));
+    text = "";
+    answer = h("p", { class: "streaming" });
+    log.append(h("li", { class: "msg assistant", "aria-busy": "true" },
+      h("span", { class: "who" }, "Assistant"), answer));
+    panel.onSend();
+  });
+  panel.append = (piece) => {
+    text += piece;
+    answer.textContent = text;
+    log.scrollTop = log.scrollHeight;
+  };
+  panel.failed = (err) => answer.parentNode.append(h("p", { class: "error" }, err.message));
+  panel.done = (stats) => {
+    answer.classList.remove("streaming");
+    answer.parentNode.removeAttribute("aria-busy");
+    answer.parentNode.append(statsLine(stats));
+    if (text) panel.messages.push({ role: "assistant", content: text });
+  };
+  panel.root = h("div", { class: "panel" }, log, form);
+  return panel;
+}
+
+function completionsPanel() {
+  const panel = {};
+  panel.input = h("textarea", { rows: 4, "aria-label": "Prompt", placeholder: "Once upon a time" });
+  const output = h("pre", { class: "completion", role: "log", "aria-live": "polite", "aria-label": "Completion" });
+  const form = h("form", { class: "compose" }, panel.input,
+    h("div", { class: "actions" }, controls(panel, "Complete")));
+  keys(panel, panel.input, form);
+  let stats = null;
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    if (panel.sending) return;
+    replace(output, h("span", { class: "prompt" }, panel.input.value));
+    stats?.remove();
+    panel.onSend();
+  });
+  panel.append = (piece) => output.append(h("span", { class: "generated" }, piece));
+  panel.failed = (err) => output.append(h("span", { class: "error" }, `\n${err.message}`));
+  panel.done = (s) => {
+    stats = statsLine(s);
+    output.after(stats);
+  };
+  panel.root = h("div", { class: "panel", hidden: true }, output, form);
+  return panel;
+}
+
+function statsLine({ ttft, speed, usage, finish }) {
+  const parts = [
+    ttft === null ? null : `TTFT ${Math.round(ttft)} ms`,
+    speed === null ? null : `${speed.toFixed(1)} tok/s`,
+    usage ? `${usage.prompt_tokens} prompt + ${usage.completion_tokens} completion tokens` : null,
+    finish ? `finish: ${finish}` : null,
+  ].filter(Boolean);
+  return h("p", { class: "stats" }, parts.join(" · "));
+}

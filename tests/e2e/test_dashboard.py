@@ -1,0 +1,333 @@
+"""The dashboard in a real browser (Debian's Chromium driven by Playwright; no browser is ever
+downloaded) against a real stack that requires API keys: the key prompt, a READY worker, the
+deploy form with its dry run, SmolLM2 RUNNING, a streamed chat and completion in the playground
+whose "view code" Python runs as shown, live metrics, a key created and revoked, the model
+deleted; at 1280 px and at phone width, and with the keyboard alone where a person would use it.
+
+One stack and one model load for the whole module; screenshots go to test-output/dashboard/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from urllib.parse import urlparse
+
+import aiohttp
+import pytest
+
+from shoal.services.engine import smollm2_gguf_path
+from shoal.services.gateway.service import run_gateway
+from shoal.services.scheduler.replica import run_scheduler
+from shoal.services.worker.agent import run_worker
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.embedded import free_port
+from shoal.shared.schemas.registry import ApiKeyCreate
+from tests.integration.conftest import make_settings, running_registry
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]
+RUNNING_TIMEOUT_MS = 300_000
+ANSWER_TIMEOUT_MS = 120_000  # a few dozen tokens; generous, since the machine may be shared
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 900}
+
+
+def chromium() -> str:
+    path = os.environ.get("SHOAL_CHROMIUM") or shutil.which("chromium")
+    if not path:
+        pytest.fail("the dashboard tests need Debian's Chromium: `apt-get install chromium` "
+                    "(.ci/run and `make test` install it when they can)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def shots(request: pytest.FixtureRequest) -> Path:
+    out = Path(os.environ.get("SHOAL_TEST_OUTPUT", request.config.rootpath / "test-output"))
+    folder = out / "dashboard"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+async def stack(servers, tmp_path_factory):
+    """Registry, scheduler, a real worker (labelled, so the form pins the model to it) and a
+    gateway with SHOAL_REQUIRE_API_KEY=true; yields (url, admin key secret, worker name, client)."""
+    tag = uuid.uuid4().hex[:6]
+    settings = make_settings(servers, tmp_path_factory.mktemp("dashboard-e2e"),
+                             heartbeat_interval=1.0, heartbeat_timeout=10.0, drain_timeout=2.0,
+                             gateway_port=free_port(None), scheduler_interval=1.0,
+                             require_api_key=True, gateway_key_cache_ttl=0.2,
+                             gateway_engine_dead_after=10.0)  # tolerant of a loaded machine
+    worker = f"ui-{tag}"
+    async with running_registry(settings):
+        bus = await Bus.connect(settings, name="dashboard-e2e")
+        client = RegistryClient(bus)
+        stop = asyncio.Event()
+        tasks = []
+        for run, extra in ((run_scheduler, {}),
+                           (run_worker, {"worker_name": worker, "worker_labels": {"ui": tag}}),
+                           (run_gateway, {})):
+            ready = asyncio.Event()
+            tasks.append(asyncio.create_task(run(settings.model_copy(update=extra), stop, ready)))
+            await asyncio.wait_for(ready.wait(), 30)
+        admin = await client.create_key(ApiKeyCreate(name=f"admin-{tag}"))
+        try:
+            yield f"http://127.0.0.1:{settings.gateway_port}", admin.secret, worker, client
+        finally:
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
+            await bus.close()
+
+
+@pytest.fixture(scope="module")
+async def browser(tmp_path_factory):
+    from playwright.async_api import async_playwright
+
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    async with async_playwright() as pw:
+        context = await pw.chromium.launch_persistent_context(
+            str(profile), executable_path=chromium(), args=CHROMIUM_FLAGS, headless=True,
+            viewport=DESKTOP)
+        try:
+            yield context
+        finally:
+            await context.close()
+
+
+class Watch:
+    """What the page did that it should not: console errors (CSP refusals among them), uncaught
+    exceptions, and any request to a host other than the gateway."""
+
+    def __init__(self, page, url: str) -> None:
+        self.problems: list[str] = []
+        host = urlparse(url).netloc
+        def console(m) -> None:  # noqa: ANN001 - playwright's ConsoleMessage
+            if m.type == "error":
+                self.problems.append(f"console: {m.text}")
+
+        def request(r) -> None:  # noqa: ANN001 - playwright's Request
+            if urlparse(r.url).scheme in ("http", "https") and urlparse(r.url).netloc != host:
+                self.problems.append(f"left: {r.url}")
+
+        page.on("console", console)
+        page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
+        page.on("request", request)
+
+    def expected(self, status: int) -> None:
+        """Drop the console's note of a refusal the test asked for (the key-less 401s that
+        bring up the key prompt, a 400 for a bad field)."""
+        self.problems = [p for p in self.problems if f"status of {status}" not in p]
+
+
+async def tab_to(page, js_test: str, limit: int = 60) -> None:
+    """Press Tab until the focused element passes `js_test` (a function of `el`)."""
+    for _ in range(limit):
+        await page.keyboard.press("Tab")
+        if await page.evaluate(f"(el => {js_test})(document.activeElement)"):
+            return
+    raise AssertionError(f"{js_test} never got the focus with Tab")
+
+
+async def no_sideways_scroll(page) -> None:
+    width = await page.evaluate("document.documentElement.scrollWidth")
+    assert width <= PHONE["width"] + 1, f"the page is {width}px wide at phone width"
+
+
+async def test_dashboard_end_to_end(stack, browser, shots: Path) -> None:
+    from playwright.async_api import expect
+
+    url, admin_key, worker, client = stack
+    page = await browser.new_page()
+    watch = Watch(page, url)
+
+    # -- the key prompt, answered with the keyboard alone
+    await page.goto(f"{url}/")
+    dialog = page.locator("#key-dialog")
+    await expect(dialog).to_be_visible()
+    await expect(dialog.locator(".reason")).to_contain_text("API key")
+    await page.keyboard.type(admin_key)
+    await page.keyboard.press("Enter")
+    await expect(dialog).to_be_hidden()
+    await expect(page.locator("#key-status")).to_contain_text(f"Key {admin_key[:12]}")
+    watch.expected(401)
+
+    # -- cluster: our worker READY, with its devices and labels
+    card = page.locator(f"article[data-worker='{worker}']")
+    await expect(card.locator(".badge").first).to_have_text("READY")
+    await expect(card).to_contain_text("CPU ·")
+    await expect(card).to_contain_text(f"ui={worker[3:]}")
+    await expect(card.get_by_role("meter", name="Memory")).to_be_visible()
+    await page.screenshot(path=shots / "cluster.png")
+
+    # -- models: Tab to the section link (a visible focus ring), Enter, then the deploy form
+    await tab_to(page, "el.dataset.view === 'models'")
+    outline = await page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
+    assert outline != "none"
+    await page.keyboard.press("Enter")
+    await expect(page.get_by_role("heading", name="Models", level=1)).to_be_focused()
+    await page.get_by_role("button", name="Deploy a model").click()
+    form = page.get_by_role("form", name="Deploy a model")
+    name = f"smol-{worker[3:]}"
+    await form.get_by_label("Name").fill(name)
+    await form.get_by_label("Source").fill(str(smollm2_gguf_path()))
+    await form.get_by_label("Device").select_option("cpu")
+    await form.get_by_label("Max model length").fill("512")
+    await form.get_by_text("Placement", exact=True).click()
+    await form.get_by_label("Worker selector").fill(f"ui={worker[3:]}")
+    await form.get_by_text("Engine", exact=True).click()
+    await form.get_by_label("Max num seqs").fill("8")
+    await form.get_by_label("KV cache memory (bytes)").fill(str(64 * 2**20))
+
+    # a bad value is refused by the server and marked on its field
+    await form.get_by_label("Replicas").fill("-1")
+    await form.get_by_role("button", name="Preview placement").click()
+    await expect(form.get_by_role("alert")).to_contain_text("replicas")
+    await expect(form.get_by_label("Replicas")).to_have_attribute("aria-invalid", "true")
+    await form.get_by_label("Replicas").fill("1")
+    watch.expected(400)
+
+    await form.get_by_role("button", name="Preview placement").click()
+    plan = form.locator(".plan.fits")
+    await expect(plan).to_contain_text(f"Fits on {worker}", timeout=60_000)  # reads the GGUF
+    await expect(plan).to_contain_text("RAM")
+    assert name not in {m.name for m in await client.list_models()}  # the dry run wrote nothing
+    await page.screenshot(path=shots / "deploy-preview.png", full_page=True)
+    await form.get_by_role("button", name="Deploy", exact=True).click()
+
+    model_card = page.locator(f"article[data-model='{name}']")
+    await expect(model_card).to_be_visible()
+    await expect(model_card.locator(".instance[data-state='RUNNING']")).to_have_count(
+        1, timeout=RUNNING_TIMEOUT_MS)
+    await expect(model_card).to_contain_text(f"{worker} · CPU · tp 1 · pp 1")
+    await page.screenshot(path=shots / "models.png")
+
+    # -- playground: keyboard to the section, the message sent with Enter, the answer streamed
+    await page.evaluate("document.activeElement.blur()")  # the next Tab starts at the top
+    await tab_to(page, "el.dataset.view === 'playground'")
+    await page.keyboard.press("Enter")
+    view = page.locator("main > section:not([hidden])")
+    await expect(view.locator(f"option[value='{name}']")).to_have_count(1)
+    await view.get_by_label("Model", exact=True).select_option(name)
+    await view.get_by_label("Temperature").fill("0")
+    await view.get_by_label("Max tokens").fill("16")
+    message = page.get_by_role("textbox", name="Message")
+    await message.fill("What is the capital of France?")
+    await page.get_by_role("button", name="View code").first.click()
+    code = page.locator("#code-panel")
+    snippet = await code.get_by_label("Python (openai) code").inner_text()
+    curl = await code.get_by_label("curl code").inner_text()
+    body = json.loads(curl.split(" -d '", 1)[1].rsplit("'", 1)[0])
+    assert body["messages"] == [{"role": "user", "content": "What is the capital of France?"}]
+    assert body["stream"] is True and body["temperature"] == 0 and body["max_tokens"] == 16
+    await page.evaluate("""() => {  // every length the answer had while it arrived
+        window.__lengths = new Set();
+        new MutationObserver(() => {
+            const answer = document.querySelector('.msg.assistant:last-child p');
+            if (answer) window.__lengths.add(answer.textContent.length);
+        }).observe(document.querySelector('.chat-log'),
+                   {subtree: true, characterData: true, childList: true});
+    }""")
+    await message.focus()
+    await page.keyboard.press("Enter")
+    answer = page.locator(".msg.assistant").last
+    await expect(answer.locator(".stats")).to_contain_text("completion tokens",
+                                                           timeout=ANSWER_TIMEOUT_MS)
+    await expect(answer.locator(".stats")).to_contain_text("TTFT")
+    await expect(answer.locator(".stats")).to_contain_text("tok/s")
+    text = await answer.locator("p").first.inner_text()
+    assert "Paris" in text
+    lengths = await page.evaluate("[...window.__lengths]")
+    assert len([n for n in lengths if 0 < n < len(text)]) >= 2, f"not streamed: {lengths}"
+    await page.screenshot(path=shots / "playground.png")
+
+    # the Python shown under "view code" runs as shown and gives the same greedy answer
+    ran = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", snippet],
+                                  capture_output=True, text=True, timeout=120,
+                                  env={**os.environ, "SHOAL_API_KEY": admin_key})
+    assert ran.returncode == 0, ran.stderr
+    assert text.strip() in ran.stdout and "completion_tokens=" in ran.stdout
+
+    # completions tab: the arrow keys move between tabs
+    await page.get_by_role("tab", name="Chat").focus()
+    await page.keyboard.press("ArrowRight")
+    await expect(page.get_by_role("tab", name="Completions")).to_have_attribute(
+        "aria-selected", "true")
+    await view.get_by_label("Max tokens").fill("6")
+    await page.get_by_role("textbox", name="Prompt").fill("The capital of France is")
+    await page.get_by_role("button", name="Complete").click()
+    await expect(page.locator("#panel-completions .stats")).to_contain_text(
+        "6 completion tokens", timeout=ANSWER_TIMEOUT_MS)
+    assert await page.locator("pre.completion .generated").count() >= 2
+
+    # -- metrics, sampled in the background since the page loaded: the tokens generated above
+    await page.wait_for_timeout(2500)  # one more sample after the last answer
+    await page.get_by_role("link", name="Metrics").click()
+    metric = page.locator("article[data-engine]").first
+    await expect(metric).to_contain_text(name)
+    tps = metric.locator("figure", has_text="Tokens/s").locator("span.muted")
+    max_tps = float((await tps.inner_text()).split()[-1])
+    assert max_tps > 0
+    await page.screenshot(path=shots / "metrics.png")
+
+    # -- keys: create one (secret shown once, and it works), revoke it from the keyboard
+    await page.get_by_role("link", name="API keys").click()
+    await view.get_by_label("Name", exact=True).fill("ui-temp")
+    await view.get_by_role("button", name="Create key").click()
+    secret = await page.locator(".secret-value").inner_text()
+    async with aiohttp.ClientSession() as http:
+        async def status(key: str) -> int:
+            async with http.get(f"{url}/v1/models",
+                                headers={"Authorization": f"Bearer {key}"}) as r:
+                return r.status
+
+        assert await status(secret) == 200
+        row = page.locator("tr[data-key='ui-temp']")
+        await expect(row).to_contain_text("ACTIVE")
+        await page.screenshot(path=shots / "keys.png")
+        await row.get_by_role("button", name="Revoke ui-temp").focus()
+        await page.keyboard.press("Enter")
+        confirm = page.locator("#confirm-dialog")
+        await expect(confirm).to_be_visible()
+        await expect(confirm.get_by_role("button", name="Cancel")).to_be_focused()
+        await page.keyboard.press("Tab")
+        await expect(confirm.get_by_role("button", name="Revoke")).to_be_focused()
+        await page.keyboard.press("Enter")
+        await expect(row).to_contain_text("REVOKED")
+        await asyncio.sleep(0.5)  # the gateway's key cache (0.2 s here)
+        assert await status(secret) == 401
+
+    # -- phone width: every section fits the screen, nothing scrolls sideways
+    await page.set_viewport_size(PHONE)
+    for view in ("cluster", "models", "playground", "keys", "metrics"):
+        await page.goto(f"{url}/ui/#/{view}")
+        await expect(page.locator("section:not([hidden]) h1")).to_be_visible()
+        await page.wait_for_timeout(300)
+        await no_sideways_scroll(page)
+        if view in ("cluster", "playground"):
+            await page.screenshot(path=shots / f"phone-{view}.png", full_page=True)
+    await page.set_viewport_size(DESKTOP)
+
+    # -- delete the model, after confirming
+    await page.goto(f"{url}/ui/#/models")
+    await model_card.get_by_role("button", name=f"Delete {name}").click()
+    await confirm.get_by_role("button", name="Delete").click()
+    await expect(model_card).to_have_count(0)
+    assert name not in {m.name for m in await client.list_models()}
+
+    # -- the API docs: Swagger UI from the package, on /openapi.json
+    await page.goto(f"{url}/docs")
+    await expect(page.locator(".opblock").first).to_be_visible()
+    assert await page.locator(".opblock").count() >= 20
+    await page.screenshot(path=shots / "docs.png")
+
+    assert watch.problems == []

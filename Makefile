@@ -7,8 +7,8 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.shoal-installed
 PYTEST_ARGS ?=
 
-.PHONY: install lint up test test-unit test-integration test-e2e bench bench-peer peer-vllm loadtest \
-	compose-check clean
+.PHONY: install browser lint up test test-unit test-integration test-e2e bench bench-peer peer-vllm \
+	loadtest compose-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ $(STAMP): pyproject.toml setup.py | $(PY)
 
 install: $(STAMP)
 
+# Debian's Chromium for the dashboard's browser test (apt-get when missing; see the script).
+browser:
+	@bash infra/install-browser.sh
+
 up: install
 	$(VENV)/bin/shoal up
 
@@ -31,7 +35,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 # ruff first, so CI (.ci/run -> make test) enforces it.
-test: install lint
+test: install lint browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: install
@@ -40,7 +44,7 @@ test-unit: install
 test-integration: install
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
-test-e2e: install
+test-e2e: install browser
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 bench: install

@@ -196,9 +196,27 @@ async def test_dashboard_end_to_end(stack, browser, shots: Path) -> None:
     await form.get_by_label("Replicas").fill("1")
     watch.expected(400)
 
+    # on GPUs it cannot fit (a CPU worker): the preview says why, and so does the instance,
+    # PENDING with the scheduler's reason
+    await form.get_by_label("Name").fill(f"nofit-{worker[3:]}")
+    await form.get_by_label("Device").select_option("gpu")
+    await form.get_by_role("button", name="Preview placement").click()
+    no_fit = form.locator(".plan.no-fit")
+    await expect(no_fit).to_contain_text("No placement.", timeout=60_000)  # reads the GGUF
+    why = await no_fit.inner_text()
+    await form.get_by_role("button", name="Deploy", exact=True).click()
+    pending = page.locator(f"article[data-model='nofit-{worker[3:]}'] .instance")
+    await expect(pending).to_have_attribute("data-state", "PENDING")
+    await expect(pending.locator(".message")).to_contain_text("No eligible worker has a GPU",
+                                                              timeout=30_000)
+    assert (await pending.locator(".message").inner_text()) in why
+
+    await page.get_by_role("button", name="Deploy a model").click()
+    await form.get_by_label("Name").fill(name)
+    await form.get_by_label("Device").select_option("cpu")
     await form.get_by_role("button", name="Preview placement").click()
     plan = form.locator(".plan.fits")
-    await expect(plan).to_contain_text(f"Fits on {worker}", timeout=60_000)  # reads the GGUF
+    await expect(plan).to_contain_text(f"Fits on {worker}")
     await expect(plan).to_contain_text("RAM")
     assert name not in {m.name for m in await client.list_models()}  # the dry run wrote nothing
     await page.screenshot(path=shots / "deploy-preview.png", full_page=True)
@@ -317,12 +335,18 @@ async def test_dashboard_end_to_end(stack, browser, shots: Path) -> None:
             await page.screenshot(path=shots / f"phone-{view}.png", full_page=True)
     await page.set_viewport_size(DESKTOP)
 
-    # -- delete the model, after confirming
+    # -- delete both models, after confirming (Escape cancels first)
     await page.goto(f"{url}/ui/#/models")
-    await model_card.get_by_role("button", name=f"Delete {name}").click()
-    await confirm.get_by_role("button", name="Delete").click()
-    await expect(model_card).to_have_count(0)
-    assert name not in {m.name for m in await client.list_models()}
+    for model in (name, f"nofit-{worker[3:]}"):
+        card = page.locator(f"article[data-model='{model}']")
+        await card.get_by_role("button", name=f"Delete {model}").click()
+        await page.keyboard.press("Escape")
+        await expect(confirm).to_be_hidden()
+        await expect(card.get_by_role("button", name=f"Delete {model}")).to_be_focused()
+        await card.get_by_role("button", name=f"Delete {model}").click()
+        await confirm.get_by_role("button", name="Delete").click()
+        await expect(card).to_have_count(0)
+    assert not {name, f"nofit-{worker[3:]}"} & {m.name for m in await client.list_models()}
 
     # -- the API docs: Swagger UI from the package, on /openapi.json
     await page.goto(f"{url}/docs")

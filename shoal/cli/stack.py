@@ -196,6 +196,9 @@ def up(settings: Settings, services: list[str], extra_args: dict[str, list[str]]
         is_ready = True
         print(f"shoal: ready in {time.monotonic() - started:.1f}s — worker {worker} READY; "
               f"data in {settings.data_dir}", flush=True)
+        if "gateway" in services:
+            base = f"http://{settings.gateway_host}:{settings.gateway_port}"
+            print(f"shoal: dashboard {base}/  (API docs {base}/docs)", flush=True)
         if model is not None:
             instance = asyncio.run(deploy_and_wait(stack.settings, model,
                                                    time.monotonic() + MODEL_TIMEOUT_S,

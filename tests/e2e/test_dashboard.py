@@ -219,7 +219,8 @@ async def test_dashboard_end_to_end(stack, browser, shots: Path) -> None:
     await expect(plan).to_contain_text(f"Fits on {worker}")
     await expect(plan).to_contain_text("RAM")
     assert name not in {m.name for m in await client.list_models()}  # the dry run wrote nothing
-    await page.screenshot(path=shots / "deploy-preview.png", full_page=True)
+    await form.evaluate("f => f.querySelectorAll('details').forEach(d => { d.open = false; })")
+    await page.screenshot(path=shots / "deploy-preview.png")
     await form.get_by_role("button", name="Deploy", exact=True).click()
 
     model_card = page.locator(f"article[data-model='{name}']")

@@ -20,6 +20,8 @@ const LABELS = {
   tp: "Tensor parallel (tp)",
   pp: "Pipeline parallel (pp)",
   gpu_memory_utilization: "GPU memory utilization",
+  gpu_selector: "GPU selector",
+  gpu_type: "GPU type",
   engine_args: "Engine settings",
   "engine_args.kv_cache_memory": "KV cache memory (bytes)",
   "engine_args.num_kv_blocks": "KV blocks",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.embedded import free_port
 from shoal.shared.schemas.registry import ApiKeyCreate
 from tests.integration.conftest import make_settings, running_registry
+from tests.integration.sched_helpers import delete_models
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -83,7 +85,8 @@ async def stack(servers, tmp_path_factory):
         admin = await client.create_key(ApiKeyCreate(name=f"admin-{tag}"))
         try:
             yield f"http://127.0.0.1:{settings.gateway_port}", admin.secret, worker, client
-        finally:
+        finally:  # a failed run must not leave its models to the next modules' schedulers
+            await delete_models(client, tag)
             stop.set()
             await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
             await bus.close()
@@ -353,6 +356,8 @@ async def test_dashboard_end_to_end(stack, browser, shots: Path) -> None:
     await page.goto(f"{url}/docs")
     await expect(page.locator(".opblock").first).to_be_visible()
     assert await page.locator(".opblock").count() >= 20
+    # "Try it out" carries the dashboard's key (Swagger UI's Authorize shows it as locked)
+    await expect(page.locator("button.btn.authorize").first).to_have_class(re.compile(r"\blocked"))
     await page.screenshot(path=shots / "docs.png")
 
     assert watch.problems == []

@@ -174,6 +174,9 @@ export function create() {
     h("h1", { id: "playground-h", tabindex: "-1" }, "Playground"),
     h("div", { class: "playground" }, settings,
       h("div", { class: "pane" }, tablist, error, chat.root, completions.root, codeBox)));
+  for (const event of ["input", "change"]) {  // the code shown follows what is typed
+    root.addEventListener(event, () => { if (!codeBox.hidden) showCode(); });
+  }
   return { root, refresh, interval: 5000 };
 }
 

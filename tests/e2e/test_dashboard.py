@@ -223,7 +223,7 @@ async def test_dashboard_end_to_end(stack, browser, shots: Path) -> None:
     await expect(plan).to_contain_text("RAM")
     assert name not in {m.name for m in await client.list_models()}  # the dry run wrote nothing
     await form.evaluate("f => f.querySelectorAll('details').forEach(d => { d.open = false; })")
-    await page.screenshot(path=shots / "deploy-preview.png")
+    await page.screenshot(path=shots / "deploy-preview.png", full_page=True)
     await form.get_by_role("button", name="Deploy", exact=True).click()
 
     model_card = page.locator(f"article[data-model='{name}']")
@@ -325,6 +325,7 @@ async def test_dashboard_end_to_end(stack, browser, shots: Path) -> None:
         await expect(confirm.get_by_role("button", name="Revoke")).to_be_focused()
         await page.keyboard.press("Enter")
         await expect(row).to_contain_text("REVOKED")
+        await expect(row.locator("th")).to_be_focused()  # the focus stays on the row
         await asyncio.sleep(0.5)  # the gateway's key cache (0.2 s here)
         assert await status(secret) == 401
 

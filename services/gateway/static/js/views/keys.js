@@ -45,6 +45,7 @@ export function create() {
     }
   });
 
+  let shown = null;
   async function refresh() {
     let keys;
     try {
@@ -54,6 +55,9 @@ export function create() {
       showError(listError, err);
       return;
     }
+    const now = JSON.stringify(keys);
+    if (now === shown) return;  // rebuilding the rows would take the focus off a Revoke button
+    shown = now;
     replace(rows, keys.length ? keys.map((k) => keyRow(k, refresh, listError))
       : h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No key yet.")));
   }
@@ -77,14 +81,15 @@ function keyRow(k, refresh, error) {
       try {
         await api("DELETE", `/api/v1/keys/${k.id}`);
         toast(`Revoked ${k.name}`);
-        refresh();
+        await refresh();
+        document.querySelector(`tr[data-key="${CSS.escape(k.name)}"] th`)?.focus();
       } catch (err) {
         showError(error, err);
       }
     },
   }, "Revoke");
   return h("tr", { "data-key": k.name },
-    h("th", { scope: "row" }, k.name),
+    h("th", { scope: "row", tabindex: "-1" }, k.name),
     h("td", {}, h("code", {}, `${k.prefix}…`)),
     h("td", {}, dateTime(k.created_at)),
     h("td", {}, k.expires_at ? dateTime(k.expires_at) : "never"),

@@ -55,15 +55,18 @@ export function create() {
       return;
     }
     listEl.querySelector(".empty")?.remove();
-    for (const m of models) {
+    models.forEach((m, index) => {
       let card = cards.get(m.id);
       if (!card) {
         card = modelCard(refresh);
         cards.set(m.id, card);
       }
       card.update(m, instances.filter((i) => i.model_id === m.id), names);
-      listEl.append(card.root);  // keeps the registry's order (by name); moving keeps focus
-    }
+      // the registry's order (by name); a card is moved only when it must, since moving a
+      // node takes the focus away from whatever the user is on inside it
+      const here = listEl.children[index];
+      if (here !== card.root) listEl.insertBefore(card.root, here ?? null);
+    });
   }
 
   return { root, refresh, interval: 2000 };

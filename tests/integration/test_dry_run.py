@@ -14,7 +14,6 @@ from tests.integration.conftest import running_service
 from tests.integration.sched_helpers import llama_config, start_worker, stop_workers
 from tests.integration.test_gateway import running_gateway
 
-from shoal.services.engine.model_prep import smollm2_gguf_path
 from shoal.services.scheduler.replica import run_scheduler
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
@@ -43,7 +42,7 @@ async def _dry_run(url: str, body: dict, query: str = "?dry_run=true") -> tuple[
 
 async def test_without_a_scheduler_the_dry_run_is_503(fleet) -> None:
     url, tag = fleet
-    status, body = await _dry_run(url, {"name": f"m-{tag}", "source": str(smollm2_gguf_path())})
+    status, body = await _dry_run(url, {"name": f"m-{tag}", "source": "/any/model.gguf"})
     assert status == 503, body
     assert "shoal.scheduler.placement.plan" in body["error"]["message"]
 
@@ -54,8 +53,8 @@ async def test_dry_run_places_refuses_and_writes_nothing(fleet, settings: Settin
     url, tag = fleet
     selector = {"dry": tag}
     async with running_service(run_scheduler, settings):
-        smol = str(smollm2_gguf_path())
-        status, plan = await _dry_run(url, {"name": f"smol-{tag}", "source": smol,
+        small = llama_config(tmp_path / "small", 2048, 16, 8, 16)  # ~1B: one 24 GB GPU
+        status, plan = await _dry_run(url, {"name": f"smol-{tag}", "source": small,
                                             "worker_selector": selector})
         assert status == 200, plan
         assert plan["fits"] is True and plan["worker_name"] == f"dry-{tag}"

@@ -138,6 +138,15 @@ async def delete_instance(request: web.Request) -> web.Response:
     return _json(await request.app[STATE].registry.delete_instance(_delete(request)))
 
 
+# ---------------------------------------------------------------- live engine loads
+@routes.get("/api/v1/loads")
+async def list_loads(request: web.Request) -> web.Response:
+    """What each live engine last published on shoal.load.<id> (running, waiting, KV-cache use,
+    cumulative token counters), as this gateway routes by it: the dashboard's live charts. Not
+    a Prometheus metric: each engine serves those itself."""
+    return _json(request.app[STATE].table.live_loads())
+
+
 # ---------------------------------------------------------------- workers
 @routes.get("/api/v1/workers")
 async def list_workers(request: web.Request) -> web.Response:

@@ -43,6 +43,8 @@ _OPS: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
      "management"),
     ("get", "/api/v1/instances/{id}", "Get an instance", None, "management"),
     ("delete", "/api/v1/instances/{id}", "Delete an instance", None, "management"),
+    ("get", "/api/v1/loads", "Live engine loads as this gateway sees them (running, waiting, "
+     "KV-cache use, token counters)", None, "management"),
     ("get", "/api/v1/workers", "List workers", None, "management"),
     ("get", "/api/v1/workers/{id}", "Get a worker", None, "management"),
     ("delete", "/api/v1/workers/{id}", "Delete a worker", None, "management"),

@@ -1,11 +1,12 @@
-// Metrics: live charts per engine instance from the gateway's own /metrics (the numbers a
-// Prometheus scrape sees): generated tokens/s, running and waiting requests, KV-cache use.
+// Metrics: live charts per engine instance from the load each engine publishes a few times a
+// second (GET /api/v1/loads: what the gateway routes by): generated tokens/s, running and
+// waiting requests, KV-cache use. Prometheus scrapes the same figures from each engine's own
+// /metrics (docs/observability.md); the browser can reach only the gateway.
 
 import { list } from "../api.js";
 import { sparkline } from "../chart.js";
 import { h, replace } from "../dom.js";
 import { number, percent } from "../format.js";
-import { parseMetrics } from "../prom.js";
 import { errorBox, showError } from "../widgets.js";
 
 export const title = "Metrics";
@@ -17,48 +18,41 @@ export function create() {
   const grid = h("div", { class: "cards" });
   const root = h("section", { "aria-labelledby": "metrics-h" },
     h("h1", { id: "metrics-h", tabindex: "-1" }, "Metrics"),
-    h("p", { class: "muted" }, "Sampled from ", h("a", { href: "/metrics" }, "/metrics"),
-      " every 2 s while this page is open; the last 5 minutes."),
+    h("p", { class: "muted" }, "Each engine's load, sampled every 2 s while this page is open; "
+      + "the last 5 minutes. Prometheus and Grafana: see ", h("code", {}, "/metrics/targets"), "."),
     error, total, grid);
-  const series = new Map();  // instance id -> {model, points: {tps, running, waiting, kv}}
+  const series = new Map();  // instance id -> {model, seen, tps, running, waiting, kv}
   const overall = [];
-  let last = null;  // {t, tokens: Map(instance -> generation_tokens_total)}
+  let last = null;  // {t, tokens: Map(instance id -> generation_tokens)}
   let names = new Map();
   let namesAt = 0;
 
   async function sample() {
     const t = Date.now() / 1000;
-    let samples;
+    let loads;
     try {
-      const resp = await fetch("/metrics");
-      samples = parseMetrics(await resp.text());
+      loads = await list("/api/v1/loads");
       showError(error, null);
     } catch (err) {
       showError(error, err);
       return;
     }
-    const by = (name) => new Map(samples.filter((s) => s.name === name)
-      .map((s) => [s.labels.engine, { model: s.labels.model_name, value: s.value }]));
-    const running = by("vllm:num_requests_running");
-    const waiting = by("vllm:num_requests_waiting");
-    const kv = by("vllm:kv_cache_usage_perc");
-    const tokens = by("vllm:generation_tokens_total");
     let sum = 0;
-    for (const [id, r] of running) {
-      const s = series.get(id) ?? { model: r.model, tps: [], running: [], waiting: [], kv: [] };
+    for (const load of loads) {
+      const id = load.instance_id;
+      const s = series.get(id) ?? { model: load.model_name, tps: [], running: [], waiting: [], kv: [] };
       series.set(id, s);
       const before = last?.tokens.get(id);
-      const now = tokens.get(id)?.value;
-      const tps = before !== undefined && now !== undefined ? Math.max(0, (now - before) / (t - last.t)) : 0;
+      const tps = before === undefined ? 0 : Math.max(0, (load.generation_tokens - before) / (t - last.t));
       sum += tps;
       s.tps.push([t, tps]);
-      s.running.push([t, r.value]);
-      s.waiting.push([t, waiting.get(id)?.value ?? 0]);
-      s.kv.push([t, kv.get(id)?.value ?? 0]);
+      s.running.push([t, load.num_running]);
+      s.waiting.push([t, load.num_waiting]);
+      s.kv.push([t, load.kv_cache_usage]);
       s.seen = t;
     }
     overall.push([t, sum]);
-    last = { t, tokens: new Map([...tokens].map(([id, v]) => [id, v.value])) };
+    last = { t, tokens: new Map(loads.map((l) => [l.instance_id, l.generation_tokens])) };
     for (const [id, s] of series) {
       for (const key of ["tps", "running", "waiting", "kv"]) {
         while (s[key].length && s[key][0][0] < t - KEEP_S) s[key].shift();
@@ -69,7 +63,7 @@ export function create() {
     if (t - namesAt > 10) {
       namesAt = t;
       list("/api/v1/instances").then((items) => { names = new Map(items.map((i) => [i.id, i.name])); })
-        .catch(() => {});  // names are a nicety: /metrics alone is public
+        .catch(() => {});  // names are a nicety
     }
   }
 

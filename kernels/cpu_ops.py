@@ -2,14 +2,23 @@
 place (csrc/cpu_attention.cpp), instead of gathering K/V into a padded copy first.
 
 The op is compiled by torch.utils.cpp_extension with the machine's g++ (-O3 -march=native) at
-first use, or by `make install`, and cached under torch's extensions folder (TORCH_EXTENSIONS_DIR,
-default ~/.cache/torch_extensions): a later process loads the cached library in milliseconds.
-Where it cannot be built (no compiler), the plain-torch ops stay in use, with a warning.
+first use, or by `make install`, and cached in the environment that runs it
+(`<sys.prefix>/torch_extensions`, or TORCH_EXTENSIONS_DIR when set): a later process loads the
+cached library in milliseconds. Where it cannot be built (no compiler), the plain-torch ops stay
+in use, with a warning.
+
+Why not torch's default folder (~/.cache/torch_extensions): it is shared by every checkout on the
+machine, and torch guards a build with a plain lock file that a killed build leaves behind, on
+which every later build then waits forever (a CI run hung on one). Here a build holds an flock,
+which the kernel drops when its process dies, and removes any lock file it finds under it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -18,8 +27,30 @@ import torch
 from shoal.kernels.paged_attention import prefill_chunk
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_attention.cpp"
+NAME = "shoal_cpu_attention"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-DNDEBUG"]
 """-fopenmp compiles at::parallel_for's OpenMP loop; it links against torch's own libgomp."""
+
+
+def build_root() -> Path:
+    """Where built ops are cached: TORCH_EXTENSIONS_DIR, else inside this Python environment
+    (a fresh venv builds afresh), else the user's cache when the environment is read-only."""
+    if env := os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(env)
+    root = Path(sys.prefix) / "torch_extensions"
+    if os.access(sys.prefix, os.W_OK) or root.is_dir():
+        return root
+    return Path.home() / ".cache" / "shoal" / "torch_extensions"
+
+
+def build_locked(build_dir: Path, build) -> None:
+    """Run `build` under an flock on `build_dir`, after removing torch's lock file: while the
+    flock is held no other builder runs, so a lock file there is a killed build's leftover."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir.with_suffix(".flock"), "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)
+        build()
 
 
 @functools.cache
@@ -28,8 +59,10 @@ def load() -> bool:
     try:
         from torch.utils.cpp_extension import load as build
 
-        build(name="shoal_cpu_attention", sources=[str(SOURCE)], extra_cflags=FLAGS,
-              is_python_module=False, verbose=False)
+        build_dir = build_root() / NAME
+        build_locked(build_dir, lambda: build(
+            name=NAME, sources=[str(SOURCE)], extra_cflags=FLAGS, is_python_module=False,
+            verbose=False, build_directory=str(build_dir)))
     except Exception as exc:  # no compiler, no headers: the torch ops still work
         warnings.warn(f"the C++ attention op could not be built ({exc}); using the torch ops",
                       stacklevel=2)

@@ -7,10 +7,12 @@ users expect them.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -23,6 +25,11 @@ class Settings(BaseSettings):
     database_url: str | None = None
     """postgresql+asyncpg://... None: embedded PostgreSQL under <data_dir>/postgres."""
     data_dir: Path = Path.home() / ".shoal"
+    namespace: str | None = None
+    """Prefix of every NATS subject, queue group and stream of this stack (Dynamo's namespace):
+    stacks sharing one NATS server never answer each other. None: derived from data_dir (`ns`),
+    or the one `shoal up` wrote to stack.json; processes of one cluster on several machines must
+    set the same value."""
 
     request_timeout: float = 5.0
     """Seconds a bus request waits for its reply."""
@@ -101,6 +108,22 @@ class Settings(BaseSettings):
     otel_exporter: Literal["none", "console", "otlp"] = "none"
     """Where spans go: nowhere, the console, or OTLP (endpoint and protocol from the standard
     OTEL_EXPORTER_OTLP_* variables). Anything else is refused at start."""
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_token(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9_-]+", value):
+            raise ValueError("letters, digits, - and _ only (it is a NATS subject token)")
+        return value
+
+    @property
+    def ns(self) -> str:
+        """The namespace in effect: SHOAL_NAMESPACE, else `d` + 10 hex digits of the data dir's
+        absolute path (the same for `shoal up`, its services and the CLI on one data dir)."""
+        if self.namespace:
+            return self.namespace
+        path = str(self.data_dir.expanduser().absolute())
+        return "d" + hashlib.sha256(path.encode()).hexdigest()[:10]
 
     @property
     def stack_file(self) -> Path:

@@ -22,7 +22,6 @@ from nats.aio.subscription import Subscription
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus, encode
 from shoal.shared.config import Settings
 from shoal.shared.schemas.metrics import MetricsTarget
@@ -49,13 +48,14 @@ def advertised_host(host: str, advertise: str | None = None) -> str:
 
 
 async def answer_discovery(bus: Bus, target: MetricsTarget) -> Subscription:
-    """Reply with `target` to every shoal.metrics.targets request (no queue group: all answer)."""
+    """Reply with `target` to every shoal.<ns>.metrics.targets request (no queue group: all
+    answer)."""
 
     async def on_request(msg: Msg) -> None:
         if msg.reply:
             await bus.nc.publish(msg.reply, encode(target))
 
-    return await bus.nc.subscribe(subjects.METRICS_TARGETS, cb=on_request)
+    return await bus.nc.subscribe(bus.subjects.metrics_targets, cb=on_request)
 
 
 async def discover_targets(bus: Bus, wait: float = DISCOVERY_WAIT_S) -> list[MetricsTarget]:
@@ -72,7 +72,7 @@ async def discover_targets(bus: Bus, wait: float = DISCOVERY_WAIT_S) -> list[Met
 
     sub = await bus.nc.subscribe(inbox, cb=on_reply)
     try:
-        await bus.nc.publish(subjects.METRICS_TARGETS, b"{}", reply=inbox)
+        await bus.nc.publish(bus.subjects.metrics_targets, b"{}", reply=inbox)
         await asyncio.sleep(wait)
     finally:
         await sub.unsubscribe()

@@ -15,7 +15,6 @@ from pydantic import BaseModel, ValidationError
 
 from shoal.services.gateway.instances import EngineGone, InstanceTable, LiveInstance
 from shoal.services.gateway.router import Router
-from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
@@ -91,7 +90,7 @@ class InferClient:
         started = finished = False
         try:
             async with self.bus.streamed_request(
-                    subjects.infer(instance_id), InferRequestEnvelope(request=req),
+                    self.bus.subjects.infer(instance_id), InferRequestEnvelope(request=req),
                     headers={"request_id": req.request_id}, queue=queue):
                 expected = 0
                 while True:
@@ -148,7 +147,8 @@ class InferClient:
 
     async def _abort(self, instance_id: str, request_id: str) -> None:
         try:
-            await self.bus.publish(subjects.abort(instance_id), AbortRequest(request_id=request_id))
+            await self.bus.publish(self.bus.subjects.abort(instance_id),
+                                   AbortRequest(request_id=request_id))
         except Exception as exc:  # noqa: BLE001 - the connection may be closing
             log.warning("could not abort %s on %s: %s", request_id, instance_id, exc)
 
@@ -162,7 +162,7 @@ class InferClient:
                 break
             tried.append(instance_id)
             try:
-                return await self.bus.request(subjects.infer(instance_id),
+                return await self.bus.request(self.bus.subjects.infer(instance_id),
                                               InferRequestEnvelope(request=request), reply_type)  # type: ignore[arg-type]
             except (Unavailable, Timeout) as exc:
                 last = exc

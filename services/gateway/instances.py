@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from nats.aio.msg import Msg
 
 from shoal.services.gateway.router import Candidate, Router
-from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
@@ -64,8 +63,9 @@ class InstanceTable:
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
-        self._subs.append(await self.bus.subscribe(subjects.LOAD_ALL, EngineLoad, self._on_load))
-        self._subs.append(await self.bus.subscribe(subjects.events_of("instances"), InstanceEvent,
+        names = self.bus.subjects
+        self._subs.append(await self.bus.subscribe(names.load_all, EngineLoad, self._on_load))
+        self._subs.append(await self.bus.subscribe(names.events_of("instances"), InstanceEvent,
                                                    self._on_event))
         with contextlib.suppress(ShoalError):
             await self.refresh()

@@ -16,7 +16,6 @@ from shoal.services.registry.repo.api_keys import ApiKeyRepo
 from shoal.services.registry.repo.instances import InstanceRepo
 from shoal.services.registry.repo.models import ModelRepo
 from shoal.services.registry.repo.workers import WorkerRepo
-from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.service import RpcService
 from shoal.shared.schemas.events import (
@@ -137,7 +136,7 @@ class RegistryApi:
 
     async def _emit(self, resource: str, row_id: str, event: BaseModel) -> None:
         try:
-            await self.bus.publish_event(subjects.event(resource, row_id), event)
+            await self.bus.publish_event(self.bus.subjects.event(resource, row_id), event)
         except Exception:  # noqa: BLE001 - the change is committed; reconcilers catch up
             log.exception("could not publish %s event for %s", resource, row_id)
 

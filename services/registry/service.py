@@ -12,7 +12,6 @@ from shoal.services.registry.repo.api_keys import ApiKeyRepo
 from shoal.services.registry.repo.instances import InstanceRepo
 from shoal.services.registry.repo.models import ModelRepo
 from shoal.services.registry.repo.workers import WorkerRepo
-from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.service import RpcService
 from shoal.shared.config import Settings
@@ -44,7 +43,7 @@ async def run_registry(settings: Settings, stop: asyncio.Event,
         api = RegistryApi(bus, ModelRepo(sessions), WorkerRepo(sessions), InstanceRepo(sessions),
                           ApiKeyRepo(sessions))
         metrics = new_registry()
-        svc = RpcService(bus, subjects.REGISTRY_SERVICE, VERSION, subjects.REGISTRY_GROUP,
+        svc = RpcService(bus, "shoal-registry", VERSION, bus.subjects.registry_group,
                          "Shoal registry: models, workers, instances, API keys", metrics)
         await svc.start()
         stack.push_async_callback(svc.stop)
@@ -54,11 +53,12 @@ async def run_registry(settings: Settings, stop: asyncio.Event,
         stack.push_async_callback(endpoint.stop)
 
         liveness = Liveness(api, settings.heartbeat_timeout, settings.heartbeat_check_interval)
-        await bus.subscribe(subjects.HEARTBEATS_ALL, WorkerHeartbeat, liveness.on_heartbeat,
-                            queue=subjects.REGISTRY_SERVICE)
+        await bus.subscribe(bus.subjects.heartbeats_all, WorkerHeartbeat, liveness.on_heartbeat,
+                            queue=bus.subjects.registry_service)
         monitor = asyncio.create_task(liveness.run(stop), name="liveness")
         await bus.nc.flush()
-        log.info("registry serving on %s.* (NATS %s)", subjects.REGISTRY_GROUP, settings.nats_url)
+        log.info("registry serving on %s.* (NATS %s)", bus.subjects.registry_group,
+                 settings.nats_url)
         if ready is not None:
             ready.set()
         await stop.wait()

@@ -16,7 +16,6 @@ from shoal.services.scheduler.election import PostgresElection, default_identity
 from shoal.services.scheduler.metrics import SchedulerCollector
 from shoal.services.scheduler.reconcile import SchedulerConfig
 from shoal.services.scheduler.service import SchedulerService
-from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.bus.service import RpcService
@@ -43,11 +42,11 @@ class SchedulerReplica:
 
     async def serve(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         """Serve until `stop` is set; `ready` once registered and campaigning (leader or not)."""
-        bus = await Bus.connect(self.settings, name=subjects.SCHEDULER_SERVICE)
+        bus = await Bus.connect(self.settings, name="shoal-scheduler")
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(bus.close)
             metrics = new_registry()
-            rpc = RpcService(bus, subjects.SCHEDULER_SERVICE, VERSION, subjects.SCHEDULER_GROUP,
+            rpc = RpcService(bus, "shoal-scheduler", VERSION, bus.subjects.scheduler_group,
                              "Shoal scheduler: places instances; one replica leads", metrics)
             await rpc.start()
             stack.push_async_callback(rpc.stop)

@@ -23,7 +23,6 @@ from shoal.services.scheduler.election import Leadership, Term, first_of
 from shoal.services.scheduler.planner import Planner, ProfileCache, build_request
 from shoal.services.scheduler.policies.base import PlacementRequest
 from shoal.services.scheduler.reconcile import PassPlan, SchedulerConfig, plan_pass
-from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.db.leader_lock import NOT_LEADER
@@ -116,7 +115,7 @@ class SchedulerService:
 
     async def _consume(self, bus: Bus, stop: asyncio.Event) -> None:
         """The durable consumer; restarted after a failure (the periodic reconcile goes on)."""
-        await run_every(1.0, stop, lambda: bus.consume(self.config.durable, subjects.EVENTS_ALL,
+        await run_every(1.0, stop, lambda: bus.consume(self.config.durable, bus.subjects.events_all,
                                                        self.on_event, stop),
                         "event consumer (retrying)", log, expected=(Exception,))
 

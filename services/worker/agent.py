@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from shoal.services.worker.devices import detect_devices, parse_simulated
 from shoal.services.worker.metrics import DeviceCollector
 from shoal.services.worker.supervisor import Supervisor
-from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
@@ -73,7 +72,7 @@ class WorkerAgent:
     async def heartbeat(self) -> None:
         assert self.worker is not None
         instances = self.supervisor.instance_states() if self.supervisor is not None else {}
-        await self.bus.publish(subjects.heartbeat(self.worker.id), WorkerHeartbeat(
+        await self.bus.publish(self.bus.subjects.heartbeat(self.worker.id), WorkerHeartbeat(
             worker_id=self.worker.id, status=self.devices(), instances=instances))
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from nats.aio.msg import Msg
 
-from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
@@ -70,7 +69,8 @@ class Supervisor:
         return {i: self.states[i] for i, e in self.engines.items() if e.alive and i in self.states}
 
     async def run(self, stop: asyncio.Event) -> None:
-        sub = await self.bus.nc.subscribe(subjects.events_of("instances"), cb=self._on_event)
+        sub = await self.bus.nc.subscribe(self.bus.subjects.events_of("instances"),
+                                          cb=self._on_event)
         try:
             while not stop.is_set():
                 try:
@@ -123,7 +123,7 @@ class Supervisor:
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"engine-{instance.name}.log"
         env = dict(os.environ)
-        env.update(SHOAL_NATS_URL=str(self.settings.nats_url))
+        env.update(SHOAL_NATS_URL=str(self.settings.nats_url), SHOAL_NAMESPACE=self.settings.ns)
         if instance.gpu_indexes:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, instance.gpu_indexes))
         with open(log_path, "ab") as out:

@@ -23,7 +23,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, S
 from nats.js.errors import BadRequestError, NotFoundError
 from pydantic import BaseModel, ValidationError
 
-from shoal.shared.bus import subjects
+from shoal.shared.bus.subjects import Subjects
 from shoal.shared.config import Settings
 from shoal.shared.errors import InvalidRequest, ShoalError, Timeout, Unavailable
 from shoal.shared.schemas.common import ErrorReply
@@ -81,6 +81,7 @@ class Bus:
         self.closing = False
         self.js: JetStreamContext = nc.jetstream()
         self.settings = settings
+        self.subjects = Subjects(settings.ns)
 
     @classmethod
     async def connect(cls, settings: Settings, name: str) -> Bus:
@@ -160,8 +161,9 @@ class Bus:
 
     # ------------------------------------------------------------ JetStream events
     async def ensure_events_stream(self) -> None:
-        """Create SHOAL_EVENTS (idempotent; updated when its config drifted)."""
-        config = StreamConfig(name=subjects.EVENTS_STREAM, subjects=[subjects.EVENTS_ALL],
+        """Create the namespace's SHOAL_EVENTS_<ns> (idempotent; updated when its config
+        drifted)."""
+        config = StreamConfig(name=self.subjects.events_stream, subjects=[self.subjects.events_all],
                               storage=StorageType.FILE, max_age=EVENTS_MAX_AGE_S)
         try:
             await self.js.add_stream(config)
@@ -179,7 +181,7 @@ class Bus:
         """
         await self.ensure_events_stream()
         sub = await self.js.pull_subscribe(
-            subject, durable=durable, stream=subjects.EVENTS_STREAM,
+            subject, durable=durable, stream=self.subjects.events_stream,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW,
                                   max_deliver=10, ack_wait=30),
         )

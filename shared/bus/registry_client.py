@@ -6,7 +6,6 @@ ShoalError kind the registry raised (NotFound, Conflict, InvalidRequest, ...).
 
 from __future__ import annotations
 
-from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.schemas.common import Page
 from shoal.shared.schemas.registry import (
@@ -19,76 +18,77 @@ from shoal.shared.schemas.registry import (
 class RegistryClient:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
+        self._on = bus.subjects.registry
 
     # models
     async def create_model(self, req: ModelCreate) -> ModelPublic:
-        return await self.bus.request(subjects.registry("models", "create"), req, ModelPublic)
+        return await self.bus.request(self._on("models", "create"), req, ModelPublic)
 
     async def get_model(self, id: str | None = None, name: str | None = None) -> ModelPublic:
-        return await self.bus.request(subjects.registry("models", "get"),
+        return await self.bus.request(self._on("models", "get"),
                                       ByIdOrName(id=id, name=name), ModelPublic)
 
     async def list_models(self, req: ListRequest | None = None) -> list[ModelPublic]:
-        page = await self.bus.request(subjects.registry("models", "list"), req or ListRequest(),
+        page = await self.bus.request(self._on("models", "list"), req or ListRequest(),
                                       Page[ModelPublic])
         return page.items
 
     async def update_model(self, req: ModelUpdate) -> ModelPublic:
-        return await self.bus.request(subjects.registry("models", "update"), req, ModelPublic)
+        return await self.bus.request(self._on("models", "update"), req, ModelPublic)
 
     async def delete_model(self, req: DeleteRequest) -> Deleted:
-        return await self.bus.request(subjects.registry("models", "delete"), req, Deleted)
+        return await self.bus.request(self._on("models", "delete"), req, Deleted)
 
     # instances
     async def create_instance(self, req: InstanceCreate) -> InstancePublic:
-        return await self.bus.request(subjects.registry("instances", "create"), req, InstancePublic)
+        return await self.bus.request(self._on("instances", "create"), req, InstancePublic)
 
     async def get_instance(self, id: str) -> InstancePublic:
-        return await self.bus.request(subjects.registry("instances", "get"), ById(id=id),
+        return await self.bus.request(self._on("instances", "get"), ById(id=id),
                                       InstancePublic)
 
     async def list_instances(self, req: InstanceFilter | None = None) -> list[InstancePublic]:
-        page = await self.bus.request(subjects.registry("instances", "list"),
+        page = await self.bus.request(self._on("instances", "list"),
                                       req or InstanceFilter(),
                                       Page[InstancePublic])
         return page.items
 
     async def transition_instance(self, req: InstanceTransition) -> InstancePublic:
-        return await self.bus.request(subjects.registry("instances", "transition"), req,
+        return await self.bus.request(self._on("instances", "transition"), req,
                                       InstancePublic)
 
     async def delete_instance(self, req: DeleteRequest) -> Deleted:
-        return await self.bus.request(subjects.registry("instances", "delete"), req, Deleted)
+        return await self.bus.request(self._on("instances", "delete"), req, Deleted)
 
     # workers
     async def register_worker(self, req: WorkerRegister) -> WorkerPublic:
-        return await self.bus.request(subjects.registry("workers", "register"), req, WorkerPublic)
+        return await self.bus.request(self._on("workers", "register"), req, WorkerPublic)
 
     async def get_worker(self, id: str) -> WorkerPublic:
-        return await self.bus.request(subjects.registry("workers", "get"), ById(id=id),
+        return await self.bus.request(self._on("workers", "get"), ById(id=id),
                                       WorkerPublic)
 
     async def list_workers(self, req: ListRequest | None = None) -> list[WorkerPublic]:
-        page = await self.bus.request(subjects.registry("workers", "list"), req or ListRequest(),
+        page = await self.bus.request(self._on("workers", "list"), req or ListRequest(),
                                       Page[WorkerPublic])
         return page.items
 
     async def delete_worker(self, req: DeleteRequest) -> Deleted:
-        return await self.bus.request(subjects.registry("workers", "delete"), req, Deleted)
+        return await self.bus.request(self._on("workers", "delete"), req, Deleted)
 
     # api keys
     async def create_key(self, req: ApiKeyCreate) -> ApiKeyCreated:
-        return await self.bus.request(subjects.registry("keys", "create"), req, ApiKeyCreated)
+        return await self.bus.request(self._on("keys", "create"), req, ApiKeyCreated)
 
     async def list_keys(self, req: ListRequest | None = None) -> list[ApiKeyPublic]:
-        page = await self.bus.request(subjects.registry("keys", "list"), req or ListRequest(),
+        page = await self.bus.request(self._on("keys", "list"), req or ListRequest(),
                                       Page[ApiKeyPublic])
         return page.items
 
     async def revoke_key(self, id: str) -> ApiKeyPublic:
-        return await self.bus.request(subjects.registry("keys", "revoke"), ById(id=id),
+        return await self.bus.request(self._on("keys", "revoke"), ById(id=id),
                                       ApiKeyPublic)
 
     async def verify_key(self, secret: str) -> ApiKeyVerified:
-        return await self.bus.request(subjects.registry("keys", "verify"),
+        return await self.bus.request(self._on("keys", "verify"),
                                       ApiKeyVerify(secret=secret), ApiKeyVerified)

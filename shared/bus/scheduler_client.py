@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.schemas.common import Empty
 from shoal.shared.schemas.registry import ModelCreate
@@ -18,10 +17,10 @@ class SchedulerClient:
         self.bus = bus
 
     async def status(self) -> SchedulerStatus:
-        return await self.bus.request(subjects.SCHEDULER_LEADER, Empty(), SchedulerStatus)
+        return await self.bus.request(self.bus.subjects.scheduler_leader, Empty(), SchedulerStatus)
 
     async def plan(self, model: ModelCreate) -> PlacementPlan:
         """Where one more instance of `model` would go now, or why nowhere; nothing is written."""
-        return await self.bus.request(subjects.SCHEDULER_PLAN, model, PlacementPlan,
+        return await self.bus.request(self.bus.subjects.scheduler_plan, model, PlacementPlan,
                                       timeout=max(PLAN_TIMEOUT_S,
                                                   self.bus.settings.request_timeout))

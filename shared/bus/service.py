@@ -32,7 +32,8 @@ Handler = Callable[[Req], Awaitable[BaseModel]]
 
 
 class RpcService:
-    """One micro service; endpoints are served as <group>.<resource>.<verb>."""
+    """One micro service; endpoints are served as <group>.<resource>.<verb>. `name` (e.g.
+    shoal-registry) labels its metrics; on NATS it is namespaced (`Subjects.service`)."""
 
     def __init__(self, bus: Bus, name: str, version: str, group: str,
                  description: str = "", metrics: CollectorRegistry | None = None) -> None:
@@ -53,8 +54,8 @@ class RpcService:
 
     async def start(self) -> None:
         self._service = await nats.micro.add_service(
-            self.bus.nc, name=self.name, version=self.version, description=self.description,
-            queue_group=self.name,
+            self.bus.nc, name=self.bus.subjects.service(self.name), version=self.version,
+            description=self.description, queue_group=self.bus.subjects.service(self.name),
         )
 
     async def stop(self) -> None:

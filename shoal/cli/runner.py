@@ -18,10 +18,11 @@ ServiceMain = Callable[[Settings, asyncio.Event], Awaitable[None]]
 
 
 def resolve_settings(**overrides: object) -> Settings:
-    """SHOAL_* variables first; URLs missing there come from the stack file `shoal up` wrote."""
+    """SHOAL_* variables first; URLs (and the namespace) missing there come from the stack file
+    `shoal up` wrote."""
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     stack = read_stack_file(settings.stack_file)
-    update = {key: stack[key] for key in ("nats_url", "database_url")
+    update = {key: stack[key] for key in ("nats_url", "database_url", "namespace")
               if getattr(settings, key) is None and stack.get(key)}
     return settings.model_copy(update=update) if update else settings
 

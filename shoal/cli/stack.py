@@ -78,8 +78,11 @@ class Stack:
             self.postgres = EmbeddedPostgres.start(data / "postgres")
             database_url = self.postgres.url
             print(f"shoal: embedded PostgreSQL at {database_url}", flush=True)
+        gateway_url = f"http://{self.settings.gateway_host}:{self.settings.gateway_port}"
         write_stack_file(self.settings.stack_file, nats_url, database_url,
-                         gateway_url=f"http://{self.settings.gateway_host}:{self.settings.gateway_port}")
+                         gateway_url=gateway_url, namespace=self.settings.ns)
+        print(f"shoal: namespace {self.settings.ns} (NATS subjects shoal.{self.settings.ns}.*)",
+              flush=True)
         self.settings = self.settings.model_copy(update={"nats_url": nats_url,
                                                          "database_url": database_url})
         return nats_url, database_url
@@ -89,6 +92,7 @@ class Stack:
         env.update(SHOAL_NATS_URL=str(self.settings.nats_url),
                    SHOAL_DATABASE_URL=str(self.settings.database_url),
                    SHOAL_DATA_DIR=str(self.settings.data_dir),
+                   SHOAL_NAMESPACE=self.settings.ns,
                    SHOAL_GATEWAY_HOST=self.settings.gateway_host,
                    SHOAL_GATEWAY_PORT=str(self.settings.gateway_port))
         if self.settings.api_key:

@@ -15,7 +15,6 @@ import pytest
 
 from shoal.services.worker.agent import run_worker
 from shoal.services.engine.model_prep import smollm2_gguf_path
-from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.errors import InvalidRequest
@@ -54,7 +53,8 @@ async def generate(bus: Bus, subject: str, req: GenerateRequest, abort_after: in
         assert reply.seq == len(replies), "replies must arrive in seq order without gaps"
         replies.append(reply)
         if abort_after is not None and len(replies) == abort_after:
-            await bus.publish(subjects.abort(instance_id), AbortRequest(request_id=req.request_id))
+            await bus.publish(bus.subjects.abort(instance_id),
+                              AbortRequest(request_id=req.request_id))
         if isinstance(reply, (InferEnd, InferError)):
             return replies
     raise AssertionError("stream ended without an end message")
@@ -71,7 +71,7 @@ async def latest_load(bus: Bus, instance_id: str) -> EngineLoad:
         if not future.done():
             future.set_result(EngineLoad.model_validate_json(msg.data))
 
-    sub = await bus.nc.subscribe(subjects.load(instance_id), cb=on_load)
+    sub = await bus.nc.subscribe(bus.subjects.load(instance_id), cb=on_load)
     try:
         return await asyncio.wait_for(future, 5)
     finally:
@@ -118,7 +118,7 @@ async def test_chat_streams_with_seq_and_usage(stack) -> None:
                           messages=[ChatMessage(role="user",
                                                 content="What is the capital of France?")],
                           sampling=SamplingOptions(temperature=0, max_tokens=20))
-    replies = await generate(bus, subjects.infer(inst.id), req)
+    replies = await generate(bus, bus.subjects.infer(inst.id), req)
     assert isinstance(replies[0], InferChunk)
     assert replies[0].choices == [] and replies[0].prompt_token_ids
     end = replies[-1]
@@ -135,9 +135,9 @@ async def test_plain_prompt_and_tokenize(stack) -> None:
     req = GenerateRequest(request_id=uuid.uuid4().hex, model=model.name,
                           prompt="The capital of France is",
                           sampling=SamplingOptions(temperature=0, max_tokens=5))
-    replies = await generate(bus, subjects.infer(inst.id), req)
+    replies = await generate(bus, bus.subjects.infer(inst.id), req)
     assert isinstance(replies[-1], InferEnd) and text_of(replies).strip()
-    tok = await bus.request(subjects.infer(inst.id), InferRequestEnvelope(
+    tok = await bus.request(bus.subjects.infer(inst.id), InferRequestEnvelope(
         request=TokenizeRequest(model=model.name, prompt="Hello world")), TokenizeReply)
     assert tok.count == len(tok.tokens) > 0 and tok.max_model_len == 512
 
@@ -146,14 +146,14 @@ async def test_bad_requests_are_refused_before_acceptance(stack) -> None:
     bus, client, model, inst = stack
     too_long = GenerateRequest(request_id=uuid.uuid4().hex, model=model.name, prompt="hello " * 600,
                                sampling=SamplingOptions(max_tokens=10))
-    replies = await generate(bus, subjects.infer(inst.id), too_long)
+    replies = await generate(bus, bus.subjects.infer(inst.id), too_long)
     assert len(replies) == 1 and isinstance(replies[0], InferError) and replies[0].status == 400
     bad = GenerateRequest(request_id=uuid.uuid4().hex, model=model.name, prompt="hi",
                           sampling=SamplingOptions(temperature=-1))
-    replies = await generate(bus, subjects.infer(inst.id), bad)
+    replies = await generate(bus, bus.subjects.infer(inst.id), bad)
     assert isinstance(replies[0], InferError) and replies[0].error.param == "temperature"
     with pytest.raises(InvalidRequest):
-        await bus.request(subjects.infer(inst.id), InferRequestEnvelope(
+        await bus.request(bus.subjects.infer(inst.id), InferRequestEnvelope(
             request=TokenizeRequest(model=model.name)), TokenizeReply)
 
 
@@ -162,7 +162,8 @@ async def test_abort_frees_the_engine(stack) -> None:
     req = GenerateRequest(request_id=uuid.uuid4().hex, model=model.name,
                           prompt="Count to one thousand:",
                           sampling=SamplingOptions(temperature=0, max_tokens=400, ignore_eos=True))
-    replies = await generate(bus, subjects.infer(inst.id), req, abort_after=3, instance_id=inst.id)
+    replies = await generate(bus, bus.subjects.infer(inst.id), req, abort_after=3,
+                             instance_id=inst.id)
     assert isinstance(replies[-1], InferError) and replies[-1].status == 499
     deadline = time.monotonic() + 5
     while (load := await latest_load(bus, inst.id)).num_running and time.monotonic() < deadline:

@@ -44,7 +44,7 @@ async def test_without_a_scheduler_the_dry_run_is_503(fleet) -> None:
     url, tag = fleet
     status, body = await _dry_run(url, {"name": f"m-{tag}", "source": "/any/model.gguf"})
     assert status == 503, body
-    assert "shoal.scheduler.placement.plan" in body["error"]["message"]
+    assert ".scheduler.placement.plan" in body["error"]["message"]
 
 
 async def test_dry_run_places_refuses_and_writes_nothing(fleet, settings: Settings,

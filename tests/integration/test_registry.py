@@ -11,7 +11,6 @@ import uuid
 import asyncpg
 import pytest
 
-from shoal.shared.bus import subjects
 from shoal.shared.bus.client import ERROR_CODE_HEADER
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.errors import Conflict, InvalidRequest, NotFound
@@ -137,7 +136,7 @@ async def test_events_carry_state_and_version(bus, client: RegistryClient) -> No
     async def on_event(msg) -> None:
         await received.put(ModelEvent.model_validate_json(msg.data))
 
-    sub = await bus.nc.subscribe(subjects.events_of("models"), cb=on_event)
+    sub = await bus.nc.subscribe(bus.subjects.events_of("models"), cb=on_event)
     try:
         model = await new_model(client)
         await client.update_model(ModelUpdate(id=model.id, version=1, replicas=4))
@@ -151,13 +150,13 @@ async def test_events_carry_state_and_version(bus, client: RegistryClient) -> No
     assert [(e.kind.value, e.version, e.data.replicas) for e in mine] == [("created", 1, 1),
                                                                           ("updated", 2, 4)]
     # and they are in the JetStream stream
-    info = await bus.js.stream_info(subjects.EVENTS_STREAM)
+    info = await bus.js.stream_info(bus.subjects.events_stream)
     assert info.state.messages >= 2
 
 
 async def test_malformed_messages_get_errors_and_service_keeps_serving(
         bus, client: RegistryClient) -> None:
-    subject = subjects.registry("models", "create")
+    subject = bus.subjects.registry("models", "create")
     for bad in (b"not json", b'{"name": 5}',
                 json.dumps({"name": "ok", "source": "/x", "bogus": 1}).encode()):
         reply = await bus.nc.request(subject, bad, timeout=5)
@@ -168,10 +167,11 @@ async def test_malformed_messages_get_errors_and_service_keeps_serving(
 
 
 async def test_discovery_ping(bus) -> None:
-    reply = await bus.nc.request("$SRV.PING.shoal-registry", b"", timeout=5)
-    assert json.loads(reply.data)["name"] == subjects.REGISTRY_SERVICE
-    info = json.loads((await bus.nc.request("$SRV.INFO.shoal-registry", b"", timeout=5)).data)
-    assert "shoal.registry.models.create" in {e["subject"] for e in info["endpoints"]}
+    name = bus.subjects.registry_service
+    reply = await bus.nc.request(f"$SRV.PING.{name}", b"", timeout=5)
+    assert json.loads(reply.data)["name"] == name
+    info = json.loads((await bus.nc.request(f"$SRV.INFO.{name}", b"", timeout=5)).data)
+    assert bus.subjects.registry("models", "create") in {e["subject"] for e in info["endpoints"]}
 
 
 async def test_api_key_secret_never_stored_or_logged(client: RegistryClient, settings,

@@ -23,7 +23,6 @@ from tests.integration.sched_helpers import (
 
 from shoal.services.scheduler.election import asyncpg_dsn
 from shoal.services.scheduler.replica import SchedulerReplica
-from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
@@ -100,7 +99,7 @@ async def ping_ids(bus: Bus, expected: int) -> set[str]:
     sub = await bus.nc.subscribe(inbox, cb=on_reply)
     ids: set[str] = set()
     try:
-        await bus.nc.publish(f"$SRV.PING.{subjects.SCHEDULER_SERVICE}", b"", reply=inbox)
+        await bus.nc.publish(f"$SRV.PING.{bus.subjects.scheduler_service}", b"", reply=inbox)
         with contextlib.suppress(asyncio.TimeoutError):
             while len(ids) < expected:
                 ids.add(json.loads(await asyncio.wait_for(replies.get(), 5))["id"])
@@ -138,7 +137,7 @@ async def test_one_leader_places_and_a_clean_stop_hands_over(
             await wait_for(lambda: holds(standby.replica.election.leader == leader.name), 10,
                            "the standby to see the leader")
             for _ in range(4):  # whichever replica answers names the same leader
-                status = await bus.request(subjects.SCHEDULER_LEADER, Empty(), SchedulerStatus)
+                status = await bus.request(bus.subjects.scheduler_leader, Empty(), SchedulerStatus)
                 assert status.leader == leader.name
                 assert status.is_leader == (status.replica == leader.name)
                 assert (status.leader_since is not None) == status.is_leader
@@ -204,7 +203,8 @@ async def test_a_killed_leader_is_replaced_and_failover_is_measured(
             async def proc_leads() -> bool:
                 assert proc.poll() is None, log_file.read_text()
                 with contextlib.suppress(Exception):
-                    status = await bus.request(subjects.SCHEDULER_LEADER, Empty(), SchedulerStatus)
+                    status = await bus.request(bus.subjects.scheduler_leader, Empty(),
+                                               SchedulerStatus)
                     return status.is_leader and status.replica == f"proc-{tag}"
                 return False
 

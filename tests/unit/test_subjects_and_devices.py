@@ -1,22 +1,47 @@
-"""Subjects are built, validated and stable; simulated device specs parse or are refused."""
+"""Subjects are built, validated, namespaced and stable; simulated device specs parse or are
+refused."""
 
 from __future__ import annotations
 
 import pytest
 
 from shoal.services.worker.devices import GIB, parse_simulated
-from shoal.shared.bus import subjects
+from shoal.shared.bus.subjects import Subjects
+from shoal.shared.config import Settings
 from shoal.shared.errors import InvalidRequest
+
+subjects = Subjects("ns1")
 
 
 def test_subject_names_are_the_documented_ones() -> None:
-    assert subjects.registry("models", "create") == "shoal.registry.models.create"
-    assert subjects.event("instances", "abc123") == "shoal.events.instances.abc123"
-    assert subjects.heartbeat("w1") == "shoal.workers.w1.heartbeat"
-    assert subjects.infer("i1") == "shoal.infer.i1"
-    assert subjects.abort("i1") == "shoal.abort.i1" and subjects.load("i1") == "shoal.load.i1"
-    assert subjects.SCHEDULER_LEADER == "shoal.scheduler.leader.get"
-    assert subjects.SCHEDULER_PLAN == "shoal.scheduler.placement.plan"
+    assert subjects.registry("models", "create") == "shoal.ns1.registry.models.create"
+    assert subjects.event("instances", "abc123") == "shoal.ns1.events.instances.abc123"
+    assert subjects.heartbeat("w1") == "shoal.ns1.workers.w1.heartbeat"
+    assert subjects.infer("i1") == "shoal.ns1.infer.i1"
+    assert subjects.abort("i1") == "shoal.ns1.abort.i1"
+    assert subjects.load("i1") == "shoal.ns1.load.i1"
+    assert subjects.scheduler_leader == "shoal.ns1.scheduler.leader.get"
+    assert subjects.scheduler_plan == "shoal.ns1.scheduler.placement.plan"
+    assert subjects.events_stream == "SHOAL_EVENTS_ns1"
+    assert subjects.registry_service == "shoal-registry-ns1"
+
+
+def test_two_namespaces_share_no_name() -> None:
+    a, b = Subjects("a"), Subjects("b")
+    names = ("registry_service", "scheduler_service", "events_stream", "events_all",
+             "heartbeats_all", "load_all", "metrics_targets", "scheduler_leader")
+    assert all(getattr(a, n) != getattr(b, n) for n in names)
+    assert a.infer("i") != b.infer("i") and a.registry("models", "get") != b.registry("models",
+                                                                                        "get")
+
+
+def test_default_namespace_comes_from_the_data_dir(tmp_path) -> None:
+    one, two = Settings(data_dir=tmp_path / "one"), Settings(data_dir=tmp_path / "two")
+    assert one.ns != two.ns and one.ns == Settings(data_dir=tmp_path / "one").ns
+    Subjects(one.ns)  # a valid token
+    assert Settings(data_dir=tmp_path / "one", namespace="prod").ns == "prod"
+    with pytest.raises(ValueError):
+        Settings(namespace="a.b")
 
 
 @pytest.mark.parametrize("bad", ["a.b", "a b", "", "x>"])
@@ -25,6 +50,8 @@ def test_ids_that_would_break_subjects_are_refused(bad: str) -> None:
         subjects.event("models", bad)
     with pytest.raises(ValueError):
         subjects.registry("nonsense", "create")
+    with pytest.raises(ValueError):
+        Subjects(bad)
 
 
 def test_simulated_devices() -> None:

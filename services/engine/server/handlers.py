@@ -26,7 +26,6 @@ from shoal.services.engine.request_output import RequestOutput
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.services.engine.server.metrics import EngineMetrics
 from shoal.services.engine.server.tracing import generate_span, record_finished
-from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus, decode, encode
 from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.loops import run_every
@@ -57,9 +56,10 @@ class EngineHandlers:
         # A tokenizer of our own: the engine thread detokenizes with its copy meanwhile.
         self.tokenizer = load_tokenizer(self.engine.core.model_dir)
         nc = self.bus.nc
-        self.subs = [await nc.subscribe(subjects.infer(self.instance_id), cb=self.on_request)]
+        self.subs = [await nc.subscribe(self.bus.subjects.infer(self.instance_id),
+                                        cb=self.on_request)]
         # Aborts stay subscribed while draining: in-flight requests may still be cancelled.
-        await nc.subscribe(subjects.abort(self.instance_id), cb=self.on_abort)
+        await nc.subscribe(self.bus.subjects.abort(self.instance_id), cb=self.on_abort)
         await nc.flush()
 
     async def stop_intake(self) -> None:
@@ -114,7 +114,7 @@ class EngineHandlers:
     async def generate(self, req: GenerateRequest, inbox: str,
                        headers: dict[str, str] | None = None) -> None:
         """Serve one request inside its span, in the trace its NATS headers carry."""
-        subject = subjects.infer(self.instance_id)
+        subject = self.bus.subjects.infer(self.instance_id)
         with generate_span(req, headers, subject, self.instance_id) as span:
             await self._generate(req, inbox, span)
 
@@ -252,7 +252,7 @@ class EngineHandlers:
         )
 
     async def publish_load(self) -> None:
-        await self.bus.publish(subjects.load(self.instance_id), self.load())
+        await self.bus.publish(self.bus.subjects.load(self.instance_id), self.load())
 
     async def publish_load_forever(self, stop: asyncio.Event) -> None:
         await run_every(LOAD_INTERVAL_S, stop, self.publish_load, "publishing load", log,

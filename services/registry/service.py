@@ -9,6 +9,7 @@ import logging
 from shoal.services.registry.api import RegistryApi
 from shoal.services.registry.liveness import Liveness
 from shoal.services.registry.repo.api_keys import ApiKeyRepo
+from shoal.services.registry.repo.common import database_unavailable
 from shoal.services.registry.repo.instances import InstanceRepo
 from shoal.services.registry.repo.models import ModelRepo
 from shoal.services.registry.repo.workers import WorkerRepo
@@ -18,6 +19,7 @@ from shoal.shared.config import Settings
 from shoal.shared.metrics import new_registry
 from shoal.shared.metrics_endpoint import MetricsEndpoint
 from shoal.shared.db.session import make_engine, make_session_factory, run_migrations
+from shoal.shared.embedded import redact_url
 from shoal.shared.errors import Unavailable
 from shoal.shared.schemas.registry import WorkerHeartbeat
 from shoal.shared.version import VERSION
@@ -44,7 +46,8 @@ async def run_registry(settings: Settings, stop: asyncio.Event,
                           ApiKeyRepo(sessions))
         metrics = new_registry()
         svc = RpcService(bus, "shoal-registry", VERSION, bus.subjects.registry_group,
-                         "Shoal registry: models, workers, instances, API keys", metrics)
+                         "Shoal registry: models, workers, instances, API keys", metrics,
+                         translate=database_unavailable)
         await svc.start()
         stack.push_async_callback(svc.stop)
         await api.register(svc)
@@ -58,7 +61,7 @@ async def run_registry(settings: Settings, stop: asyncio.Event,
         monitor = asyncio.create_task(liveness.run(stop), name="liveness")
         await bus.nc.flush()
         log.info("registry serving on %s.* (NATS %s)", bus.subjects.registry_group,
-                 settings.nats_url)
+                 redact_url(settings.nats_url or ""))
         if ready is not None:
             ready.set()
         await stop.wait()

@@ -103,7 +103,8 @@ class Bus:
                 return holder[0]
             except (OSError, NatsTimeout, nats.errors.NoServersError) as exc:
                 if asyncio.get_running_loop().time() + delay > deadline:
-                    raise Unavailable(f"cannot reach NATS at {settings.nats_url}: {exc}") from exc
+                    raise Unavailable(f"cannot reach NATS at {_redacted(settings.nats_url)}: "
+                                      f"{exc}") from exc
                 log.info("NATS not reachable yet (%s), retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
@@ -119,13 +120,19 @@ class Bus:
     # ------------------------------------------------------------ request / reply
     async def request(self, subject: str, payload: BaseModel, reply_type: type[T],
                       timeout: float | None = None, headers: dict[str, str] | None = None) -> T:
-        """Send a typed request and return the typed reply, or raise the server's error."""
+        """Send a typed request and return the typed reply, or raise the server's error.
+        While NATS is away the answer is Unavailable at once (a 503), not a timeout later."""
+        if not self.nc.is_connected:
+            raise Unavailable("NATS is unreachable (reconnecting); retry shortly")
         try:
             msg = await self.nc.request(subject, encode(payload),
                                         timeout=timeout or self.settings.request_timeout,
                                         headers=inject_headers(headers))
         except NoRespondersError:
             raise Unavailable(f"no service answers on {subject}") from None
+        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
+                nats.errors.OutboundBufferLimitError, nats.errors.StaleConnectionError):
+            raise Unavailable("NATS connection lost; retry shortly") from None
         except NatsTimeout:
             waited = timeout or self.settings.request_timeout
             raise Timeout(f"no reply on {subject} within {waited}s") from None
@@ -231,6 +238,12 @@ class Bus:
         async with self.streamed_request(subject, payload, headers) as queue:
             while True:
                 yield await queue.get()
+
+
+def _redacted(urls: str) -> str:
+    from shoal.shared.embedded import redact_url
+
+    return ",".join(redact_url(url.strip()) for url in urls.split(","))
 
 
 def _log_event(holder: list[Bus], text: str) -> Callable[[], Awaitable[None]]:

@@ -36,8 +36,12 @@ class RpcService:
     shoal-registry) labels its metrics; on NATS it is namespaced (`Subjects.service`)."""
 
     def __init__(self, bus: Bus, name: str, version: str, group: str,
-                 description: str = "", metrics: CollectorRegistry | None = None) -> None:
+                 description: str = "", metrics: CollectorRegistry | None = None,
+                 translate: Callable[[BaseException], ShoalError | None] | None = None) -> None:
+        """`translate` turns an unexpected exception into the error to answer (the registry:
+        a lost database is a 503, not a 500); None leaves it a 500."""
         self.bus = bus
+        self.translate = translate
         self.name = name
         self.version = version
         self.group = group
@@ -85,6 +89,12 @@ class RpcService:
                     self._observe(name, start, str(exc.http_status))
                     return
                 except Exception as exc:  # noqa: BLE001 - answer, log, keep serving
+                    known = self.translate(exc) if self.translate is not None else None
+                    if known is not None:
+                        log.warning("%s failed: %s", name, known.message)
+                        await respond_error(request, known)
+                        self._observe(name, start, str(known.http_status))
+                        return
                     log.exception("%s failed", name)
                     span.record_exception(exc)
                     error = ShoalError(f"internal error in {name}: {type(exc).__name__}")

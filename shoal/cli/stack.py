@@ -2,17 +2,22 @@
 
 Embedded NATS and PostgreSQL when SHOAL_NATS_URL / SHOAL_DATABASE_URL are not set, then one
 process per service (each its own session, so the terminal's Ctrl-C reaches only this process,
-which stops them in order: front to back, then the servers). Crashed services are restarted.
+which stops them in order: front to back, then the servers). Crashed services and embedded
+servers are restarted (servers on the same port and files), and everything started here dies
+with this process even when it is SIGKILLed (PR_SET_PDEATHSIG). One `shoal up` per data dir (a
+lock held while it runs); a start first ends what a killed run left behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, UTC
@@ -21,7 +26,10 @@ from shoal.shared.process import die_with_parent
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
-from shoal.shared.embedded import EmbeddedNats, EmbeddedPostgres, write_stack_file
+from shoal.shared.embedded import read_stack_file
+from shoal.shared.embedded import (
+    Credentials, EmbeddedNats, EmbeddedPostgres, end_orphans, write_stack_file,
+)
 from shoal.shared.errors import NotFound, ShoalError
 from shoal.cli.progress import wait_running
 from shoal.shared.schemas.registry import InstancePublic, ModelCreate
@@ -30,6 +38,10 @@ from shoal.shared.states import WorkerState
 STOP_TIMEOUT_S = 40.0
 READY_TIMEOUT_S = 120.0
 MODEL_TIMEOUT_S = 900.0
+
+
+class StartFailed(Exception):
+    """The stack cannot start (another one runs on the data dir, a service died at start)."""
 
 
 @dataclass
@@ -58,6 +70,36 @@ class Child:
 
 
 @dataclass
+class Server:
+    """An embedded server under supervision: restarted with back-off when it dies."""
+
+    name: str
+    server: EmbeddedNats | EmbeddedPostgres
+    restarts: int = 0
+    next_try: float = 0.0
+
+    def supervise(self, now: float) -> None:
+        if self.server.alive or now < self.next_try:
+            return
+        code = self.server.process.returncode
+        print(f"shoal: embedded {self.name} exited with {code}; restarting it "
+              f"(same port, same files)", flush=True)
+        started = time.monotonic()
+        try:
+            self.server.restart()
+        except (OSError, RuntimeError, TimeoutError) as exc:
+            self.restarts += 1
+            delay = min(30.0, 2.0 ** min(self.restarts, 5))
+            self.next_try = time.monotonic() + delay
+            print(f"shoal: embedded {self.name} did not restart ({exc}); trying again in "
+                  f"{delay:.0f}s", flush=True)
+            return
+        self.restarts = 0
+        print(f"shoal: embedded {self.name} is back at {self.server.public_url} after "
+              f"{time.monotonic() - started:.1f}s", flush=True)
+
+
+@dataclass
 class Stack:
     settings: Settings
     services: list[str]
@@ -65,22 +107,52 @@ class Stack:
     nats: EmbeddedNats | None = None
     postgres: EmbeddedPostgres | None = None
     children: list[Child] = field(default_factory=list)
+    servers: list[Server] = field(default_factory=list)
+    lock_fd: int | None = None
+
+    def claim_data_dir(self) -> None:
+        """Hold <data_dir>/up.lock while running (the kernel drops it when this process dies,
+        however it dies); then end the servers a killed run left on these files."""
+        data = self.settings.data_dir
+        data.mkdir(parents=True, exist_ok=True)
+        fd = os.open(data / "up.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            owner = read_stack_file(self.settings.stack_file).get("pid", "?")
+            raise StartFailed(f"another `shoal up` (pid {owner}) runs on {data}: stop it first, "
+                              "or give this one another SHOAL_DATA_DIR") from None
+        self.lock_fd = fd
+        stale = read_stack_file(self.settings.stack_file)
+        if stale:
+            print(f"shoal: the previous run on {data} (pid {stale.get('pid', '?')}) did not stop "
+                  "cleanly; cleaning up after it", flush=True)
+        for what in end_orphans(data):
+            print(f"shoal: stopped {what}, left running by a previous run", flush=True)
+        self.settings.stack_file.unlink(missing_ok=True)
 
     def start_servers(self) -> tuple[str, str]:
+        self.claim_data_dir()
         data = self.settings.data_dir
         nats_url = self.settings.nats_url
-        if not nats_url:
-            self.nats = EmbeddedNats.start(data / "nats", port=4222)
-            nats_url = self.nats.url
-            print(f"shoal: embedded NATS at {nats_url}", flush=True)
         database_url = self.settings.database_url
+        credentials = None if nats_url and database_url else Credentials.load_or_create(data)
+        if not nats_url:
+            self.nats = EmbeddedNats.start(data / "nats", port=4222, credentials=credentials)
+            self.servers.append(Server("NATS", self.nats))
+            nats_url = self.nats.url
+            print(f"shoal: embedded NATS at {self.nats.public_url}", flush=True)
         if not database_url:
-            self.postgres = EmbeddedPostgres.start(data / "postgres")
+            self.postgres = EmbeddedPostgres.start(data / "postgres", credentials=credentials)
+            self.servers.append(Server("PostgreSQL", self.postgres))
             database_url = self.postgres.url
-            print(f"shoal: embedded PostgreSQL at {database_url}", flush=True)
+            print(f"shoal: embedded PostgreSQL at {self.postgres.public_url}", flush=True)
+        if credentials is not None:
+            print(f"shoal: credentials in {data / 'credentials.json'} (0600)", flush=True)
         gateway_url = f"http://{self.settings.gateway_host}:{self.settings.gateway_port}"
         write_stack_file(self.settings.stack_file, nats_url, database_url,
-                         gateway_url=gateway_url, namespace=self.settings.ns)
+                         gateway_url=gateway_url, namespace=self.settings.ns, pid=os.getpid())
         print(f"shoal: namespace {self.settings.ns} (NATS subjects shoal.{self.settings.ns}.*)",
               flush=True)
         self.settings = self.settings.model_copy(update={"nats_url": nats_url,
@@ -107,8 +179,17 @@ class Stack:
             child.start(env)
             self.children.append(child)
 
+    def failed_child(self) -> Child | None:
+        """A service that has exited (while the stack starts, that is fatal)."""
+        return next((c for c in self.children
+                     if c.process is not None and c.process.poll() is not None), None)
+
     def supervise_once(self) -> None:
-        """Restart a crashed service, with back-off (1 s doubling to 30 s)."""
+        """Restart a dead embedded server, then a crashed service, with back-off (1 s doubling
+        to 30 s)."""
+        now = time.monotonic()
+        for server in self.servers:
+            server.supervise(now)
         now = time.monotonic()
         for child in self.children:
             if child.process is None or child.process.poll() is None:
@@ -129,7 +210,10 @@ class Stack:
             self.nats.stop()
         if self.postgres is not None:
             self.postgres.stop()
-        self.settings.stack_file.unlink(missing_ok=True)
+        if self.lock_fd is not None:  # only the owner of the data dir removes its stack file
+            self.settings.stack_file.unlink(missing_ok=True)
+            os.close(self.lock_fd)
+            self.lock_fd = None
 
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -156,24 +240,43 @@ async def deploy_and_wait(settings: Settings, spec: ModelCreate, deadline: float
         await bus.close()
 
 
-async def wait_ready(settings: Settings, deadline: float, since: datetime) -> str:
-    """Until the registry answers and a worker is READY with a heartbeat from this run (a row
-    left READY by a previous run does not count); returns the worker's name."""
+async def wait_ready(settings: Settings, deadline: float, since: datetime,
+                     stack: Stack | None = None) -> str:
+    """Until the registry answers, a worker is READY with a heartbeat from this run (a row left
+    READY by a previous run does not count) and, with a gateway, it answers /health; returns
+    the worker's name. A service that exits meanwhile fails the start (StartFailed)."""
     bus = await Bus.connect(settings, name="shoal-up")
+    gateway = (f"http://{settings.gateway_host}:{settings.gateway_port}/health"
+               if stack is not None and "gateway" in stack.services else None)
     try:
         client = RegistryClient(bus)
+        worker = None
         while time.monotonic() < deadline:
+            failed = stack.failed_child() if stack is not None else None
+            if failed is not None:
+                raise StartFailed(f"{failed.name} exited with {failed.process.returncode} "
+                                  "while the stack was starting (its output is above)")
             try:
                 ready = [w for w in await client.list_workers() if w.state is WorkerState.READY
                          and w.last_heartbeat_at is not None and w.last_heartbeat_at >= since]
-                if ready:
-                    return ready[0].name
+                worker = ready[0].name if ready else None
             except ShoalError:
                 pass
+            if worker is not None and (gateway is None
+                                       or await asyncio.to_thread(_answers, gateway)):
+                return worker
             await asyncio.sleep(0.2)
         raise TimeoutError("the stack did not become ready in time")
     finally:
         await bus.close()
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
 
 
 def up(settings: Settings, services: list[str], extra_args: dict[str, list[str]],
@@ -193,10 +296,11 @@ def up(settings: Settings, services: list[str], extra_args: dict[str, list[str]]
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     stack = Stack(settings, services, extra_args)
+    code = 0
     try:
         stack.start_servers()
         stack.start_services()
-        worker = asyncio.run(wait_ready(stack.settings, started + READY_TIMEOUT_S, since))
+        worker = asyncio.run(wait_ready(stack.settings, started + READY_TIMEOUT_S, since, stack))
         is_ready = True
         print(f"shoal: ready in {time.monotonic() - started:.1f}s — worker {worker} READY; "
               f"data in {settings.data_dir}", flush=True)
@@ -218,11 +322,14 @@ def up(settings: Settings, services: list[str], extra_args: dict[str, list[str]]
             time.sleep(0.3)
     except KeyboardInterrupt:
         pass
+    except (StartFailed, TimeoutError) as exc:
+        print(f"shoal: {exc}", flush=True)
+        code = 1
     finally:
         print("shoal: stopping...", flush=True)
         stack.stop()
         print("shoal: stopped", flush=True)
-    return 0
+    return code
 
 
 def serving_hint(settings: Settings, model: str) -> str:

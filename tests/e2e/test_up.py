@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -91,3 +92,136 @@ def test_up_ready_then_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
              if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"left behind: {[psutil.Process(p).cmdline() for p in alive]}"
     assert not (data_dir / "stack.json").exists()
+
+
+def _start(env: dict[str, str], *args: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """`shoal up` (simulated worker), read until it is ready or exits."""
+    up = subprocess.Popen([sys.executable, "-m", "shoal", "up", "--simulate-devices", "1xA10-24GB",
+                           *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+    output: list[str] = []
+    assert up.stdout is not None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = up.stdout.readline()
+        if not line:
+            break
+        output.append(line)
+        if "shoal: ready" in line:
+            break
+    return up, output
+
+
+def _read_until(up: subprocess.Popen[str], output: list[str], text: str, timeout: float) -> None:
+    assert up.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = up.stdout.readline()
+        output.append(line)
+        if text in line:
+            return
+    raise AssertionError(f"no {text!r} in: {''.join(output)}")
+
+
+def _status(url: str) -> tuple[int, dict[str, str]]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, dict(resp.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers)
+
+
+def test_up_restarts_its_servers_and_dies_whole_when_killed(tmp_path: Path) -> None:
+    from shoal.shared.embedded import EmbeddedNats, EmbeddedPostgres
+
+    data_dir = tmp_path / "stack"
+    port = free_port()
+    env = _env(data_dir, port)
+    up, output = _start(env)
+    try:
+        assert any("shoal: ready" in line for line in output), "".join(output)
+        assert (data_dir / "credentials.json").stat().st_mode & 0o077 == 0
+        assert (data_dir / "stack.json").stat().st_mode & 0o077 == 0
+        assert _gateway_healthy(port, timeout=30)
+        models = f"http://127.0.0.1:{port}/api/v1/models"
+
+        # Postgres dies: the management API is 503 with Retry-After (never a 500), then back
+        os.kill(EmbeddedPostgres.orphan(data_dir / "postgres"), signal.SIGKILL)
+        seen = set()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            status, headers = _status(models)
+            seen.add(status)
+            assert status in (200, 503), status
+            if status == 503:
+                assert headers.get("Retry-After"), headers
+            if 503 in seen and status == 200:
+                break
+            time.sleep(0.05)
+        assert seen == {200, 503}, seen
+        _read_until(up, output, "embedded PostgreSQL is back", 60)
+
+        # NATS dies: restarted on the same port, and the CLI reaches the registry again
+        (nats_pid,) = EmbeddedNats.orphans(data_dir / "nats")
+        os.kill(nats_pid, signal.SIGKILL)
+        _read_until(up, output, "embedded NATS is back", 30)
+        assert len(EmbeddedNats.orphans(data_dir / "nats")) == 1
+        deadline = time.monotonic() + 30
+        while _status(models)[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        listed = subprocess.run([sys.executable, "-m", "shoal", "workers", "list", "--json"],
+                                env=env, capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0, listed.stderr
+
+        # SIGKILL `shoal up`: its servers and services die with it
+        spawned = _started_by(psutil.Process(up.pid), data_dir)
+        assert len(spawned) >= 6, spawned
+        up.kill()
+        up.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(
+                psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                for p in spawned):
+            time.sleep(0.2)
+        left = [p for p in spawned if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert not left, f"left behind: {[psutil.Process(p).cmdline() for p in left]}"
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    # a leftover server on the same JetStream store (as an older run could leave) is ended
+    stray = subprocess.Popen([str(Path(sys.executable).parent / "nats-server"), "-js", "-p", "-1",
+                              "-sd", str(data_dir / "nats" / "jetstream")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    again, output = _start(env)
+    try:
+        text = "".join(output)
+        assert "did not stop cleanly" in text and "shoal: ready" in text, text
+        assert f"stopped nats-server (pid {stray.pid})" in text, text
+        stray.wait(10)
+        # a second `shoal up` on the same data dir is refused, and leaves the first alone
+        second = subprocess.run([sys.executable, "-m", "shoal", "up", "--no-model"], env=env,
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1 and "another `shoal up`" in second.stdout, second.stdout
+        assert (data_dir / "stack.json").exists()
+    finally:
+        again.send_signal(signal.SIGINT)
+        again.communicate(timeout=60)
+    assert again.returncode == 0
+
+
+def test_up_fails_when_a_service_dies_at_start(tmp_path: Path) -> None:
+    """The gateway cannot bind its port: `shoal up` says so and exits 1, never "ready"."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = _env(tmp_path / "stack", taken.getsockname()[1])
+        up, output = _start(env)
+        rest, _ = up.communicate(timeout=60)
+    text = "".join(output) + rest
+    assert up.returncode == 1, text
+    assert "shoal: ready" not in text and "gateway exited with" in text, text

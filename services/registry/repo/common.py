@@ -6,12 +6,14 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import TypeVar
 
-from sqlalchemy.exc import IntegrityError
+import asyncpg
+from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError, InterfaceError
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from shoal.shared.db.base import Base
-from shoal.shared.errors import Conflict, NotFound
+from shoal.shared.errors import Conflict, NotFound, Unavailable
 
 RowT = TypeVar("RowT", bound=Base)
 
@@ -29,6 +31,26 @@ async def unit_of_work(sessions: async_sessionmaker[AsyncSession],
     except IntegrityError as exc:
         raise Conflict(f"{what} conflicts with an existing row: {exc.orig}",
                        code="duplicate") from None
+
+
+_DOWN = (OSError, TimeoutError, DisconnectionError, OperationalError, InterfaceError,
+         asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+         asyncpg.CannotConnectNowError, asyncpg.exceptions.OperatorInterventionError)
+
+
+def database_unavailable(exc: BaseException) -> Unavailable | None:
+    """Unavailable (503, Retry-After at the gateway) when `exc` means Postgres is away: refused
+    or lost connections, a server starting up or shutting down; None for anything else."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, _DOWN) or (isinstance(cause, DBAPIError)
+                                        and cause.connection_invalidated):
+            return Unavailable(f"the database is unavailable ({type(cause).__name__}); "
+                               "retry shortly", code="database_unavailable")
+        cause = getattr(cause, "orig", None) or cause.__cause__ or cause.__context__
+    return None
 
 
 async def get_or_404(session: AsyncSession, table: type[RowT], row_id: str, what: str) -> RowT:

@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     worker_name: str | None = None
     """Defaults to the host name."""
     worker_labels: dict[str, str] = Field(default_factory=dict)
+    worker_keep_engines: bool = False
+    """A worker agent that is stopped leaves its engines running for the next one to adopt (an
+    upgrade in place); one that dies always does."""
     simulate_devices: str | None = None
     """e.g. "8xH100-80GB" or "2xA10-24GB,1xcpu": a simulated worker for capacity planning."""
 
@@ -102,6 +105,10 @@ class Settings(BaseSettings):
     metrics_advertise_host: str | None = None
     """The host name Prometheus reaches them by; default metrics_host, or this machine's name
     when that is 0.0.0.0."""
+
+    failpoints: list[str] = Field(default_factory=list)
+    """Fault injection for tests (SHOAL_FAILPOINTS='["registry.after_commit"]': the registry
+    SIGKILLs itself right after a commit, before the event is published). Never set it else."""
 
     log_level: str = "INFO"
     log_json: bool = False

@@ -1,17 +1,23 @@
 """The registry's bus API: one endpoint per verb on shoal.registry.<resource>.<verb>.
 
-Thin by design: parse (done by RpcService), call the repository, publish the change event after
-the commit, reply. Events are published after the transaction commits, so a consumer never sees
-a change that was rolled back; a publish that fails is logged, and consumers' periodic
-reconciles (the scheduler's, the workers') catch up from the registry's state.
+Thin by design: parse (done by RpcService), call the repository, write the change events, reply.
+Each write and its events commit in one transaction (the outbox, services/registry/outbox.py),
+and the relay publishes them once committed: a consumer never sees a change that was rolled
+back, and no committed change loses its event, even when the registry dies in between.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from pydantic import BaseModel
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from shoal.services.registry.outbox import OutboxRelay, add_event, transaction
 from shoal.services.registry.repo.api_keys import ApiKeyRepo
 from shoal.services.registry.repo.instances import InstanceRepo
 from shoal.services.registry.repo.models import ModelRepo
@@ -29,13 +35,35 @@ from shoal.shared.schemas.registry import (
 )
 
 log = logging.getLogger(__name__)
+Req = TypeVar("Req", bound=BaseModel)
+Res = TypeVar("Res")
 
 
 class RegistryApi:
-    def __init__(self, bus: Bus, models: ModelRepo, workers: WorkerRepo, instances: InstanceRepo,
-                 keys: ApiKeyRepo) -> None:
+    def __init__(self, bus: Bus, sessions: async_sessionmaker[AsyncSession], models: ModelRepo,
+                 workers: WorkerRepo, instances: InstanceRepo, keys: ApiKeyRepo,
+                 failpoints: frozenset[str] = frozenset()) -> None:
         self.bus = bus
+        self.sessions = sessions
         self.models, self.workers, self.instances, self.keys = models, workers, instances, keys
+        self.relay = OutboxRelay(sessions, bus)
+        self.failpoints = failpoints
+
+    def atomic(self, handler: Callable[[Req], Awaitable[Res]]) -> Callable[[Req], Awaitable[Res]]:
+        """`handler` in one transaction with the events it writes; the relay is told after."""
+
+        async def run(req: Req) -> Res:
+            async with transaction(self.sessions):
+                result = await handler(req)
+            self.committed()
+            return result
+
+        return run
+
+    def committed(self) -> None:
+        if "registry.after_commit" in self.failpoints:  # the chaos test's crash point
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.relay.kick()
 
     async def register(self, svc: RpcService) -> None:
         endpoints = [
@@ -58,8 +86,10 @@ class RegistryApi:
             ("keys", "revoke", ById, self.revoke_key),
             ("keys", "verify", ApiKeyVerify, self.keys.verify),
         ]
+        reads = {"get", "list", "verify"}
         for resource, verb, request_type, handler in endpoints:
-            await svc.endpoint(resource, verb, request_type, handler)
+            await svc.endpoint(resource, verb, request_type,
+                               handler if verb in reads else self.atomic(handler))
 
     # ------------------------------------------------------------ models
     async def create_model(self, req: ModelCreate) -> ModelPublic:
@@ -135,9 +165,7 @@ class RegistryApi:
                          WorkerEvent(kind=kind, id=w.id, version=w.version, data=w))
 
     async def _emit(self, resource: str, row_id: str, event: BaseModel) -> None:
-        try:
-            await self.bus.publish_event(self.bus.subjects.event(resource, row_id), event)
-        except Exception:  # noqa: BLE001 - the change is committed; reconcilers catch up
-            log.exception("could not publish %s event for %s", resource, row_id)
+        """Into the outbox of the current transaction (published once it commits)."""
+        add_event(self.bus.subjects.event(resource, row_id), event)
 
 

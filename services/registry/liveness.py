@@ -12,6 +12,7 @@ import logging
 from nats.aio.msg import Msg
 
 from shoal.services.registry.api import RegistryApi
+from shoal.services.registry.outbox import transaction
 from shoal.shared.errors import Conflict
 from shoal.shared.loops import run_every
 from shoal.shared.schemas.events import EventKind
@@ -28,23 +29,27 @@ class Liveness:
 
     async def on_heartbeat(self, hb: WorkerHeartbeat, _msg: Msg) -> None:
         try:
-            changes = await self.api.workers.heartbeat(hb)
+            async with transaction(self.api.sessions):
+                changes = await self.api.workers.heartbeat(hb)
+                if changes is not None:
+                    await self._publish(changes)
         except Conflict:
             return  # another registry recorded the comeback first
         if changes is None:
             log.info("heartbeat from unknown worker %s (it will register again)", hb.worker_id)
             return
-        await self._publish(changes)
+        self.api.relay.kick()
 
     async def run(self, stop: asyncio.Event) -> None:
         await run_every(self.check_interval_s, stop, self.check, "liveness check", log, expected=())
 
     async def check(self) -> None:
         try:
-            changes = await self.api.workers.mark_silent(self.timeout_s)
+            async with transaction(self.api.sessions):
+                await self._publish(await self.api.workers.mark_silent(self.timeout_s))
         except Conflict:
             return  # another registry marked them first
-        await self._publish(changes)
+        self.api.relay.kick()
 
     async def _publish(self, changes: tuple[list, list]) -> None:
         workers, instances = changes

@@ -42,8 +42,10 @@ async def run_registry(settings: Settings, stop: asyncio.Event,
         stack.push_async_callback(bus.close)
         await bus.ensure_events_stream()
 
-        api = RegistryApi(bus, ModelRepo(sessions), WorkerRepo(sessions), InstanceRepo(sessions),
-                          ApiKeyRepo(sessions))
+        api = RegistryApi(bus, sessions, ModelRepo(sessions), WorkerRepo(sessions),
+                          InstanceRepo(sessions), ApiKeyRepo(sessions),
+                          failpoints=frozenset(settings.failpoints))
+        relay = asyncio.create_task(api.relay.run(stop), name="event-relay")
         metrics = new_registry()
         svc = RpcService(bus, "shoal-registry", VERSION, bus.subjects.registry_group,
                          "Shoal registry: models, workers, instances, API keys", metrics,
@@ -66,3 +68,4 @@ async def run_registry(settings: Settings, stop: asyncio.Event,
             ready.set()
         await stop.wait()
         await monitor
+        await relay

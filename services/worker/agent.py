@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from shoal.services.worker.devices import detect_devices, parse_simulated
 from shoal.services.worker.metrics import DeviceCollector
-from shoal.services.worker.supervisor import Supervisor
+from shoal.services.worker.supervisor import EngineProcess, Supervisor, running_engines
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
@@ -43,6 +43,9 @@ class WorkerAgent:
     """Runs the engines of the instances placed here (real workers only)."""
     last_status: DeviceStatus | None = None
     """The devices as last detected (heartbeats), for /metrics."""
+    adopted: dict[str, EngineProcess] = field(default_factory=dict)
+    """Engines a previous agent of this worker left running: reported at registration (the
+    registry leaves their instances as they are) and handed to the Supervisor."""
 
     def __post_init__(self) -> None:
         self.name = self.name or self.settings.worker_name or socket.gethostname()
@@ -61,9 +64,11 @@ class WorkerAgent:
         return status
 
     async def register(self) -> WorkerPublic:
+        if not self.simulated:
+            self.adopted = running_engines(self.settings.data_dir, self.name)
         self.worker = await self.registry.register_worker(WorkerRegister(
             name=self.name, hostname=socket.gethostname(), labels=self.settings.worker_labels,
-            simulated=self.simulated, status=self.devices(),
+            simulated=self.simulated, status=self.devices(), running=sorted(self.adopted),
         ))
         log.info("registered worker %s (%s)%s", self.worker.name, self.worker.id,
                  " [simulated]" if self.simulated else "")
@@ -80,6 +85,7 @@ class WorkerAgent:
         supervisor: asyncio.Task[None] | None = None
         if not self.simulated and self.worker is not None:
             self.supervisor = Supervisor(self.settings, self.bus, self.worker.id)
+            self.supervisor.adopt(self.adopted, self.name)
             supervisor = asyncio.create_task(self.supervisor.run(stop), name="supervisor")
         metrics = new_registry()
         metrics.register(DeviceCollector(self.name, lambda: self.last_status))

@@ -3,11 +3,19 @@
 Reconciles on instance events and every few seconds: starts an engine for each instance placed
 here, restarts a crashed one with exponential back-off (reporting ERROR with the tail of its
 log), and stops (drains) engines whose instance was deleted, scaled down or moved away.
+
+Engines outlive the agent's death (a crash, SIGKILL, OOM: they are not tied to it), as container
+runtimes let GPUStack's instances outlive its worker: requests flow gateway -> engine without the
+agent. Each engine is recorded in <data_dir>/engines/<instance_id>.json, and the next agent of
+this worker adopts the engines still running there instead of starting them again. An agent that
+is stopped (SIGTERM, Ctrl-C) stops its engines, unless SHOAL_WORKER_KEEP_ENGINES is set (an
+upgrade in place).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -23,7 +31,7 @@ from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.errors import ShoalError
-from shoal.shared.process import die_with_parent
+from shoal.shared.process import alive, cmdline
 from shoal.shared.schemas.events import InstanceEvent
 from shoal.shared.schemas.registry import InstanceFilter, InstancePublic, InstanceTransition
 from shoal.shared.states import InstanceState, can_transition
@@ -35,10 +43,41 @@ SERVED_STATES = frozenset({InstanceState.SCHEDULED, InstanceState.DOWNLOADING,
                            InstanceState.RUNNING, InstanceState.ERROR, InstanceState.UNREACHABLE})
 
 
+class AdoptedProcess:
+    """An engine started by a previous agent: not our child, so watched through /proc (its exit
+    status is unknown: it was reaped by init)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | str | None = None
+
+    def poll(self) -> int | str | None:
+        if self.returncode is None and not alive(self.pid):
+            self.returncode = "an unknown status (adopted)"
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int | str | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+            time.sleep(0.1)
+        return self.returncode
+
+
 @dataclass
 class EngineProcess:
     instance_id: str
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | AdoptedProcess
     log_path: Path
     started_at: float
 
@@ -53,6 +92,49 @@ class EngineProcess:
             return ""
 
 
+def running_engines(data_dir: Path, worker_name: str) -> dict[str, EngineProcess]:
+    """The engines a previous agent of worker `worker_name` started from this data dir and that
+    still run (a record whose process is gone is removed)."""
+    records = data_dir / "engines"
+    found: dict[str, EngineProcess] = {}
+    for path in sorted(records.glob("*.json")) if records.is_dir() else []:
+        try:
+            record = json.loads(path.read_text())
+            pid, name = int(record["pid"]), str(record["worker_name"])
+        except (OSError, ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)
+            continue
+        if name != worker_name:
+            continue
+        argv = cmdline(pid)
+        if not (alive(pid) and "engine" in argv and path.stem in argv):
+            path.unlink(missing_ok=True)
+            continue
+        found[path.stem] = EngineProcess(path.stem, AdoptedProcess(pid),
+                                         Path(record.get("log_path", "")), time.monotonic())
+    return found
+
+
+def end_engines_left(data_dir: Path) -> list[str]:
+    """End every engine recorded under `data_dir` (a killed `shoal up` left them, connected to
+    servers that are gone); what was ended, in words."""
+    from shoal.shared.process import end_process
+
+    ended = []
+    records = data_dir / "engines"
+    for path in sorted(records.glob("*.json")) if records.is_dir() else []:
+        try:
+            pid = int(json.loads(path.read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pid = 0
+        argv = cmdline(pid) if pid else []
+        if pid and alive(pid) and "engine" in argv and path.stem in argv:
+            end_process(pid, signal.SIGTERM, timeout=15.0)
+            ended.append(f"the engine of instance {path.stem} (pid {pid})")
+        path.unlink(missing_ok=True)
+    return ended
+
+
 class Supervisor:
     def __init__(self, settings: Settings, bus: Bus, worker_id: str) -> None:
         self.settings = settings
@@ -63,6 +145,26 @@ class Supervisor:
         self.next_start: dict[str, float] = {}
         self.states: dict[str, InstanceState] = {}
         self._wake = asyncio.Event()
+        self.records = settings.data_dir / "engines"
+        self.worker_name = ""
+
+    def adopt(self, engines: dict[str, EngineProcess], worker_name: str) -> None:
+        """Take over the engines a previous agent of this worker left (`running_engines`)."""
+        self.worker_name = worker_name
+        self.engines.update(engines)
+        for instance_id, engine in engines.items():
+            log.info("adopted the running engine of instance %s (pid %d)", instance_id,
+                     engine.process.pid)
+
+    # ------------------------------------------------------------ engines that outlive us
+    def _record(self, engine: EngineProcess) -> None:
+        self.records.mkdir(parents=True, exist_ok=True)
+        (self.records / f"{engine.instance_id}.json").write_text(json.dumps({
+            "pid": engine.process.pid, "worker_name": self.worker_name,
+            "log_path": str(engine.log_path)}))
+
+    def _forget(self, instance_id: str) -> None:
+        (self.records / f"{instance_id}.json").unlink(missing_ok=True)
 
     def instance_states(self) -> dict[str, InstanceState]:
         """For the heartbeat: the instances whose engine runs here, in their last known state."""
@@ -102,6 +204,7 @@ class Supervisor:
         for instance_id in [i for i in self.engines if i not in mine]:
             log.info("instance %s is no longer here: stopping its engine", instance_id)
             engine = self.engines.pop(instance_id)
+            self._forget(instance_id)
             asyncio.get_running_loop().run_in_executor(None, self._stop, engine)
         now = time.monotonic()
         for instance_id, instance in mine.items():
@@ -110,10 +213,12 @@ class Supervisor:
                 continue
             if engine is not None:  # it crashed
                 del self.engines[instance_id]
+                self._forget(instance_id)
                 await self._report_crash(instance, engine)
                 self.next_start[instance_id] = now + self._backoff(instance.restart_count + 1)
             if now >= self.next_start.get(instance_id, 0.0):
                 self.engines[instance_id] = self._spawn(instance)
+                self._record(self.engines[instance_id])
 
     def _backoff(self, restarts: int) -> float:
         return min(self.settings.engine_restart_max_backoff, 2.0 ** min(restarts, 16))
@@ -126,11 +231,10 @@ class Supervisor:
         env.update(SHOAL_NATS_URL=str(self.settings.nats_url), SHOAL_NAMESPACE=self.settings.ns)
         if instance.gpu_indexes:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, instance.gpu_indexes))
-        with open(log_path, "ab") as out:
+        with open(log_path, "ab") as out:  # not tied to this agent: it may outlive us
             process = subprocess.Popen(
                 [sys.executable, "-m", "shoal", "engine", "--instance-id", instance.id],
-                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                preexec_fn=die_with_parent)
+                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.info("started engine for %s (pid %d, log %s)", instance.name, process.pid, log_path)
         return EngineProcess(instance.id, process, log_path, time.monotonic())
 
@@ -159,6 +263,12 @@ class Supervisor:
             engine.process.wait()
 
     def stop_all(self) -> None:
+        if self.settings.worker_keep_engines:
+            log.info("leaving %d engine(s) running for the next agent", len(self.engines))
+            self.engines.clear()
+            return
+        for instance_id in self.engines:
+            self._forget(instance_id)
         for engine in self.engines.values():
             if engine.alive:
                 engine.process.send_signal(signal.SIGTERM)

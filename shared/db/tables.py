@@ -9,7 +9,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Integer, String, Text
+from sqlalchemy import (
+    JSON, BigInteger, Boolean, DateTime, ForeignKey, Integer, LargeBinary, String, Text, func,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from shoal.shared.db.base import Base, RowMixin
@@ -64,3 +66,18 @@ class ApiKeyRow(RowMixin, Base):
     """SHA-256 of the secret; the secret itself is never stored."""
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class OutboxRow(Base):
+    """A change event written in the same transaction as the change, published to JetStream
+    by the registry's relay and then deleted (the transactional outbox)."""
+
+    __tablename__ = "event_outbox"
+
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    msg_id: Mapped[str] = mapped_column(String(32), nullable=False)
+    """JetStream's Nats-Msg-Id: a relay that dies after publishing and before deleting the row
+    publishes it again, and the stream drops the duplicate."""
+    subject: Mapped[str] = mapped_column(String(255), nullable=False)
+    payload: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

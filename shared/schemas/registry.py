@@ -44,6 +44,9 @@ class WorkerRegister(Wire):
     labels: dict[str, str] = Field(default_factory=dict)
     simulated: bool = False
     status: DeviceStatus
+    running: list[str] = Field(default_factory=list)
+    """Instances whose engines still run on this worker (adopted by a restarted agent): the
+    registry leaves them as they are instead of sending them back to STARTING."""
 
 
 class WorkerPublic(Wire):

@@ -128,7 +128,9 @@ class Stack:
         if stale:
             print(f"shoal: the previous run on {data} (pid {stale.get('pid', '?')}) did not stop "
                   "cleanly; cleaning up after it", flush=True)
-        for what in end_orphans(data):
+        from shoal.services.worker.supervisor import end_engines_left
+
+        for what in end_orphans(data) + end_engines_left(data):
             print(f"shoal: stopped {what}, left running by a previous run", flush=True)
         self.settings.stack_file.unlink(missing_ok=True)
 

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 
 async def _second_database(url: str) -> str:
-    """A fresh database beside the session's, for the second stack."""
+    """A fresh database beside the session's (whose scheduler tests must not see these rows)."""
     name = f"shoal_ns_{uuid.uuid4().hex[:10]}"
     conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
     try:
@@ -37,7 +37,8 @@ async def _second_database(url: str) -> str:
 
 
 async def test_two_stacks_on_one_nats_do_not_answer_each_other(servers, tmp_path: Path) -> None:
-    one = make_settings(servers, tmp_path / "one")
+    one = make_settings(servers, tmp_path / "one",
+                        database_url=await _second_database(servers.database_url))
     two = make_settings(servers, tmp_path / "two",
                         database_url=await _second_database(servers.database_url))
     assert one.ns != two.ns  # the default comes from the data dir
@@ -62,13 +63,13 @@ async def test_two_stacks_on_one_nats_do_not_answer_each_other(servers, tmp_path
         # 8 creates all landing in stack one's database would then be a 1-in-256 chance.
         names = [f"m-{uuid.uuid4().hex[:8]}" for _ in range(8)]
         for name in names:
-            await a.create_model(ModelCreate(name=name, source="/models/x"))
+            await a.create_model(ModelCreate(name=name, source="/models/x", replicas=0))
         assert {m.name for m in await a.list_models()} >= set(names)
         assert not {m.name for m in await b.list_models()} & set(names)
         with pytest.raises(NotFound):
             await b.get_model(name=names[0])
         # the same name in the other stack is another model
-        other = await b.create_model(ModelCreate(name=names[0], source="/models/y"))
+        other = await b.create_model(ModelCreate(name=names[0], source="/models/y", replicas=0))
         assert (await a.get_model(name=names[0])).source == "/models/x" != other.source
 
         # a worker of stack one heartbeats and registers in stack one only

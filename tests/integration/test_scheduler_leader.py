@@ -191,6 +191,7 @@ async def test_a_killed_leader_is_replaced_and_failover_is_measured(
     source = llama_config(tmp_path / "small", 2048, 16, 8, 16)
     env = {**os.environ, "SHOAL_NATS_URL": settings.nats_url,
            "SHOAL_DATABASE_URL": settings.database_url, "SHOAL_DATA_DIR": str(tmp_path),
+           "SHOAL_NAMESPACE": settings.ns,
            "SHOAL_SCHEDULER_NAME": f"proc-{tag}", "SHOAL_SCHEDULER_INTERVAL": "0.5",
            "SHOAL_SCHEDULER_ELECTION_INTERVAL": "0.5"}
     async with fleet(client, settings, tag) as labels:

@@ -21,8 +21,17 @@ RowT = TypeVar("RowT", bound=Base)
 @contextlib.asynccontextmanager
 async def unit_of_work(sessions: async_sessionmaker[AsyncSession],
                        what: str) -> AsyncIterator[AsyncSession]:
-    """A session in a transaction; a lost optimistic race or a duplicate becomes Conflict."""
+    """A session in a transaction; a lost optimistic race or a duplicate becomes Conflict.
+    Inside a registry call's transaction (services/registry/outbox.py) it joins that one, so the
+    change and its events commit together."""
+    from shoal.services.registry.outbox import current_session
+
     try:
+        outer = current_session()
+        if outer is not None:
+            yield outer
+            await outer.flush()
+            return
         async with sessions() as session, session.begin():
             yield session
     except StaleDataError:

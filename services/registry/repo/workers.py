@@ -35,9 +35,10 @@ class WorkerRepo:
         """Create the worker, or refresh the one with that name.
 
         Returns (worker, created, instances whose state changed). A worker that registers again
-        has just (re)started and runs no engine yet: its UNREACHABLE instances go back to
-        SCHEDULED, and those it was running (DOWNLOADING / STARTING / RUNNING) to STARTING, so
-        nobody routes to an engine that is gone.
+        has just (re)started: its UNREACHABLE instances go back to SCHEDULED, and those it was
+        running (DOWNLOADING / STARTING / RUNNING) to STARTING, so nobody routes to an engine
+        that is gone; but for the instances in `req.running`, whose engines outlived the agent
+        and were adopted: those keep serving.
         """
         async with unit_of_work(self.sessions, f"worker {req.name!r}") as s:
             row = await s.scalar(select(WorkerRow).where(WorkerRow.name == req.name))
@@ -50,7 +51,8 @@ class WorkerRepo:
             row.state, row.state_message = WorkerState.READY.value, None
             row.last_heartbeat_at = utcnow()
             await s.flush()
-            changed = [] if created else await self._restart_instances(s, row.id)
+            changed = [] if created else await self._restart_instances(s, row.id,
+                                                                       set(req.running))
             return worker_public(row), created, changed
 
     async def get(self, req: ById) -> WorkerPublic:
@@ -94,14 +96,19 @@ class WorkerRepo:
         await s.flush()
         return [worker_public(row)], changed
 
-    async def _restart_instances(self, s: AsyncSession, worker_id: str) -> list[InstancePublic]:
-        stale = list(await s.scalars(select(InstanceRow).where(
-            InstanceRow.worker_id == worker_id, InstanceRow.state.in_(_ENGINE_STATES))))
+    async def _restart_instances(self, s: AsyncSession, worker_id: str,
+                                 running: set[str]) -> list[InstancePublic]:
+        """The instances of a restarted worker go back to STARTING, but for those whose engine
+        outlived the agent (`running`): those keep their state and go on serving."""
+        stale = [i for i in await s.scalars(select(InstanceRow).where(
+            InstanceRow.worker_id == worker_id, InstanceRow.state.in_(_ENGINE_STATES)))
+                 if i.id not in running]
         for inst in stale:
             inst.state, inst.state_changed_at = InstanceState.STARTING.value, utcnow()
             inst.state_message = "worker restarted: starting the engine again"
         await s.flush()
-        return [instance_public(i) for i in stale] + await self._resume_instances(s, worker_id, {})
+        return [instance_public(i) for i in stale] + await self._resume_instances(
+            s, worker_id, {i: InstanceState.RUNNING for i in running})
 
     @staticmethod
     async def _resume_instances(s: AsyncSession, worker_id: str,

@@ -77,7 +77,10 @@ class Unavailable(ShoalError):
 
 
 class Timeout(ShoalError):
-    http_status = 504
+    """A service did not answer in time (it may be restarting): a 503 with Retry-After, as
+    for any other component that is away, so clients retry rather than give up."""
+
+    http_status = 503
     type = "timeout_error"
     code = "timeout"
 
@@ -85,4 +88,5 @@ class Timeout(ShoalError):
 _KINDS: list[type[ShoalError]] = [InvalidRequest, Unauthorized, NotFound, Conflict, Overloaded,
                                   Unavailable, Timeout]
 _BY_TYPE: dict[str, type[ShoalError]] = {k.type: k for k in _KINDS}
-_BY_STATUS: dict[int, type[ShoalError]] = {k.http_status: k for k in _KINDS}
+_BY_STATUS: dict[int, type[ShoalError]] = {k.http_status: k for k in _KINDS if k is not Timeout}
+"""An error of unknown type by its status; 503 is Unavailable (Timeout shares its status)."""

@@ -20,7 +20,7 @@ from shoal.shared.errors import (
     (Conflict("stale"), 409, "conflict_error"),
     (Overloaded("full"), 429, "rate_limit_error"),
     (Unavailable("down"), 503, "service_unavailable"),
-    (Timeout("slow"), 504, "timeout_error"),
+    (Timeout("slow"), 503, "timeout_error"),
 ])
 def test_shoal_errors_keep_status_and_shape(exc: ShoalError, status: int, kind: str) -> None:
     got_status, body = error_body(exc)

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from shoal.services.gateway.embeddings import EmbeddingBody
 from shoal.services.gateway.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody
 )
@@ -23,6 +24,8 @@ _OPS: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
     ("post", "/v1/completions", "Create a completion (stream: SSE)", CompletionRequest, "openai"),
     ("post", "/v1/chat/completions", "Create a chat completion (stream: SSE)",
      ChatCompletionRequest, "openai"),
+    ("post", "/v1/embeddings", "Create embeddings (an embedding model's instances)",
+     EmbeddingBody, "openai"),
     ("post", "/tokenize", "Tokenize a prompt or messages", TokenizeBody, "openai"),
     ("post", "/detokenize", "Detokenize token ids", DetokenizeBody, "openai"),
     ("get", "/health", "Liveness: 200 while the gateway runs", None, "ops"),

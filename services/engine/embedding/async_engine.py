@@ -92,35 +92,37 @@ class AsyncEmbeddingEngine:
         by_dims: dict[int | None, list[_Job]] = {}
         for job in jobs:
             by_dims.setdefault(job.dimensions, []).append(job)
+        outcomes: list[tuple[_Job, torch.Tensor | BaseException]] = []
         for dims, group in by_dims.items():
             flat = [ids for job in group for ids in job.token_ids]
             try:
                 vectors = self.engine.embed(flat, dims)
             except Exception as exc:  # noqa: BLE001 - every waiting request hears of it
-                for job in group:
-                    job.loop.call_soon_threadsafe(_fail, job.future, exc)
+                outcomes += [(job, exc) for job in group]
                 continue
             start = 0
             for job in group:
-                part = vectors[start:start + job.size]
+                outcomes.append((job, vectors[start:start + job.size]))
                 start += job.size
-                job.loop.call_soon_threadsafe(_resolve, job.future, part)
-        with self._lock:
+        with self._lock:  # counted before anyone is answered, so an answer sees its own count
             self.stats.num_running = 0
             self.stats.num_requests += len(jobs)
             self.stats.num_batches += 1
             self.stats.prompt_tokens += sum(len(ids) for j in jobs for ids in j.token_ids)
+        for job, outcome in outcomes:
+            job.loop.call_soon_threadsafe(_fail if isinstance(outcome, BaseException)
+                                          else _resolve, job.future, outcome)
 
     def shutdown(self) -> None:
         self._jobs.put(None)
         self._thread.join(timeout=5)
 
 
-def _resolve(future: asyncio.Future[torch.Tensor], value: torch.Tensor) -> None:
+def _resolve(future: asyncio.Future[torch.Tensor], value: object) -> None:
     if not future.done():
         future.set_result(value)
 
 
-def _fail(future: asyncio.Future[torch.Tensor], exc: BaseException) -> None:
+def _fail(future: asyncio.Future[torch.Tensor], exc: object) -> None:
     if not future.done():
-        future.set_exception(exc)
+        future.set_exception(exc)  # type: ignore[arg-type]

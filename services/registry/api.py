@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from shoal.services.registry.repo.api_keys import ApiKeyRepo
 from shoal.services.registry.repo.instances import InstanceRepo
 from shoal.services.registry.repo.models import ModelRepo
+from shoal.services.registry.repo.quota import QuotaRepo
 from shoal.services.registry.repo.workers import WorkerRepo
 from shoal.shared.bus import subjects
 from shoal.shared.bus.client import Bus
@@ -23,10 +24,10 @@ from shoal.shared.schemas.events import (
     ApiKeyEvent, EventKind, InstanceEvent, ModelEvent, WorkerEvent
 )
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyVerify, ById, ByIdOrName, Deleted,
-    DeleteRequest, InstanceCreate, InstanceDelete, InstanceFilter, InstancePublic,
-    InstanceTransition, ListRequest, ModelCreate, ModelPublic, ModelUpdate, WorkerPublic,
-    WorkerRegister
+    ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyUpdate, ApiKeyVerify, ById, ByIdOrName,
+    Deleted, DeleteRequest, InstanceCreate, InstanceDelete, InstanceFilter, InstancePublic,
+    InstanceTransition, ListRequest, ModelCreate, ModelPublic, ModelUpdate, QuotaAcquire,
+    UsageQuery, UsageRecord, WorkerPublic, WorkerRegister
 )
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,10 @@ log = logging.getLogger(__name__)
 
 class RegistryApi:
     def __init__(self, bus: Bus, models: ModelRepo, workers: WorkerRepo, instances: InstanceRepo,
-                 keys: ApiKeyRepo) -> None:
+                 keys: ApiKeyRepo, quota: QuotaRepo) -> None:
         self.bus = bus
         self.models, self.workers, self.instances, self.keys = models, workers, instances, keys
+        self.quota = quota
 
     async def register(self, svc: RpcService) -> None:
         endpoints = [
@@ -58,6 +60,10 @@ class RegistryApi:
             ("keys", "list", ListRequest, self.keys.list),
             ("keys", "revoke", ById, self.revoke_key),
             ("keys", "verify", ApiKeyVerify, self.keys.verify),
+            ("keys", "update", ApiKeyUpdate, self.update_key),
+            ("quota", "acquire", QuotaAcquire, self.quota.acquire),
+            ("usage", "record", UsageRecord, self.quota.record),
+            ("usage", "list", UsageQuery, self.quota.usage),
         ]
         for resource, verb, request_type, handler in endpoints:
             await svc.endpoint(resource, verb, request_type, handler)
@@ -116,6 +122,12 @@ class RegistryApi:
         await self._emit("keys", public.id, ApiKeyEvent(kind=EventKind.CREATED, id=public.id,
                                                         version=public.version, data=public))
         return created
+
+    async def update_key(self, req: ApiKeyUpdate) -> ApiKeyPublic:
+        key = await self.keys.update(req)
+        await self._emit("keys", key.id, ApiKeyEvent(kind=EventKind.UPDATED, id=key.id,
+                                                     version=key.version, data=key))
+        return key
 
     async def revoke_key(self, req: ById) -> ApiKeyPublic:
         key = await self.keys.revoke(req)

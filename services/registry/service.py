@@ -9,6 +9,7 @@ import logging
 from shoal.services.registry.api import RegistryApi
 from shoal.services.registry.liveness import Liveness
 from shoal.services.registry.repo.api_keys import ApiKeyRepo
+from shoal.services.registry.repo.quota import QuotaRepo
 from shoal.services.registry.repo.instances import InstanceRepo
 from shoal.services.registry.repo.models import ModelRepo
 from shoal.services.registry.repo.workers import WorkerRepo
@@ -42,7 +43,7 @@ async def run_registry(settings: Settings, stop: asyncio.Event,
         await bus.ensure_events_stream()
 
         api = RegistryApi(bus, ModelRepo(sessions), WorkerRepo(sessions), InstanceRepo(sessions),
-                          ApiKeyRepo(sessions))
+                          ApiKeyRepo(sessions), QuotaRepo(sessions))
         metrics = new_registry()
         svc = RpcService(bus, subjects.REGISTRY_SERVICE, VERSION, subjects.REGISTRY_GROUP,
                          "Shoal registry: models, workers, instances, API keys", metrics)

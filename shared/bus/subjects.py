@@ -15,7 +15,7 @@ EVENTS_STREAM = "SHOAL_EVENTS"
 REGISTRY_SERVICE = "shoal-registry"
 REGISTRY_GROUP = f"{PREFIX}.registry"
 
-RESOURCES = ("models", "instances", "workers", "keys")
+RESOURCES = ("models", "instances", "workers", "keys", "quota", "usage")
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_\-]+$")
 

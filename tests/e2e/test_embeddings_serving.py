@@ -6,6 +6,7 @@ one bus batch), against sentence-transformers' own vectors; the refusals."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import aiohttp
@@ -21,9 +22,12 @@ from shoal.services.worker.agent import run_worker
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.embedded import free_port
-from shoal.shared.schemas.registry import DeleteRequest
-from tests.e2e.test_serving import async_api, running_instance
+from shoal.shared.schemas.registry import (
+    ApiKeyCreate, ApiKeyScope, DeleteRequest, KeyLimit, UsageQuery
+)
+from tests.e2e.test_serving import running_instance
 from tests.integration.conftest import make_settings, running_registry
+from tests.integration.test_gateway import running_gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SentenceTransformer = pytest.importorskip("sentence_transformers").SentenceTransformer
@@ -62,7 +66,7 @@ async def stack(servers, tmp_path_factory):
                 model_id = (await r.json())["id"]
         await running_instance(client, model_id)
         try:
-            yield url, name
+            yield url, name, settings, client
         finally:
             stop.set()
             await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
@@ -70,6 +74,10 @@ async def stack(servers, tmp_path_factory):
 
 
 _REFERENCE: list[object] = []
+
+
+def async_api(url: str, key: str = "none") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=120)
 
 
 async def reference(texts: list[str]) -> np.ndarray:
@@ -82,7 +90,7 @@ async def reference(texts: list[str]) -> np.ndarray:
 
 
 async def test_openai_sdk_embeddings_match_sentence_transformers(stack) -> None:
-    url, name = stack
+    url, name, _, _ = stack
     api = async_api(url)
     ref = await reference(TEXTS)
     out = await api.embeddings.create(model=name, input=TEXTS)  # the SDK asks for base64
@@ -100,7 +108,7 @@ async def test_openai_sdk_embeddings_match_sentence_transformers(stack) -> None:
 
 
 async def test_more_inputs_than_one_batch_keep_their_order(stack) -> None:
-    url, name = stack
+    url, name, _, _ = stack
     texts = [f"sentence number {i} about topic {i % 7}" for i in range(BATCH_INPUTS * 2 + 5)]
     out = await async_api(url).embeddings.create(model=name, input=texts)
     got = np.array([d.embedding for d in out.data])
@@ -108,7 +116,7 @@ async def test_more_inputs_than_one_batch_keep_their_order(stack) -> None:
 
 
 async def test_refusals(stack) -> None:
-    url, name = stack
+    url, name, _, _ = stack
     api = async_api(url)
     with pytest.raises(openai.BadRequestError) as err:  # not a Matryoshka model
         await api.embeddings.create(model=name, input="x", dimensions=64)
@@ -124,3 +132,64 @@ async def test_refusals(stack) -> None:
     assert err.value.body["code"] == "wrong_model_type"
     with pytest.raises(openai.NotFoundError):
         await api.embeddings.create(model="no-such-model", input="x")
+
+
+async def test_token_budget_holds_through_two_gateways_and_a_restart(stack) -> None:
+    """A key's token budget on the embedding model, spent through two gateways (real tokens,
+    counted by the engine), survives a gateway restart; its usage is in Postgres per day; a
+    tokens-per-minute limit answers 429 with Retry-After and the x-ratelimit-*-tokens headers."""
+    url, name, settings, client = stack
+    ids = [101, 7592, 2088, 102]  # [CLS] hello world [SEP]: 4 tokens a request
+    key = await client.create_key(ApiKeyCreate(
+        name=f"budget-{uuid.uuid4().hex[:6]}", scope=ApiKeyScope.INFERENCE,
+        limits=[KeyLimit(model=name, token_budget=20)]))
+    locked = settings.model_copy(update={"require_api_key": True})
+    async with running_gateway(locked) as url_a:
+        async with running_gateway(locked) as url_b:
+            for i in range(5):
+                out = await async_api(url_a if i % 2 else url_b, key.secret).embeddings.create(
+                    model=name, input=ids)
+                assert out.usage.prompt_tokens == 4
+            await wait_for_usage(client, key.id, 20)
+            with pytest.raises(openai.RateLimitError) as err:
+                await async_api(url_b, key.secret).embeddings.create(model=name, input=ids)
+            assert err.value.body["code"] == "insufficient_quota"
+    async with running_gateway(locked) as url_c:  # a new gateway: the budget stays spent
+        with pytest.raises(openai.RateLimitError):
+            await async_api(url_c, key.secret).embeddings.create(model=name, input=ids)
+    rows = (await client.usage(UsageQuery(key_id=key.id))).rows
+    assert [(r.model, r.requests, r.prompt_tokens, r.output_tokens) for r in rows] == [
+        (name, 5, 20, 0)]
+
+    tpm = await client.create_key(ApiKeyCreate(
+        name=f"tpm-{uuid.uuid4().hex[:6]}", scope=ApiKeyScope.INFERENCE,
+        limits=[KeyLimit(tpm=8)]))
+    async with running_gateway(locked) as url_d, aiohttp.ClientSession() as http:
+        left = 60 - time.time() % 60
+        if left < 20:  # stay within one minute's window
+            await asyncio.sleep(left + 0.05)
+        headers = {"Authorization": f"Bearer {tpm.secret}"}
+        for expected_left in ("8", "4"):
+            async with http.post(f"{url_d}/v1/embeddings", headers=headers,
+                                 json={"model": name, "input": ids}) as r:
+                assert r.status == 200
+                assert r.headers["x-ratelimit-remaining-tokens"] == expected_left
+            await wait_for_usage(client, tpm.id, 8 - int(expected_left) + 4)
+        async with http.post(f"{url_d}/v1/embeddings", headers=headers,
+                             json={"model": name, "input": ids}) as r:
+            body = await r.json()
+            assert r.status == 429 and body["error"]["code"] == "rate_limit_exceeded"
+            assert body["error"]["type"] == "tokens"
+            assert 1 <= int(r.headers["Retry-After"]) <= 60
+            assert r.headers["x-ratelimit-limit-tokens"] == "8"
+            assert r.headers["x-ratelimit-remaining-tokens"] == "0"
+
+
+async def wait_for_usage(client: RegistryClient, key_id: str, tokens: int) -> None:
+    """Usage is recorded just after each answer: wait until the registry has it."""
+    for _ in range(100):
+        rows = (await client.usage(UsageQuery(key_id=key_id))).rows
+        if sum(r.prompt_tokens + r.output_tokens for r in rows) >= tokens:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"usage of {key_id} never reached {tokens} tokens")

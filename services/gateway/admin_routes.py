@@ -20,7 +20,8 @@ from shoal.services.gateway.state import STATE
 from shoal.shared.bus.scheduler_client import SchedulerClient
 from shoal.shared.errors import InvalidRequest, NotFound
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate, DeleteRequest, InstanceFilter, ListRequest, ModelCreate, ModelPublic, ModelUpdate
+    ApiKeyCreate, ApiKeyUpdate, DeleteRequest, InstanceFilter, ListRequest, ModelCreate,
+    ModelPublic, ModelUpdate, UsageQuery
 )
 from shoal.shared.states import InstanceState
 
@@ -173,6 +174,35 @@ async def list_keys(request: web.Request) -> web.Response:
 async def create_key(request: web.Request) -> web.Response:
     body = parse_body(await read_body(request), ApiKeyCreate)
     return _json(await request.app[STATE].registry.create_key(body), status=201)
+
+
+@routes.patch("/api/v1/keys/{id}")
+async def update_key(request: web.Request) -> web.Response:
+    """Change a key's scope or replace its limits: {"scope", "limits", "version"}."""
+    data = _object(await read_body(request))
+    body = parse_body(json.dumps({**data, "id": request.match_info["id"]}).encode(), ApiKeyUpdate)
+    return _json(await request.app[STATE].registry.update_key(body))
+
+
+@routes.get("/api/v1/usage")
+async def usage(request: web.Request) -> web.Response:
+    """Usage per key, model and UTC day (?key_id, ?model, ?since, ?until: YYYY-MM-DD)."""
+    query = {k: request.query[k] for k in ("key_id", "model", "since", "until")
+             if k in request.query}
+    body = parse_body(json.dumps(query).encode(), UsageQuery)
+    report = await request.app[STATE].registry.usage(body)
+    return web.json_response({"items": [r.model_dump(mode="json") for r in report.rows],
+                              "total": len(report.rows)})
+
+
+def _object(raw: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise InvalidRequest("the body must be a JSON object", code="invalid_json")
+    return data
 
 
 @routes.delete("/api/v1/keys/{id}")

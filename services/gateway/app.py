@@ -18,6 +18,7 @@ from shoal.services.gateway.infer_client import InferClient
 from shoal.services.gateway.instances import InstanceTable
 from shoal.services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from shoal.services.gateway.openapi import openapi_document
+from shoal.services.gateway.quota import Quota, add_ratelimit_headers
 from shoal.services.gateway.router import Router
 from shoal.services.gateway.state import STATE, GatewayState
 from shoal.services.gateway.tracing import instrument_http
@@ -77,7 +78,7 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
             settings=settings, bus=bus, registry=registry, router=router, table=table,
             client=InferClient(bus, registry, table, router, settings), admission=admission,
             metrics=GatewayMetrics(lambda: admission.num_active),
-            keys=KeyCache(settings.gateway_key_cache_ttl),
+            keys=KeyCache(settings.gateway_key_cache_ttl), quota=Quota(registry),
         )
         host = advertised_host(settings.gateway_host, settings.metrics_advertise_host)
         await answer_discovery(bus, MetricsTarget(service="gateway",
@@ -86,6 +87,7 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
         try:
             yield
         finally:
+            await app[STATE].quota.drain()  # usage records in flight reach the registry
             await table.stop()
     finally:
         await bus.close()
@@ -98,6 +100,7 @@ def make_app(settings: Settings) -> web.Application:
                           middlewares=[error_middleware, auth_middleware])
     app[SETTINGS] = settings
     app.cleanup_ctx.append(_lifetime)
+    app.on_response_prepare.append(add_ratelimit_headers)
     app.add_routes(ops)
     app.add_routes(openai_routes.routes)
     app.add_routes(admin_routes.routes)

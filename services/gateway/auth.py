@@ -1,6 +1,7 @@
 """API-key auth (only when `settings.require_api_key` or a fixed `settings.api_key`, vLLM's
 --api-key): `Authorization: Bearer <key>`, the fixed key or one verified by the registry, cached
-for `gateway_key_cache_ttl` seconds so a request costs no bus round trip.
+for `gateway_key_cache_ttl` seconds so a request costs no bus round trip. Scopes: the management
+API needs an admin key (403 otherwise); the verified key rides on the request for quota.py.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from collections import OrderedDict
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from shoal.shared.errors import Unauthorized
+from shoal.services.gateway.quota import API_KEY
+from shoal.shared.errors import Forbidden, Unauthorized
+from shoal.shared.schemas.registry import ApiKeyScope, ApiKeyVerified
 
 PUBLIC_PATHS = frozenset({"/health", "/version", "/metrics", "/metrics/targets", "/openapi.json",
                           "/ping", "/", "/ui", "/docs"})
@@ -23,26 +26,33 @@ user's key), so a browser can load them and then ask for a key."""
 MAX_CACHED_KEYS = 10000
 
 
+FIXED_KEY = ApiKeyVerified(valid=True, name="--api-key", scope=ApiKeyScope.ADMIN)
+"""The fixed key (vLLM's --api-key) can do everything and has no limits or usage."""
+ADMIN_PREFIXES = ("/api/v1/",)
+"""The management API (and so the dashboard's data): admin keys only."""
+
+
 class KeyCache:
-    """secret hash -> (valid, until); bounded, so unknown keys cannot grow it without limit."""
+    """secret hash -> (verification, until); bounded, so unknown keys cannot grow it without
+    limit."""
 
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
-        self._entries: OrderedDict[str, tuple[bool, float]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[ApiKeyVerified, float]] = OrderedDict()
 
     @staticmethod
     def _key(secret: str) -> str:
         return hashlib.sha256(secret.encode()).hexdigest()
 
-    def get(self, secret: str, now: float | None = None) -> bool | None:
+    def get(self, secret: str, now: float | None = None) -> ApiKeyVerified | None:
         entry = self._entries.get(self._key(secret))
         if entry is None or entry[1] < (time.monotonic() if now is None else now):
             return None
         return entry[0]
 
-    def put(self, secret: str, valid: bool, now: float | None = None) -> None:
+    def put(self, secret: str, verified: ApiKeyVerified, now: float | None = None) -> None:
         key = self._key(secret)
-        self._entries[key] = (valid, (time.monotonic() if now is None else now) + self.ttl)
+        self._entries[key] = (verified, (time.monotonic() if now is None else now) + self.ttl)
         self._entries.move_to_end(key)
         while len(self._entries) > MAX_CACHED_KEYS:
             self._entries.popitem(last=False)
@@ -74,11 +84,17 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         return await handler(request)
     secret = bearer(request.headers.get("Authorization"))
     if fixed and hmac.compare_digest(secret.encode(), fixed.encode()):
-        return await handler(request)
-    valid = st.keys.get(secret)
-    if valid is None:
-        valid = (await st.registry.verify_key(secret)).valid
-        st.keys.put(secret, valid)
-    if not valid:
+        verified = FIXED_KEY
+    else:
+        cached = st.keys.get(secret)
+        if cached is None:
+            cached = await st.registry.verify_key(secret)
+            st.keys.put(secret, cached)
+        verified = cached
+    if not verified.valid:
         raise Unauthorized("invalid, expired or revoked API key")
+    if request.path.startswith(ADMIN_PREFIXES) and verified.scope is not ApiKeyScope.ADMIN:
+        raise Forbidden("this key is not allowed to manage the cluster: the management API "
+                        "needs an admin key (`shoal keys create NAME --scope admin`)")
+    request[API_KEY] = verified
     return await handler(request)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from shoal.shared.errors import InvalidRequest, ShoalError
+from shoal.shared.errors import InvalidRequest, RateLimited, ShoalError
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,12 @@ def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
 
 def error_response(exc: BaseException) -> web.Response:
     status, body = error_body(exc)
-    headers = {"Retry-After": "1"} if status in (429, 503) else None
-    return web.json_response(body, status=status, headers=headers)
+    headers = {"Retry-After": "1"} if status in (429, 503) else {}
+    if isinstance(exc, RateLimited):  # a key's limit: when it resets, and OpenAI's headers
+        headers = dict(exc.headers)
+        if exc.retry_after is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+    return web.json_response(body, status=status, headers=headers or None)
 
 
 @web.middleware

@@ -152,8 +152,10 @@ class InferClient:
         except Exception as exc:  # noqa: BLE001 - the connection may be closing
             log.warning("could not abort %s on %s: %s", request_id, instance_id, exc)
 
-    async def call(self, model: str, request: BaseModel, reply_type: type[R]) -> R:
-        """A one-reply request (tokenize / detokenize) to the least loaded instance of `model`."""
+    async def call(self, model: str, request: BaseModel, reply_type: type[R],
+                   timeout: float | None = None) -> R:
+        """A one-reply request (tokenize / detokenize / embed) to the least loaded instance of
+        `model`; `timeout` defaults to the bus' request timeout."""
         tried: list[str] = []
         last: ShoalError | None = None
         for _ in range(max(1, self.settings.gateway_max_attempts)):
@@ -163,7 +165,8 @@ class InferClient:
             tried.append(instance_id)
             try:
                 return await self.bus.request(self.bus.subjects.infer(instance_id),
-                                              InferRequestEnvelope(request=request), reply_type)  # type: ignore[arg-type]
+                                              InferRequestEnvelope(request=request), reply_type,  # type: ignore[arg-type]
+                                              timeout=timeout)
             except (Unavailable, Timeout) as exc:
                 last = exc
         if last is not None:

@@ -1,11 +1,14 @@
-"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions, /tokenize,
-/detokenize. Thin: parse and validate (protocol.py), admit, route, answer (serve.py).
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/embeddings,
+/tokenize, /detokenize. Thin: parse and validate (protocol.py), admit, route, answer (serve.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
+from shoal.services.gateway.embeddings import EmbeddingBody, embedding_response
 from shoal.services.gateway.errors import read_body
 from shoal.services.gateway.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody, parse_body
@@ -21,7 +24,7 @@ from shoal.services.gateway.tracing import inference_span
 from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.logging import log_context
 from shoal.shared.schemas.infer import (
-    DetokenizeReply, DetokenizeRequest, TokenizeReply, TokenizeRequest
+    DetokenizeReply, DetokenizeRequest, EmbedReply, TokenizeReply, TokenizeRequest, Usage
 )
 
 routes = web.RouteTableDef()
@@ -91,13 +94,33 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def _answer(request: web.Request, answer: Answer, stream: bool,
                   spec_source: str | None = None) -> web.StreamResponse:
     """Run the answer inside its GenAI span (whose traceparent rides to the engine) and a log
-    context. An engine 400 about the output constraint names the field the client sent."""
+    context, counted against the key's limits and usage (quota.py). An engine 400 about the
+    output constraint names the field the client sent."""
+    quota = request.app[STATE].quota
+    ticket = await quota.admit(request, answer.builder.model)
     with log_context(request_id=answer.builder.id, model=answer.builder.model), \
             inference_span(answer.jobs[0].request, answer.builder, stream):
         try:
             return await (answer.stream(request) if stream else answer.whole())
         except InvalidRequest as exc:
             raise rename_param(exc, spec_source) from None
+        finally:  # what was generated counts, also for a failed or abandoned answer
+            quota.record(ticket, answer.builder.usage or answer.usage_so_far())
+
+
+@routes.post("/v1/embeddings")
+async def embeddings(request: web.Request) -> web.Response:
+    """Batches of the input go to the model's instances in parallel (embeddings.py)."""
+    st = request.app[STATE]
+    body = parse_body(await read_body(request), EmbeddingBody)
+    with st.admission.slot(), log_context(model=body.model):
+        ticket = await st.quota.admit(request, body.model)
+        timeout = st.settings.gateway_embed_timeout
+        replies = await asyncio.gather(*(st.client.call(body.model, part, EmbedReply, timeout)
+                                         for part in body.batches()))
+        st.quota.record(ticket, Usage(prompt_tokens=sum(r.prompt_tokens for r in replies),
+                                      completion_tokens=0))
+        return web.json_response(embedding_response(body.model, replies, body.encoding_format))
 
 
 @routes.post("/tokenize")

@@ -8,10 +8,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from shoal.services.gateway.embeddings import EmbeddingBody
 from shoal.services.gateway.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody
 )
-from shoal.shared.schemas.registry import ApiKeyCreate, ModelCreate, ModelUpdate
+from shoal.shared.schemas.registry import ApiKeyCreate, ApiKeyUpdate, ModelCreate, ModelUpdate
 
 _ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
     "message": {"type": "string"}, "type": {"type": "string"},
@@ -23,6 +24,8 @@ _OPS: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
     ("post", "/v1/completions", "Create a completion (stream: SSE)", CompletionRequest, "openai"),
     ("post", "/v1/chat/completions", "Create a chat completion (stream: SSE)",
      ChatCompletionRequest, "openai"),
+    ("post", "/v1/embeddings", "Create embeddings (an embedding model's instances)",
+     EmbeddingBody, "openai"),
     ("post", "/tokenize", "Tokenize a prompt or messages", TokenizeBody, "openai"),
     ("post", "/detokenize", "Detokenize token ids", DetokenizeBody, "openai"),
     ("get", "/health", "Liveness: 200 while the gateway runs", None, "ops"),
@@ -52,6 +55,9 @@ _OPS: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
     ("post", "/api/v1/keys", "Create an API key (the secret is shown once)", ApiKeyCreate,
      "management"),
     ("delete", "/api/v1/keys/{id}", "Revoke an API key", None, "management"),
+    ("patch", "/api/v1/keys/{id}", "Change a key's scope or limits", ApiKeyUpdate, "management"),
+    ("get", "/api/v1/usage", "Usage per key, model and day (?key_id, ?model, ?since, ?until)",
+     None, "management"),
 ]
 _ERRORS = {"400": "Bad input", "401": "Missing or invalid API key",
            "404": "Unknown model or resource",

@@ -12,6 +12,7 @@ from shoal.services.gateway.auth import KeyCache
 from shoal.services.gateway.infer_client import InferClient
 from shoal.services.gateway.instances import InstanceTable
 from shoal.services.gateway.metrics import GatewayMetrics
+from shoal.services.gateway.quota import Quota
 from shoal.services.gateway.router import Router
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
@@ -29,6 +30,7 @@ class GatewayState:
     admission: Admission
     metrics: GatewayMetrics
     keys: KeyCache
+    quota: Quota
     started_at: float = field(default_factory=time.time)
 
 

@@ -21,6 +21,7 @@ from shoal.services.registry.outbox import OutboxRelay, add_event, transaction
 from shoal.services.registry.repo.api_keys import ApiKeyRepo
 from shoal.services.registry.repo.instances import InstanceRepo
 from shoal.services.registry.repo.models import ModelRepo
+from shoal.services.registry.repo.quota import QuotaRepo
 from shoal.services.registry.repo.workers import WorkerRepo
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.service import RpcService
@@ -28,10 +29,10 @@ from shoal.shared.schemas.events import (
     ApiKeyEvent, EventKind, InstanceEvent, ModelEvent, WorkerEvent
 )
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyVerify, ById, ByIdOrName, Deleted,
-    DeleteRequest, InstanceCreate, InstanceDelete, InstanceFilter, InstancePublic,
-    InstanceTransition, ListRequest, ModelCreate, ModelPublic, ModelUpdate, WorkerPublic,
-    WorkerRegister
+    ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyUpdate, ApiKeyVerify, ById, ByIdOrName,
+    Deleted, DeleteRequest, InstanceCreate, InstanceDelete, InstanceFilter, InstancePublic,
+    InstanceTransition, ListRequest, ModelCreate, ModelPublic, ModelUpdate, QuotaAcquire,
+    UsageQuery, UsageRecord, WorkerPublic, WorkerRegister
 )
 
 log = logging.getLogger(__name__)
@@ -41,11 +42,12 @@ Res = TypeVar("Res")
 
 class RegistryApi:
     def __init__(self, bus: Bus, sessions: async_sessionmaker[AsyncSession], models: ModelRepo,
-                 workers: WorkerRepo, instances: InstanceRepo, keys: ApiKeyRepo,
+                 workers: WorkerRepo, instances: InstanceRepo, keys: ApiKeyRepo, quota: QuotaRepo,
                  failpoints: frozenset[str] = frozenset()) -> None:
         self.bus = bus
         self.sessions = sessions
         self.models, self.workers, self.instances, self.keys = models, workers, instances, keys
+        self.quota = quota
         self.relay = OutboxRelay(sessions, bus)
         self.failpoints = failpoints
 
@@ -85,11 +87,16 @@ class RegistryApi:
             ("keys", "list", ListRequest, self.keys.list),
             ("keys", "revoke", ById, self.revoke_key),
             ("keys", "verify", ApiKeyVerify, self.keys.verify),
+            ("keys", "update", ApiKeyUpdate, self.update_key),
+            ("quota", "acquire", QuotaAcquire, self.quota.acquire),
+            ("usage", "record", UsageRecord, self.quota.record),
+            ("usage", "list", UsageQuery, self.quota.usage),
         ]
         reads = {"get", "list", "verify"}
-        for resource, verb, request_type, handler in endpoints:
+        for resource, verb, request_type, handler in endpoints:  # quota / usage: no events
+            plain = verb in reads or resource in ("quota", "usage")
             await svc.endpoint(resource, verb, request_type,
-                               handler if verb in reads else self.atomic(handler))
+                               handler if plain else self.atomic(handler))
 
     # ------------------------------------------------------------ models
     async def create_model(self, req: ModelCreate) -> ModelPublic:
@@ -145,6 +152,12 @@ class RegistryApi:
         await self._emit("keys", public.id, ApiKeyEvent(kind=EventKind.CREATED, id=public.id,
                                                         version=public.version, data=public))
         return created
+
+    async def update_key(self, req: ApiKeyUpdate) -> ApiKeyPublic:
+        key = await self.keys.update(req)
+        await self._emit("keys", key.id, ApiKeyEvent(kind=EventKind.UPDATED, id=key.id,
+                                                     version=key.version, data=key))
+        return key
 
     async def revoke_key(self, req: ById) -> ApiKeyPublic:
         key = await self.keys.revoke(req)

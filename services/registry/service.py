@@ -10,6 +10,7 @@ from shoal.services.registry.api import RegistryApi
 from shoal.services.registry.liveness import Liveness
 from shoal.services.registry.repo.api_keys import ApiKeyRepo
 from shoal.services.registry.repo.common import database_unavailable
+from shoal.services.registry.repo.quota import QuotaRepo
 from shoal.services.registry.repo.instances import InstanceRepo
 from shoal.services.registry.repo.models import ModelRepo
 from shoal.services.registry.repo.workers import WorkerRepo
@@ -43,7 +44,7 @@ async def run_registry(settings: Settings, stop: asyncio.Event,
         await bus.ensure_events_stream()
 
         api = RegistryApi(bus, sessions, ModelRepo(sessions), WorkerRepo(sessions),
-                          InstanceRepo(sessions), ApiKeyRepo(sessions),
+                          InstanceRepo(sessions), ApiKeyRepo(sessions), QuotaRepo(sessions),
                           failpoints=frozenset(settings.failpoints))
         relay = asyncio.create_task(api.relay.run(stop), name="event-relay")
         metrics = new_registry()

@@ -9,9 +9,10 @@ from __future__ import annotations
 from shoal.shared.bus.client import Bus
 from shoal.shared.schemas.common import Page
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyVerified, ApiKeyVerify, ById, ByIdOrName,
-    Deleted, DeleteRequest, InstanceCreate, InstanceFilter, InstancePublic, InstanceTransition,
-    ListRequest, ModelCreate, ModelPublic, ModelUpdate, WorkerPublic, WorkerRegister
+    ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyUpdate, ApiKeyVerified, ApiKeyVerify, ById,
+    ByIdOrName, Deleted, DeleteRequest, InstanceCreate, InstanceFilter, InstancePublic,
+    InstanceTransition, ListRequest, ModelCreate, ModelPublic, ModelUpdate, QuotaAcquire,
+    QuotaGrant, UsageQuery, UsageRecord, UsageReport, WorkerPublic, WorkerRegister
 )
 
 
@@ -92,3 +93,17 @@ class RegistryClient:
     async def verify_key(self, secret: str) -> ApiKeyVerified:
         return await self.bus.request(self._on("keys", "verify"),
                                       ApiKeyVerify(secret=secret), ApiKeyVerified)
+
+    async def update_key(self, req: ApiKeyUpdate) -> ApiKeyPublic:
+        return await self.bus.request(self._on("keys", "update"), req, ApiKeyPublic)
+
+    # quotas and usage (per key)
+    async def acquire_quota(self, req: QuotaAcquire) -> QuotaGrant:
+        return await self.bus.request(self._on("quota", "acquire"), req, QuotaGrant)
+
+    async def record_usage(self, req: UsageRecord) -> UsageRecord:
+        return await self.bus.request(self._on("usage", "record"), req, UsageRecord)
+
+    async def usage(self, req: UsageQuery | None = None) -> UsageReport:
+        return await self.bus.request(self._on("usage", "list"), req or UsageQuery(),
+                                      UsageReport)

@@ -1,4 +1,5 @@
-"""ORM tables: models, workers, instances, api_keys. They never leave the registry.
+"""ORM tables: models, workers, instances, api_keys, and the keys' usage and rate windows.
+They never leave the registry.
 
 JSON columns hold structured fields (labels, device status, placement claim) whose shape is
 defined and validated by the pydantic schemas in shared/schemas/registry.py.
@@ -6,11 +7,12 @@ defined and validated by the pydantic schemas in shared/schemas/registry.py.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 from sqlalchemy import (
-    JSON, BigInteger, Boolean, DateTime, ForeignKey, Integer, LargeBinary, String, Text, func,
+    JSON, BigInteger, Boolean, Date, DateTime, ForeignKey, Integer, LargeBinary, String, Text,
+    func,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -66,6 +68,41 @@ class ApiKeyRow(RowMixin, Base):
     """SHA-256 of the secret; the secret itself is never stored."""
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    scope: Mapped[str] = mapped_column(String(16), nullable=False, default="admin")
+    """"admin" or "inference" (keys made before scopes existed are admin: they could do all)."""
+    limits: Mapped[list[dict[str, Any]]] = mapped_column(JSON, nullable=False, default=list)
+    """KeyLimit list as JSON."""
+
+
+class ApiKeyUsageRow(Base):
+    """Usage of one key on one model on one (UTC) day: what `shoal keys usage` shows and what
+    token budgets are counted against. Upserted atomically after each request."""
+
+    __tablename__ = "api_key_usage"
+
+    key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"),
+                                        primary_key=True)
+    model: Mapped[str] = mapped_column(String(64), primary_key=True)
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+
+
+class RateWindowRow(Base):
+    """Requests and tokens of one key in one one-minute window, for one model or all ("*"):
+    the shared counters every gateway replica's requests are counted in."""
+
+    __tablename__ = "rate_windows"
+
+    key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"),
+                                        primary_key=True)
+    model: Mapped[str] = mapped_column(String(64), primary_key=True)
+    window: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    """Unix minute (epoch seconds // 60)."""
+    requests: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
 
 
 class OutboxRow(Base):

@@ -131,7 +131,30 @@ class DetokenizeRequest(Wire):
     tokens: list[int]
 
 
-InferRequest = Annotated[GenerateRequest | TokenizeRequest | DetokenizeRequest,
+class EmbedRequest(Wire):
+    """Embed texts (tokenized by the engine, special tokens added) or token ids (as given) on an
+    embedding model's engine; one EmbedReply."""
+
+    op: Literal["embed"] = "embed"
+    model: str
+    texts: list[str] | None = None
+    token_ids: list[list[int]] | None = None
+    dimensions: int | None = Field(default=None, ge=1)
+    truncate_prompt_tokens: int | None = None
+    """vLLM's: keep at most this many tokens of each input (-1: the model's limit); unset, an
+    input over the limit is a 400."""
+
+
+class EmbedReply(Wire):
+    data: str
+    """The vectors: base64 of float32 little-endian, row after row (compact on the bus; the
+    gateway hands it out as is for encoding_format=base64)."""
+    num_inputs: int
+    dimensions: int
+    prompt_tokens: int
+
+
+InferRequest = Annotated[GenerateRequest | TokenizeRequest | DetokenizeRequest | EmbedRequest,
                          Field(discriminator="op")]
 
 

@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for resource, verbs in (("models", ("list", "get", "deploy", "update", "delete")),
                             ("instances", ("list", "get")), ("workers", ("list", "get")),
-                            ("keys", ("create", "list", "revoke"))):
+                            ("keys", ("create", "list", "revoke", "update", "usage"))):
         res = sub.add_parser(resource, help=f"manage {resource}")
         res_sub = res.add_subparsers(dest="verb", required=True)
         for verb in verbs:
@@ -93,6 +93,21 @@ def build_parser() -> argparse.ArgumentParser:
                                help="follow an instance (download, conversion, load) until RUNNING")
             if (resource, verb) == ("models", "update"):
                 p.add_argument("--replicas", type=int)
+            if resource == "keys" and verb in ("create", "update"):
+                p.add_argument("--scope", choices=["inference", "admin"],
+                               help="inference: the OpenAI API only; admin: also the management "
+                                    "API (create's default: admin for the first key, else "
+                                    "inference)")
+                p.add_argument("--limit", action="append", default=None, metavar="SPEC",
+                               help="rpm=N,tpm=N,token_budget=N[,model=NAME] (repeatable; "
+                                    "without model=: all models together)")
+            if (resource, verb) == ("keys", "update"):
+                p.add_argument("--no-limits", action="store_true", help="remove every limit")
+            if (resource, verb) == ("keys", "usage"):
+                p.add_argument("--key", help="only this key (name or id)")
+                p.add_argument("--model", help="only this model")
+                p.add_argument("--since", help="first day, YYYY-MM-DD (UTC)")
+                p.add_argument("--until", help="last day, YYYY-MM-DD (UTC)")
             if (resource, verb) == ("instances", "list"):
                 p.add_argument("--model", help="only this model's instances (name)")
     return parser

@@ -6,14 +6,16 @@ import argparse
 import os
 
 from shoal.cli import SERVICES, _labels
-from shoal.cli.resources import emit, instances_table, keys_table, models_table, run, workers_table
+from shoal.cli.resources import (
+    emit, instances_table, keys_table, models_table, run, usage_table, workers_table
+)
 from shoal.cli.runner import resolve_settings, run_service
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
-from shoal.shared.errors import NotFound
+from shoal.shared.errors import InvalidRequest, NotFound
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate, DeleteRequest, DeviceKind, InstanceFilter, ModelCreate, ModelPublic,
-    ModelUpdate,
+    ApiKeyCreate, ApiKeyPublic, ApiKeyUpdate, DeleteRequest, DeviceKind, InstanceFilter, KeyLimit,
+    ModelCreate, ModelPublic, ModelUpdate, UsageQuery, UsageRow,
 )
 
 
@@ -184,16 +186,59 @@ def workers_cmd(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_limit(spec: str) -> KeyLimit:
+    """`rpm=60,tpm=10000,token_budget=1000000,model=smol` -> KeyLimit (checked by it)."""
+    fields: dict[str, str] = {}
+    for part in spec.split(","):
+        name, sep, value = part.partition("=")
+        if not sep or name.strip() not in ("rpm", "tpm", "token_budget", "model"):
+            raise InvalidRequest(f"--limit {spec!r}: expected rpm=N,tpm=N,token_budget=N"
+                                 "[,model=NAME]", param="limit")
+        fields[name.strip()] = value.strip()
+    return KeyLimit.model_validate(fields)
+
+
+async def _key(c: RegistryClient, target: str) -> ApiKeyPublic:
+    for key in await c.list_keys():
+        if target in (key.id, key.name) and key.revoked_at is None:
+            return key
+    raise NotFound(f"no active API key {target!r}")
+
+
 def keys_cmd(settings: Settings, args: argparse.Namespace) -> int:
     if args.verb == "create":
-        created = run(settings, lambda c: c.create_key(ApiKeyCreate(name=args.target)))
+        limits = [parse_limit(x) for x in args.limit or []]
+        created = run(settings, lambda c: c.create_key(ApiKeyCreate(
+            name=args.target, scope=args.scope, limits=limits)))
         if args.json:
             emit(created, True, keys_table)
         else:
-            print(f"API key {created.name} ({created.id}) created. Its secret is shown once:\n\n"
-                  f"    {created.secret}\n")
+            print(f"API key {created.name} ({created.id}, {created.scope.value}) created. Its "
+                  f"secret is shown once:\n\n    {created.secret}\n")
     elif args.verb == "list":
         emit(run(settings, lambda c: c.list_keys()), args.json, keys_table)
+    elif args.verb == "update":
+        limits = [] if args.no_limits else (
+            [parse_limit(x) for x in args.limit] if args.limit else None)
+
+        async def update(c: RegistryClient) -> ApiKeyPublic:
+            key = await _key(c, args.target)
+            fields: dict[str, object] = {"id": key.id, "version": key.version}
+            if args.scope is not None:
+                fields["scope"] = args.scope
+            if limits is not None:
+                fields["limits"] = limits
+            return await c.update_key(ApiKeyUpdate(**fields))  # type: ignore[arg-type]
+
+        emit(run(settings, update), args.json, keys_table)
+    elif args.verb == "usage":
+        async def usage(c: RegistryClient) -> list[UsageRow]:
+            key_id = (await _key(c, args.key)).id if args.key else None
+            report = await c.usage(UsageQuery(key_id=key_id, model=args.model, since=args.since,
+                                              until=args.until))
+            return report.rows
+
+        emit(run(settings, usage), args.json, usage_table)
     else:
         emit(run(settings, lambda c: c.revoke_key(args.target)), args.json, keys_table)
     return 0

@@ -16,7 +16,7 @@ from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.schemas.registry import (
-    ApiKeyPublic, InstancePublic, ModelPublic, WorkerPublic,
+    ApiKeyPublic, InstancePublic, ModelPublic, UsageRow, WorkerPublic,
 )
 from shoal.shared.units import GIB
 
@@ -84,7 +84,24 @@ def instances_table(instances: Sequence[InstancePublic]) -> str:
                              "MESSAGE"])
 
 
+def _limits(key: ApiKeyPublic) -> str:
+    parts = []
+    for limit in key.limits:
+        values = [f"{name}={getattr(limit, name)}" for name in ("rpm", "tpm", "token_budget")
+                  if getattr(limit, name) is not None]
+        parts.append(f"{limit.model or '*'}: {' '.join(values)}")
+    return "; ".join(parts) or "-"
+
+
 def keys_table(keys: Sequence[ApiKeyPublic]) -> str:
-    rows = [[k.name, k.id, k.prefix + "...", k.created_at.strftime("%Y-%m-%d %H:%M"),
-             "revoked" if k.revoked_at else "active"] for k in keys]
-    return tabulate(rows, headers=["NAME", "ID", "PREFIX", "CREATED", "STATUS"])
+    rows = [[k.name, k.id, k.prefix + "...", k.scope.value, _limits(k),
+             k.created_at.strftime("%Y-%m-%d %H:%M"), "revoked" if k.revoked_at else "active"]
+            for k in keys]
+    return tabulate(rows, headers=["NAME", "ID", "PREFIX", "SCOPE", "LIMITS", "CREATED", "STATUS"])
+
+
+def usage_table(rows: Sequence[UsageRow]) -> str:
+    table = [[r.day.isoformat(), r.key_name, r.model, r.requests, r.prompt_tokens,
+              r.cached_tokens, r.output_tokens, r.prompt_tokens + r.output_tokens] for r in rows]
+    return tabulate(table, headers=["DAY", "KEY", "MODEL", "REQUESTS", "PROMPT", "CACHED",
+                                    "OUTPUT", "TOTAL"])

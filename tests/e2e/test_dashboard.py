@@ -30,7 +30,7 @@ from shoal.services.worker.agent import run_worker
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.embedded import free_port
-from shoal.shared.schemas.registry import ApiKeyCreate
+from shoal.shared.schemas.registry import ApiKeyCreate, ApiKeyScope
 from tests.integration.conftest import make_settings, running_registry
 from tests.integration.sched_helpers import delete_models
 
@@ -82,7 +82,8 @@ async def stack(servers, tmp_path_factory):
             ready = asyncio.Event()
             tasks.append(asyncio.create_task(run(settings.model_copy(update=extra), stop, ready)))
             await asyncio.wait_for(ready.wait(), 30)
-        admin = await client.create_key(ApiKeyCreate(name=f"admin-{tag}"))
+        admin = await client.create_key(ApiKeyCreate(name=f"admin-{tag}",
+                                                     scope=ApiKeyScope.ADMIN))
         try:
             yield f"http://127.0.0.1:{settings.gateway_port}", admin.secret, worker, client
         finally:  # a failed run must not leave its models to the next modules' schedulers

@@ -19,8 +19,8 @@ from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.embedded import free_port
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate, DeviceStatus, InstanceCreate, InstanceTransition, ModelCreate, Placement,
-    WorkerRegister,
+    ApiKeyCreate, ApiKeyScope, DeviceStatus, InstanceCreate, InstanceTransition, ModelCreate,
+    Placement, WorkerRegister,
 )
 from shoal.shared.states import InstanceState
 from tests.integration.conftest import running_service
@@ -65,7 +65,7 @@ async def test_health_version_openapi_metrics(gateway: str, http: aiohttp.Client
     async with http.get(f"{gateway}/openapi.json") as r:
         doc = await r.json()
     paths = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/api/v1/models/{id}",
-             "/tokenize"}
+             "/tokenize", "/v1/embeddings"}
     assert doc["openapi"].startswith("3.") and paths <= set(doc["paths"])
     async with http.get(f"{gateway}/metrics") as r:
         text = await r.text()
@@ -231,7 +231,7 @@ async def test_api_keys_when_required(settings: Settings, registry, client: Regi
             await sdk(url, "sk-wrong").models.list()
         async with http.get(f"{url}/v1/models") as r:
             assert r.status == 401 and (await r.json())["error"]["code"] == "invalid_api_key"
-        key = await client.create_key(ApiKeyCreate(name=name()))
+        key = await client.create_key(ApiKeyCreate(name=name(), scope=ApiKeyScope.ADMIN))
         assert (await sdk(url, key.secret).models.list()).object == "list"
         async with http.get(f"{url}/api/v1/workers",
                             headers={"Authorization": f"Bearer {key.secret}"}) as r:

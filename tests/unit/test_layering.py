@@ -25,7 +25,8 @@ PURE = ["kernels", "services/scheduler/policies", "services/scheduler/claim",
         "services/worker/devices.py"] + [
     f"services/gateway/{name}" for name in ("body.py", "router.py", "protocol.py", "responses.py",
                                             "streaming.py", "admission.py", "structured.py",
-                                            "tools.py", "tool_parsers.py")]
+                                            "tools.py", "tool_parsers.py", "embeddings.py",
+                                            "ratelimit.py")]
 
 
 def python_files(entry: str | Path) -> list[Path]:

@@ -31,7 +31,8 @@ from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.loops import run_every
 from shoal.shared.schemas.common import ErrorBody
 from shoal.shared.schemas.infer import (
-    AbortRequest, ChoiceDelta, DetokenizeReply, DetokenizeRequest, EngineLoad, GenerateRequest,
+    AbortRequest, ChoiceDelta, DetokenizeReply, DetokenizeRequest, EmbedRequest, EngineLoad,
+    GenerateRequest,
     InferChunk, InferEnd, InferError, InferReplyEnvelope, InferRequestEnvelope, TokenizeReply,
     TokenizeRequest, TokenLogprobWire, TopLogprob, Usage
 )
@@ -95,6 +96,9 @@ class EngineHandlers:
             task.add_done_callback(lambda _t, rid=request.request_id: self.tasks.pop(rid, None))
             return
         try:
+            if isinstance(request, EmbedRequest):
+                raise InvalidRequest(f"model {self.model_name} generates text; embeddings need an "
+                                     "embedding model", param="model", code="wrong_model_type")
             reply = (self.tokenize(request) if isinstance(request, TokenizeRequest)
                      else self.detokenize(request))
         except ShoalError as exc:

@@ -13,7 +13,10 @@ import time
 
 from shoal.services.engine.async_engine import AsyncEngine
 from shoal.services.engine.config import EngineConfig
+from shoal.services.engine.embedding.async_engine import AsyncEmbeddingEngine
+from shoal.services.engine.embedding.pooling import is_embedding_model
 from shoal.services.engine.model_prep import prepare_model
+from shoal.services.engine.server.embed_service import serve_embeddings
 from shoal.services.engine.server.handlers import EngineHandlers
 from shoal.services.engine.server.metrics import EngineMetrics, cache_info
 from shoal.shared.bus.client import Bus
@@ -78,7 +81,7 @@ def engine_config(model: ModelPublic, instance: InstancePublic) -> EngineConfig:
 async def run_engine(settings: Settings, stop: asyncio.Event, instance_id: str) -> None:
     bus = await Bus.connect(settings, name=f"shoal-engine-{instance_id}")
     registry = RegistryClient(bus)
-    engine: AsyncEngine | None = None
+    engine: AsyncEngine | AsyncEmbeddingEngine | None = None
     try:
         with log_context(instance_id=instance_id):
             instance = await registry.get_instance(instance_id)
@@ -95,7 +98,10 @@ async def run_engine(settings: Settings, stop: asyncio.Event, instance_id: str) 
                            else f"{type(exc).__name__}: {exc}")
                 await _report_error(reporter, f"engine failed to start: {message}")
                 raise SystemExit(1) from None
-            await serve(settings, bus, reporter, engine, model, stop)
+            if isinstance(engine, AsyncEmbeddingEngine):
+                await serve_embeddings(settings, bus, reporter, engine, model, stop)
+            else:
+                await serve(settings, bus, reporter, engine, model, stop)
     finally:
         if engine is not None:
             engine.shutdown()
@@ -103,7 +109,7 @@ async def run_engine(settings: Settings, stop: asyncio.Event, instance_id: str) 
 
 
 async def start_engine(settings: Settings, reporter: InstanceReporter,
-                       model: ModelPublic) -> AsyncEngine:
+                       model: ModelPublic) -> AsyncEngine | AsyncEmbeddingEngine:
     loop = asyncio.get_running_loop()
     first = InstanceState.DOWNLOADING if can_transition(reporter.instance.state,
                                                         InstanceState.DOWNLOADING) \
@@ -123,6 +129,8 @@ async def start_engine(settings: Settings, reporter: InstanceReporter,
     if reporter.instance.state is not InstanceState.STARTING:
         await reporter.move(InstanceState.STARTING, "loading weights")
     config = engine_config(model, reporter.instance)
+    if is_embedding_model(model_dir):  # BERT-family encoder: the embedding engine (embedding/)
+        return await asyncio.to_thread(AsyncEmbeddingEngine, config, model_dir)
     return await asyncio.to_thread(AsyncEngine, config, model_dir=model_dir)
 
 

@@ -10,16 +10,17 @@ import hashlib
 import hmac
 import secrets
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from shoal.services.registry.repo.common import get_or_404, unit_of_work
+from shoal.services.registry.repo.common import check_version, get_or_404, unit_of_work
 from shoal.services.registry.repo.convert import api_key_public
 from shoal.shared.db.tables import ApiKeyRow
 from shoal.shared.errors import Conflict
 from shoal.shared.schemas.common import Page, utcnow
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyVerified, ApiKeyVerify, ById, ListRequest
+    ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyScope, ApiKeyUpdate, ApiKeyVerified,
+    ApiKeyVerify, ById, ListRequest
 )
 
 SECRET_PREFIX = "sk-shoal-"
@@ -40,8 +41,15 @@ class ApiKeyRepo:
     async def create(self, req: ApiKeyCreate) -> ApiKeyCreated:
         secret = new_secret()
         async with unit_of_work(self.sessions, f"api key {req.name!r}") as s:
+            scope = req.scope
+            if scope is None:  # the bootstrap rule: the first usable key can manage the cluster
+                # one creation at a time decides it (a transaction-scoped advisory lock)
+                await s.execute(text("SELECT pg_advisory_xact_lock(hashtext('shoal_admin_key'))"))
+                scope = ApiKeyScope.ADMIN if not await self._has_admin(s) else ApiKeyScope.INFERENCE
             row = ApiKeyRow(name=req.name, prefix=secret[: len(SECRET_PREFIX) + 4],
-                            secret_hash=hash_secret(secret), expires_at=req.expires_at)
+                            secret_hash=hash_secret(secret), expires_at=req.expires_at,
+                            scope=scope.value,
+                            limits=[limit.model_dump(mode="json") for limit in req.limits])
             s.add(row)
             await s.flush()
             return ApiKeyCreated(**api_key_public(row).model_dump(), secret=secret)
@@ -52,6 +60,25 @@ class ApiKeyRepo:
             rows = await s.scalars(query.limit(req.limit).offset(req.offset))
             total = await s.scalar(select(func.count()).select_from(ApiKeyRow)) or 0
             return Page[ApiKeyPublic](items=[api_key_public(r) for r in rows], total=total)
+
+    @staticmethod
+    async def _has_admin(s: AsyncSession) -> bool:
+        now = utcnow()
+        found = await s.scalar(select(ApiKeyRow.id).where(
+            ApiKeyRow.scope == ApiKeyScope.ADMIN.value, ApiKeyRow.revoked_at.is_(None),
+            or_(ApiKeyRow.expires_at.is_(None), ApiKeyRow.expires_at > now)).limit(1))
+        return found is not None
+
+    async def update(self, req: ApiKeyUpdate) -> ApiKeyPublic:
+        async with unit_of_work(self.sessions, f"api key {req.id!r}") as s:
+            row = await get_or_404(s, ApiKeyRow, req.id, "api key")
+            check_version(row.version, req.version, f"api key {row.name!r}")
+            if req.scope is not None:
+                row.scope = req.scope.value
+            if req.limits is not None:
+                row.limits = [limit.model_dump(mode="json") for limit in req.limits]
+            await s.flush()
+            return api_key_public(row)
 
     async def revoke(self, req: ById) -> ApiKeyPublic:
         async with unit_of_work(self.sessions, f"api key {req.id!r}") as s:
@@ -71,4 +98,5 @@ class ApiKeyRepo:
         expired = row.expires_at is not None and row.expires_at <= utcnow()
         if row.revoked_at is not None or expired:
             return ApiKeyVerified(valid=False, key_id=row.id, name=row.name)
-        return ApiKeyVerified(valid=True, key_id=row.id, name=row.name)
+        return ApiKeyVerified(valid=True, key_id=row.id, name=row.name,
+                              scope=ApiKeyScope(row.scope), has_limits=bool(row.limits))

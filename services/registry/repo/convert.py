@@ -42,4 +42,5 @@ def instance_public(row: InstanceRow) -> InstancePublic:
 
 def api_key_public(row: ApiKeyRow) -> ApiKeyPublic:
     return ApiKeyPublic(id=row.id, name=row.name, prefix=row.prefix, created_at=row.created_at,
-                        expires_at=row.expires_at, revoked_at=row.revoked_at, version=row.version)
+                        expires_at=row.expires_at, revoked_at=row.revoked_at,
+                        scope=row.scope, limits=row.limits or [], version=row.version)

@@ -7,6 +7,7 @@ import pytest
 from aiohttp import web
 
 from shoal.services.gateway.auth import KeyCache, bearer
+from shoal.shared.schemas.registry import ApiKeyVerified
 from shoal.services.gateway.errors import error_body
 from shoal.shared.errors import (
     Conflict, InvalidRequest, NotFound, Overloaded, ShoalError, Timeout, Unauthorized, Unavailable,
@@ -55,8 +56,9 @@ def test_bearer_parsing() -> None:
 
 def test_key_cache_expires_and_is_bounded() -> None:
     cache = KeyCache(ttl=10)
-    cache.put("k", True, now=0)
-    assert cache.get("k", now=5) is True and cache.get("k", now=11) is None
+    good, bad = ApiKeyVerified(valid=True, key_id="a"), ApiKeyVerified(valid=False)
+    cache.put("k", good, now=0)
+    assert cache.get("k", now=5) is good and cache.get("k", now=11) is None
     assert cache.get("other", now=0) is None
-    cache.put("bad", False, now=0)
-    assert cache.get("bad", now=1) is False
+    cache.put("bad", bad, now=0)
+    assert cache.get("bad", now=1) is bad

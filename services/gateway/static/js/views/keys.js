@@ -1,4 +1,5 @@
-// API keys: create (the secret is shown once: only its hash is stored), list, revoke.
+// API keys: create (the secret is shown once: only its hash is stored) with a scope, list with
+// scopes and limits, revoke. Limits are set with `shoal keys create/update` or PATCH /api/v1/keys.
 
 import { api, list, setApiKey } from "../api.js";
 import { h, replace } from "../dom.js";
@@ -11,17 +12,21 @@ export function create() {
   const name = h("input", { id: "key-name", required: true, pattern: "[A-Za-z0-9][A-Za-z0-9_.\\-]{0,62}",
     autocomplete: "off", spellcheck: "false" });
   const expires = h("input", { id: "key-expires", type: "datetime-local" });
+  const scope = h("select", { id: "key-scope" },
+    h("option", { value: "inference" }, "inference (OpenAI API only)"),
+    h("option", { value: "admin" }, "admin (also manages the cluster)"));
   const formError = errorBox();
   const secretBox = h("div", { class: "secret", role: "status", "aria-live": "polite", hidden: true });
   const form = h("form", { class: "inline-form", "aria-label": "Create an API key" },
     h("div", { class: "field" }, h("label", { for: "key-name" }, "Name"), name),
+    h("div", { class: "field" }, h("label", { for: "key-scope" }, "Scope"), scope),
     h("div", { class: "field" }, h("label", { for: "key-expires" }, "Expires (optional)"), expires),
     h("button", { type: "submit", class: "primary" }, "Create key"));
   const rows = h("tbody", {});
   const listError = errorBox();
   const table = h("div", { class: "table-wrap" }, h("table", {},
     h("caption", { class: "offscreen" }, "API keys"),
-    h("thead", {}, h("tr", {}, ["Name", "Key", "Created", "Expires", "State", ""].map(
+    h("thead", {}, h("tr", {}, ["Name", "Key", "Scope", "Limits", "Created", "Expires", "State", ""].map(
       (c) => h("th", { scope: "col" }, c)))),
     rows));
   const root = h("section", { "aria-labelledby": "keys-h" },
@@ -33,7 +38,7 @@ export function create() {
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     showError(formError, null);
-    const body = { name: name.value.trim() };
+    const body = { name: name.value.trim(), scope: scope.value };
     if (expires.value) body.expires_at = new Date(expires.value).toISOString();
     try {
       const created = await api("POST", "/api/v1/keys", body);
@@ -59,7 +64,7 @@ export function create() {
     if (now === shown) return;  // rebuilding the rows would take the focus off a Revoke button
     shown = now;
     replace(rows, keys.length ? keys.map((k) => keyRow(k, refresh, listError))
-      : h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No key yet.")));
+      : h("tr", {}, h("td", { colspan: 8, class: "muted" }, "No key yet.")));
   }
 
   return { root, refresh, interval: 10000 };
@@ -91,10 +96,18 @@ function keyRow(k, refresh, error) {
   return h("tr", { "data-key": k.name },
     h("th", { scope: "row", tabindex: "-1" }, k.name),
     h("td", {}, h("code", {}, `${k.prefix}…`)),
+    h("td", {}, k.scope),
+    h("td", {}, limitsText(k.limits)),
     h("td", {}, dateTime(k.created_at)),
     h("td", {}, k.expires_at ? dateTime(k.expires_at) : "never"),
     h("td", {}, badge(state)),
     h("td", {}, revoke));
+}
+
+function limitsText(limits) {
+  if (!limits || !limits.length) return "none";
+  return limits.map((l) => `${l.model || "all models"}: ` + ["rpm", "tpm", "token_budget"]
+    .filter((f) => l[f] != null).map((f) => `${f} ${l[f]}`).join(", ")).join("; ");
 }
 
 function showSecret(box, created) {

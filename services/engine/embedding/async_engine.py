@@ -1,0 +1,128 @@
+"""AsyncEmbeddingEngine: concurrent requests batched together on one compute thread.
+
+Requests queue up while a batch runs; the thread then takes everything waiting and embeds it in
+one call (which groups it by length within the engine's batch limits), so many small requests
+share forwards the way generation's continuous batching shares steps. Compute never runs on the
+event loop that serves the bus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from shoal.services.engine.config import EngineConfig
+from shoal.services.engine.embedding.engine import EmbeddingEngine
+
+
+@dataclass(slots=True)
+class EmbeddingStats:
+    num_running: int = 0
+    """Inputs in the batch being computed."""
+    num_waiting: int = 0
+    """Inputs queued behind it."""
+    prompt_tokens: int = 0
+    """Cumulative tokens embedded."""
+    num_requests: int = 0
+    num_batches: int = 0
+    """Compute rounds: fewer than requests when concurrent ones were batched together."""
+
+
+@dataclass(slots=True)
+class _Job:
+    token_ids: Sequence[Sequence[int]]
+    dimensions: int | None
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[torch.Tensor]
+    size: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.size = len(self.token_ids)
+
+
+class AsyncEmbeddingEngine:
+    def __init__(self, config: EngineConfig, model_dir: object = None) -> None:
+        self.engine = EmbeddingEngine(config, model_dir)  # type: ignore[arg-type]
+        self.stats = EmbeddingStats()
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="shoal-embedding", daemon=True)
+        self._thread.start()
+
+    async def embed(self, token_ids: Sequence[Sequence[int]],
+                    dimensions: int | None = None) -> torch.Tensor:
+        """Checked inputs -> vectors (raises InvalidRequest before queueing a bad one)."""
+        self.engine.check(token_ids)
+        self.engine.check_dimensions(dimensions)
+        loop = asyncio.get_running_loop()
+        job = _Job(token_ids, dimensions, loop, loop.create_future())
+        with self._lock:
+            self.stats.num_waiting += job.size
+        self._jobs.put(job)
+        return await job.future
+
+    def _run(self) -> None:
+        while True:
+            first = self._jobs.get()
+            if first is None:
+                return
+            jobs = [first]
+            while True:  # everything queued meanwhile joins this batch
+                try:
+                    nxt = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._jobs.put(None)
+                    break
+                jobs.append(nxt)
+            self._compute(jobs)
+
+    def _compute(self, jobs: list[_Job]) -> None:
+        size = sum(j.size for j in jobs)
+        with self._lock:
+            self.stats.num_waiting -= size
+            self.stats.num_running = size
+        # one forward pass per dimensions value (the usual case: one group)
+        by_dims: dict[int | None, list[_Job]] = {}
+        for job in jobs:
+            by_dims.setdefault(job.dimensions, []).append(job)
+        outcomes: list[tuple[_Job, torch.Tensor | BaseException]] = []
+        for dims, group in by_dims.items():
+            flat = [ids for job in group for ids in job.token_ids]
+            try:
+                vectors = self.engine.embed(flat, dims)
+            except Exception as exc:  # noqa: BLE001 - every waiting request hears of it
+                outcomes += [(job, exc) for job in group]
+                continue
+            start = 0
+            for job in group:
+                outcomes.append((job, vectors[start:start + job.size]))
+                start += job.size
+        with self._lock:  # counted before anyone is answered, so an answer sees its own count
+            self.stats.num_running = 0
+            self.stats.num_requests += len(jobs)
+            self.stats.num_batches += 1
+            self.stats.prompt_tokens += sum(len(ids) for j in jobs for ids in j.token_ids)
+        for job, outcome in outcomes:
+            job.loop.call_soon_threadsafe(_fail if isinstance(outcome, BaseException)
+                                          else _resolve, job.future, outcome)
+
+    def shutdown(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=5)
+
+
+def _resolve(future: asyncio.Future[torch.Tensor], value: object) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _fail(future: asyncio.Future[torch.Tensor], exc: object) -> None:
+    if not future.done():
+        future.set_exception(exc)  # type: ignore[arg-type]

@@ -1,0 +1,115 @@
+"""A BERT encoder (BertModel: embeddings, post-norm layers, no pooler), our own code.
+
+Module names are transformers' (`embeddings.word_embeddings`, `encoder.layer.N.attention.self.
+query`, ...) so a checkpoint's state dict loads as is. A batch is padded `[batch, seq]` with an
+attention mask; attention is torch's scaled_dot_product_attention (fused on CPU and CUDA).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+               "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = (self.word_embeddings(input_ids) + self.position_embeddings(positions)[None]
+             + self.token_type_embeddings.weight[0])  # one segment: token type 0
+        return self.LayerNorm(x)
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:  # [b, s, h] -> [b, heads, s, head_dim]
+            return t.view(b, s, self.num_heads, h // self.num_heads).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(heads(self.query(x)), heads(self.key(x)),
+                                             heads(self.value(x)), attn_mask=mask)
+        return out.transpose(1, 2).reshape(b, s, h)
+
+
+class BertDenseNorm(nn.Module):
+    """dense -> (+ residual) -> LayerNorm: BertSelfOutput and BertOutput."""
+
+    def __init__(self, cfg: Any, in_features: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(in_features, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dense(x) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.self = BertSelfAttention(cfg)
+        self.output = BertDenseNorm(cfg, cfg.hidden_size)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.act = ACTIVATIONS[cfg.hidden_act]
+
+
+class BertLayer(nn.Module):
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.attention = BertAttention(cfg)
+        self.intermediate = BertIntermediate(cfg)
+        self.output = BertDenseNorm(cfg, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.attention.output(self.attention.self(x, mask), x)
+        inner = self.intermediate.act(self.intermediate.dense(x))
+        return self.output(inner, x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
+
+
+class BertModel(nn.Module):
+    """Token ids `[batch, seq]` and a 0/1 mask -> last hidden states `[batch, seq, hidden]`."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        if cfg.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported")
+        self.embeddings = BertEmbeddings(cfg)
+        self.encoder = BertEncoder(cfg)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        x = self.embeddings(input_ids)
+        # a boolean mask over keys (True = attend): SDPA's cheaper form than an additive one
+        mask = attention_mask.bool()[:, None, None, :]
+        for layer in self.encoder.layer:
+            x = layer(x, mask)
+        return x

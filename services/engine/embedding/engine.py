@@ -1,0 +1,172 @@
+"""EmbeddingEngine: texts or token ids -> pooled, normalised vectors, in length-sorted batches.
+
+Offline and synchronous (the benchmark and the parity test call it directly); the serving path
+wraps it in AsyncEmbeddingEngine (async_engine.py). Batches are bounded by the engine's
+`max_num_seqs` inputs and `max_num_batched_tokens` padded tokens, as generation's steps are, and
+inputs are sorted by length first so a batch pads little.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from shoal.services.engine.config import ENGINE_DEFAULTS, ConfigError, EngineConfig
+from shoal.services.engine.embedding.bert import BertModel
+from shoal.services.engine.embedding.pooling import read_pooling
+from shoal.shared.errors import InvalidRequest
+
+log = logging.getLogger(__name__)
+
+
+def _load_bert(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tuple[BertModel, Any]:
+    cfg = SimpleNamespace(**{"type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu",
+                             **json.loads((model_dir / "config.json").read_text())})
+    model = BertModel(cfg)
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"{model_dir} has no *.safetensors files")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        for name, tensor in load_file(str(file)).items():
+            name = name.removeprefix("bert.")
+            if name.startswith(("embeddings.", "encoder.")) and not name.endswith("position_ids"):
+                state[name] = tensor
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ConfigError(f"checkpoint in {model_dir} does not match BERT: missing "
+                          f"{missing[:5]}, unexpected {unexpected[:5]}")
+    return model.to(device=device, dtype=dtype).eval(), cfg
+
+
+class EmbeddingEngine:
+    def __init__(self, config: EngineConfig, model_dir: Path | None = None) -> None:
+        from transformers import AutoTokenizer
+
+        if model_dir is None:
+            from shoal.services.engine.model_prep import prepare_model
+
+            model_dir = prepare_model(config.model, Path(config.cache_dir) if config.cache_dir
+                                      else None)
+        self.config = config
+        self.model_dir = Path(model_dir)
+        self.device = torch.device(("cuda" if torch.cuda.is_available() else "cpu")
+                                   if config.device == "auto" else config.device)
+        if config.num_threads or self.device.type == "cpu":
+            # all usable cores but one, the generation engine's rule (model_runner.py)
+            torch.set_num_threads(config.num_threads or max(1, len(os.sched_getaffinity(0)) - 1))
+        self.dtype = getattr(torch, ENGINE_DEFAULTS.dtype(config.dtype, self.device.type))
+        self.pooling = read_pooling(self.model_dir)
+        self.model, hf = _load_bert(self.model_dir, self.dtype, self.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        limit = min(self.pooling.max_seq_length or hf.max_position_embeddings,
+                    hf.max_position_embeddings)
+        if config.max_model_len is not None and config.max_model_len > hf.max_position_embeddings:
+            raise ConfigError(f"max_model_len {config.max_model_len} exceeds the model's "
+                              f"{hf.max_position_embeddings} positions", param="max_model_len")
+        self.max_model_len: int = config.max_model_len or limit
+        self.vocab_size: int = hf.vocab_size
+        self.dimension = self.pooling.dimension
+        self.pad_id = int(self.tokenizer.pad_token_id or 0)
+        log.info("embedding engine: %s, %s pooling%s, %d dims, max %d tokens, %s %s",
+                 self.model_dir.name, self.pooling.mode,
+                 " + normalize" if self.pooling.normalize else "", self.dimension,
+                 self.max_model_len, self.device, self.dtype)
+
+    # ------------------------------------------------------------------ inputs
+    def tokenize(self, texts: Sequence[str], truncate: int | None = None) -> list[list[int]]:
+        """Token ids with the model's special tokens ([CLS] ... [SEP]); `truncate` keeps at most
+        that many (vLLM's truncate_prompt_tokens, -1 = max_model_len)."""
+        ids = [list(x) for x in self.tokenizer(list(texts), add_special_tokens=True)["input_ids"]]
+        return [self.truncate(x, truncate) for x in ids]
+
+    def truncate(self, ids: list[int], truncate: int | None) -> list[int]:
+        if truncate is None:
+            return ids
+        keep = self.max_model_len if truncate < 0 else min(truncate, self.max_model_len)
+        if len(ids) <= keep:
+            return ids
+        # keep the closing special token, as a tokenizer's truncation does
+        return ids[:keep - 1] + ids[-1:] if keep > 1 else ids[:keep]
+
+    def check(self, batch: Sequence[Sequence[int]], param: str = "input") -> None:
+        """400 for an empty input, a token out of the vocabulary, or one too long."""
+        for i, ids in enumerate(batch):
+            if not ids:
+                raise InvalidRequest(f"input {i} is empty", param=param)
+            if len(ids) > self.max_model_len:
+                raise InvalidRequest(
+                    f"input {i} has {len(ids)} tokens; this model's maximum is "
+                    f"{self.max_model_len}. Shorten it (or send truncate_prompt_tokens)",
+                    param=param, code="context_length_exceeded")
+            if any(not 0 <= t < self.vocab_size for t in ids):
+                raise InvalidRequest(f"input {i}: token ids must be in [0, {self.vocab_size})",
+                                     param=param)
+
+    def check_dimensions(self, dimensions: int | None) -> None:
+        if dimensions is None or dimensions == self.dimension:
+            return
+        if not self.pooling.matryoshka:
+            raise InvalidRequest(f"this model's embeddings have {self.dimension} dimensions and "
+                                 "it does not support other `dimensions` (not a Matryoshka model)",
+                                 param="dimensions")
+        if not 1 <= dimensions <= self.dimension:
+            raise InvalidRequest(f"dimensions must be in [1, {self.dimension}]",
+                                 param="dimensions")
+
+    # ------------------------------------------------------------------ compute
+    def batches(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Indexes grouped into batches: longest first, each within max_num_seqs inputs and
+        max_num_batched_tokens padded tokens (a lone input over the budget runs alone)."""
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        out: list[list[int]] = []
+        for i in order:
+            cur = out[-1] if out else None
+            if (cur is not None and len(cur) < self.config.max_num_seqs
+                    and lengths[cur[0]] * (len(cur) + 1) <= self.config.max_num_batched_tokens):
+                cur.append(i)
+            else:
+                out.append([i])
+        return out
+
+    @torch.inference_mode()
+    def embed(self, batch: Sequence[Sequence[int]], dimensions: int | None = None) -> torch.Tensor:
+        """Pooled (normalised) float32 vectors `[len(batch), dimensions or dim]`, on the CPU."""
+        result = torch.empty(len(batch), self.dimension, dtype=torch.float32)
+        for group in self.batches([len(ids) for ids in batch]):
+            width = len(batch[group[0]])
+            ids = torch.full((len(group), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(group), width), dtype=torch.long)
+            for row, i in enumerate(group):
+                ids[row, :len(batch[i])] = torch.as_tensor(batch[i])
+                mask[row, :len(batch[i])] = 1
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            hidden = self.model(ids, mask).float()
+            result[group] = self._pool(hidden, mask).cpu()
+        if dimensions is not None and dimensions < self.dimension:
+            result = result[:, :dimensions]  # Matryoshka: a prefix, normalised again below
+        if self.pooling.normalize:
+            result = F.normalize(result, p=2, dim=1)
+        return result
+
+    def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self.pooling.mode == "cls":
+            return hidden[:, 0]
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+
+    def encode(self, texts: Sequence[str], dimensions: int | None = None) -> torch.Tensor:
+        """Texts -> vectors (the offline shortcut: tokenize, check, embed)."""
+        ids = self.tokenize(texts)
+        self.check(ids)
+        self.check_dimensions(dimensions)
+        return self.embed(ids, dimensions)

@@ -1,0 +1,127 @@
+"""The NATS adapter of an embedding engine: shoal.infer.<id> answers EmbedRequest (one reply
+each) and tokenize; load goes out on shoal.load.<id> as a generation engine's does, so the
+gateway's instance table and router treat both kinds alike.
+
+Kept apart from handlers.py (generation): no streams, no sampling, no chat templates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from dataclasses import dataclass, field
+
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from shoal.services.engine.embedding.async_engine import AsyncEmbeddingEngine
+from shoal.shared.bus.client import Bus, decode, encode
+from shoal.shared.errors import InvalidRequest, ShoalError
+from shoal.shared.loops import run_every
+from shoal.shared.schemas.common import ErrorBody
+from shoal.shared.schemas.infer import (
+    EmbedReply, EmbedRequest, EngineLoad, GenerateRequest, InferError, InferReplyEnvelope,
+    InferRequestEnvelope, TokenizeReply, TokenizeRequest
+)
+
+log = logging.getLogger(__name__)
+LOAD_INTERVAL_S = 0.25
+
+
+@dataclass
+class EmbedHandlers:
+    bus: Bus
+    engine: AsyncEmbeddingEngine
+    instance_id: str
+    model_name: str
+    subs: list[Subscription] = field(default_factory=list)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    draining: bool = False
+
+    async def start(self) -> None:
+        self.subs = [await self.bus.nc.subscribe(self.bus.subjects.infer(self.instance_id),
+                                                 cb=self.on_request)]
+        await self.bus.nc.flush()
+
+    async def stop_intake(self) -> None:
+        self.draining = True
+        for sub in self.subs:
+            await sub.unsubscribe()
+        self.subs = []
+        await self.publish_load()
+
+    async def wait_in_flight(self, timeout: float) -> None:
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=timeout)
+
+    async def on_request(self, msg: Msg) -> None:
+        # each request on its own task, so a batch can gather while another is computed
+        task = asyncio.create_task(self._answer(msg))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _answer(self, msg: Msg) -> None:
+        try:
+            request = decode(msg.data, InferRequestEnvelope).request
+            if isinstance(request, GenerateRequest):  # answered as a stream expects
+                if msg.reply:
+                    await self.bus.nc.publish(msg.reply, encode(InferReplyEnvelope(reply=InferError(
+                        request_id=request.request_id, seq=0, status=400, error=ErrorBody(
+                            **self.not_generative().to_dict())))))
+                return
+            if isinstance(request, EmbedRequest):
+                reply: EmbedReply | TokenizeReply = await self.embed(request)
+            elif isinstance(request, TokenizeRequest):
+                reply = self.tokenize(request)
+            else:
+                raise self.not_generative()
+        except ShoalError as exc:
+            await self.bus.respond_error(msg, exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - the client gets an error, never a hang
+            log.exception("embedding request failed")
+            await self.bus.respond_error(msg, ShoalError(f"engine error: {type(exc).__name__}"))
+            return
+        await msg.respond(encode(reply))
+
+    async def embed(self, req: EmbedRequest) -> EmbedReply:
+        core = self.engine.engine
+        if req.token_ids is not None:
+            ids = [core.truncate(list(x), req.truncate_prompt_tokens) for x in req.token_ids]
+        elif req.texts is not None:
+            ids = await asyncio.to_thread(core.tokenize, req.texts, req.truncate_prompt_tokens)
+        else:
+            raise InvalidRequest("give texts or token ids", param="input")
+        vectors = await self.engine.embed(ids, req.dimensions)
+        data = vectors.contiguous().numpy().astype("<f4").tobytes()
+        return EmbedReply(data=base64.b64encode(data).decode(), num_inputs=vectors.shape[0],
+                          dimensions=vectors.shape[1], prompt_tokens=sum(len(x) for x in ids))
+
+    def not_generative(self) -> InvalidRequest:
+        return InvalidRequest(f"model {self.model_name} is an embedding model: it serves "
+                              "/v1/embeddings, not generation", param="model",
+                              code="wrong_model_type")
+
+    def tokenize(self, req: TokenizeRequest) -> TokenizeReply:
+        if req.prompt is None:
+            raise InvalidRequest("an embedding model tokenizes a prompt, not messages",
+                                 param="prompt")
+        core = self.engine.engine
+        ids = core.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        return TokenizeReply(tokens=list(ids), count=len(ids), max_model_len=core.max_model_len)
+
+    def load(self) -> EngineLoad:
+        s = self.engine.stats
+        return EngineLoad(instance_id=self.instance_id, model_name=self.model_name,
+                          num_running=s.num_running, num_waiting=s.num_waiting,
+                          kv_cache_usage=0.0, max_num_seqs=self.engine.engine.config.max_num_seqs,
+                          max_model_len=self.engine.engine.max_model_len,
+                          prompt_tokens=s.prompt_tokens, draining=self.draining)
+
+    async def publish_load(self) -> None:
+        await self.bus.publish(self.bus.subjects.load(self.instance_id), self.load())
+
+    async def publish_load_forever(self, stop: asyncio.Event) -> None:
+        await run_every(LOAD_INTERVAL_S, stop, self.publish_load, "publishing load", log,
+                        expected=())

@@ -1,0 +1,91 @@
+"""Per-key limits and usage at the gateway: ask the registry before a request (only for keys
+with limits), record its tokens after (every key), and add OpenAI's x-ratelimit-* headers.
+
+The counters live in Postgres behind the registry (services/registry/repo/quota.py says why), so
+every gateway replica counts against the same limits and a gateway keeps nothing that a restart
+could lose: a record still being sent when the gateway stops is awaited before it exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from shoal.services.gateway.ratelimit import ratelimit_headers, refusal
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.errors import ShoalError, Unavailable
+from shoal.shared.schemas.infer import Usage
+from shoal.shared.schemas.registry import ApiKeyVerified, QuotaAcquire, UsageRecord
+
+log = logging.getLogger(__name__)
+API_KEY: web.RequestKey[ApiKeyVerified] = web.RequestKey("shoal_api_key", ApiKeyVerified)
+RATELIMIT_HEADERS: web.RequestKey[dict[str, str]] = web.RequestKey("shoal_ratelimit", dict)
+RECORD_ATTEMPTS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """One admitted request of a key, to record once it is done."""
+
+    key_id: str
+    model: str
+
+
+class Quota:
+    def __init__(self, registry: RegistryClient) -> None:
+        self.registry = registry
+        self._pending: set[asyncio.Task[None]] = set()
+
+    async def admit(self, request: web.Request, model: str) -> Ticket | None:
+        """Count the request against its key's limits (429 when over one); None without a key
+        of the registry (keys not required, or the fixed --api-key)."""
+        key = request.get(API_KEY)
+        if key is None or key.key_id is None:
+            return None
+        if key.has_limits:
+            try:
+                grant = await self.registry.acquire_quota(QuotaAcquire(key_id=key.key_id,
+                                                                       model=model))
+            except ShoalError as exc:  # fail closed: a limited key is not let through unchecked
+                raise Unavailable(f"cannot check this key's limits now: {exc.message}") from None
+            request[RATELIMIT_HEADERS] = ratelimit_headers(grant)
+            if not grant.allowed:
+                raise refusal(grant)
+        return Ticket(key.key_id, model)
+
+    def record(self, ticket: Ticket | None, usage: Usage | None) -> None:
+        """Record the request's tokens in the background (the answer does not wait for it)."""
+        if ticket is None:
+            return
+        usage = usage or Usage(prompt_tokens=0, completion_tokens=0)
+        record = UsageRecord(key_id=ticket.key_id, model=ticket.model,
+                             prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
+                             output_tokens=usage.completion_tokens)
+        task = asyncio.create_task(self._send(record))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _send(self, record: UsageRecord) -> None:
+        for attempt in range(RECORD_ATTEMPTS):
+            try:
+                await self.registry.record_usage(record)
+                return
+            except ShoalError as exc:
+                log.warning("recording usage of key %s failed (%s); attempt %d of %d",
+                            record.key_id, exc.message, attempt + 1, RECORD_ATTEMPTS)
+                await asyncio.sleep(0.5 * 2 ** attempt)
+        log.error("usage of key %s lost: %s", record.key_id, record.model_dump_json())
+
+    async def drain(self, timeout: float = 30.0) -> None:
+        """On stop: let the records in flight reach the registry."""
+        if self._pending:
+            await asyncio.wait(list(self._pending), timeout=timeout)
+
+
+async def add_ratelimit_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: the key's x-ratelimit-* headers on every answer, streams included."""
+    for name, value in request.get(RATELIMIT_HEADERS, {}).items():
+        response.headers.setdefault(name, value)

@@ -1,0 +1,175 @@
+"""Per-key limits and usage, counted in Postgres so every gateway replica shares them.
+
+Why Postgres and not a NATS JetStream KV bucket: a request may fall under several limits (its
+model's and the key's all-models one) and must count against all of them or none; Postgres does
+that in one transaction with conditional upserts (`... ON CONFLICT DO UPDATE ... WHERE requests
+< rpm`), which serialise on the window's row, so N concurrent requests through any number of
+gateways get exactly `rpm` admissions. JetStream KV has compare-and-set on one key at a time,
+so the same needs a retry loop per key and cannot undo the first key when the second refuses.
+The usage per key/model/day must be in Postgres anyway (reports, budgets that survive restarts),
+and the registry is already its only writer.
+
+Windows are fixed UTC minutes (Retry-After: until the next one). Request limits are exact;
+token limits are checked when a request arrives against the tokens of requests already
+finished, so requests in flight when a limit is reached may overrun it by their own tokens
+(OpenAI's limiter also admits on an estimate).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from shoal.shared.db.tables import ApiKeyRow, ApiKeyUsageRow, RateWindowRow
+from shoal.shared.errors import Unauthorized
+from shoal.shared.schemas.registry import (
+    KeyLimit, QuotaAcquire, QuotaGrant, UsageQuery, UsageRecord, UsageReport, UsageRow
+)
+
+ALL_MODELS = "*"
+"""The model column of counters that count every model (no model name can be "*")."""
+
+
+@dataclass
+class _Denied(Exception):
+    grant: QuotaGrant
+
+
+def _scope(limit: KeyLimit) -> str:
+    return limit.model or ALL_MODELS
+
+
+class QuotaRepo:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self.sessions = sessions
+
+    async def acquire(self, req: QuotaAcquire, now: float | None = None) -> QuotaGrant:
+        now = time.time() if now is None else now
+        window = int(now // 60)
+        reset = (window + 1) * 60 - now
+        try:
+            async with self.sessions() as s, s.begin():
+                key = await s.get(ApiKeyRow, req.key_id)
+                if key is None or key.revoked_at is not None:
+                    raise Unauthorized("invalid, expired or revoked API key")
+                limits = [KeyLimit(**x) for x in key.limits or []]
+                limits = [x for x in limits if x.model in (None, req.model)]
+                grant = QuotaGrant(allowed=True)
+                await self._check_tokens(s, req, limits, window, reset, grant)
+                await self._count_request(s, req, limits, window, reset, grant)
+                # windows older than the last one are history
+                await s.execute(delete(RateWindowRow).where(RateWindowRow.key_id == req.key_id,
+                                                            RateWindowRow.window < window - 1))
+                return grant
+        except _Denied as denied:  # the transaction rolled back: nothing was counted
+            return denied.grant
+
+    async def _check_tokens(self, s: AsyncSession, req: QuotaAcquire, limits: list[KeyLimit],
+                            window: int, reset: float, grant: QuotaGrant) -> None:
+        for limit in limits:
+            if limit.tpm is not None:
+                used = await s.scalar(select(RateWindowRow.tokens).where(
+                    RateWindowRow.key_id == req.key_id, RateWindowRow.model == _scope(limit),
+                    RateWindowRow.window == window)) or 0
+                remaining = max(0, limit.tpm - used)
+                if grant.remaining_tokens is None or remaining < grant.remaining_tokens:
+                    grant.limit_tokens, grant.remaining_tokens = limit.tpm, remaining
+                    grant.reset_tokens = reset
+                if used >= limit.tpm:
+                    raise _Denied(grant.model_copy(update={
+                        "allowed": False, "code": "rate_limit_exceeded", "retry_after": reset,
+                        "message": f"Rate limit reached for {_what(limit)} on tokens per min "
+                                   f"(TPM): Limit {limit.tpm}, Used {used}. Please try again "
+                                   f"in {reset:.0f}s."}))
+            if limit.token_budget is not None:
+                query = select(func.coalesce(func.sum(
+                    ApiKeyUsageRow.prompt_tokens + ApiKeyUsageRow.output_tokens), 0)).where(
+                    ApiKeyUsageRow.key_id == req.key_id)
+                if limit.model is not None:
+                    query = query.where(ApiKeyUsageRow.model == limit.model)
+                spent = int(await s.scalar(query) or 0)
+                if spent >= limit.token_budget:
+                    raise _Denied(grant.model_copy(update={
+                        "allowed": False, "code": "insufficient_quota",
+                        "message": f"You exceeded your token budget for {_what(limit)}: "
+                                   f"{spent} of {limit.token_budget} tokens spent."}))
+
+    async def _count_request(self, s: AsyncSession, req: QuotaAcquire, limits: list[KeyLimit],
+                             window: int, reset: float, grant: QuotaGrant) -> None:
+        for limit in limits:
+            if limit.rpm is None:
+                continue
+            table = RateWindowRow.__table__
+            stmt = insert(RateWindowRow).values(key_id=req.key_id, model=_scope(limit),
+                                                window=window, requests=1, tokens=0)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=[table.c.key_id, table.c.model, table.c.window],
+                set_={"requests": table.c.requests + 1},
+                where=table.c.requests < limit.rpm,
+            ).returning(table.c.requests)
+            count = await s.scalar(stmt)
+            if count is None:  # the window is full: this row was not updated
+                raise _Denied(grant.model_copy(update={
+                    "allowed": False, "code": "rate_limit_exceeded", "retry_after": reset,
+                    "limit_requests": limit.rpm, "remaining_requests": 0,
+                    "reset_requests": reset,
+                    "message": f"Rate limit reached for {_what(limit)} on requests per min "
+                               f"(RPM): Limit {limit.rpm}, Used {limit.rpm}, Requested 1. "
+                               f"Please try again in {reset:.0f}s."}))
+            remaining = limit.rpm - int(count)
+            if grant.remaining_requests is None or remaining < grant.remaining_requests:
+                grant.limit_requests, grant.remaining_requests = limit.rpm, remaining
+                grant.reset_requests = reset
+
+    async def record(self, req: UsageRecord, now: float | None = None) -> UsageRecord:
+        now = time.time() if now is None else now
+        day = datetime.fromtimestamp(now, UTC).date()
+        window = int(now // 60)
+        tokens = req.prompt_tokens + req.output_tokens
+        usage = ApiKeyUsageRow.__table__
+        windows = RateWindowRow.__table__
+        async with self.sessions() as s, s.begin():
+            stmt = insert(ApiKeyUsageRow).values(
+                key_id=req.key_id, model=req.model, day=day, requests=req.requests,
+                prompt_tokens=req.prompt_tokens, cached_tokens=req.cached_tokens,
+                output_tokens=req.output_tokens)
+            await s.execute(stmt.on_conflict_do_update(
+                index_elements=[usage.c.key_id, usage.c.model, usage.c.day],
+                set_={name: usage.c[name] + stmt.excluded[name] for name in
+                      ("requests", "prompt_tokens", "cached_tokens", "output_tokens")}))
+            if tokens:
+                for scope in (ALL_MODELS, req.model):
+                    ins = insert(RateWindowRow).values(key_id=req.key_id, model=scope,
+                                                       window=window, requests=0, tokens=tokens)
+                    await s.execute(ins.on_conflict_do_update(
+                        index_elements=[windows.c.key_id, windows.c.model, windows.c.window],
+                        set_={"tokens": windows.c.tokens + tokens}))
+        return req
+
+    async def usage(self, req: UsageQuery) -> UsageReport:
+        query = (select(ApiKeyUsageRow, ApiKeyRow.name)
+                 .join(ApiKeyRow, ApiKeyRow.id == ApiKeyUsageRow.key_id)
+                 .order_by(ApiKeyUsageRow.day, ApiKeyRow.name, ApiKeyUsageRow.model))
+        if req.key_id is not None:
+            query = query.where(ApiKeyUsageRow.key_id == req.key_id)
+        if req.model is not None:
+            query = query.where(ApiKeyUsageRow.model == req.model)
+        if req.since is not None:
+            query = query.where(ApiKeyUsageRow.day >= req.since)
+        if req.until is not None:
+            query = query.where(ApiKeyUsageRow.day <= req.until)
+        async with self.sessions() as s:
+            rows = (await s.execute(query.limit(10000))).all()
+        return UsageReport(rows=[UsageRow(
+            key_id=u.key_id, key_name=name, model=u.model, day=u.day, requests=u.requests,
+            prompt_tokens=u.prompt_tokens, cached_tokens=u.cached_tokens,
+            output_tokens=u.output_tokens) for u, name in rows])
+
+
+def _what(limit: KeyLimit) -> str:
+    return f"model {limit.model}" if limit.model else "all models"

@@ -1,0 +1,195 @@
+"""Embeddings end to end: all-MiniLM-L6-v2 deployed through the management API (HTTP), placed by
+the scheduler on a real worker whose engine process serves it, and asked through the gateway
+with the `openai` SDK (base64, its default, and float; texts and token ids; a list longer than
+one bus batch), against sentence-transformers' own vectors; the refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import aiohttp
+import numpy as np
+import openai
+import pytest
+
+from shoal.services.engine.model_prep import minilm_path
+from shoal.services.gateway.embeddings import BATCH_INPUTS
+from shoal.services.gateway.service import run_gateway
+from shoal.services.scheduler.replica import run_scheduler
+from shoal.services.worker.agent import run_worker
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.embedded import free_port
+from shoal.shared.schemas.registry import (
+    ApiKeyCreate, ApiKeyScope, DeleteRequest, KeyLimit, UsageQuery
+)
+from tests.e2e.test_serving import running_instance
+from tests.integration.conftest import make_settings, running_registry
+from tests.integration.test_gateway import running_gateway
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+SentenceTransformer = pytest.importorskip("sentence_transformers").SentenceTransformer
+TEXTS = ["The capital of France is Paris.", "Paris is France's capital city.",
+         "Bananas are yellow.", "word " * 100]
+
+
+@pytest.fixture(scope="module")
+async def stack(servers, tmp_path_factory):
+    # heartbeat_timeout 10 s as in test_serving: the reference model loads in this process
+    settings = make_settings(servers, tmp_path_factory.mktemp("embeddings-e2e"), drain_timeout=5.0,
+                             heartbeat_timeout=10.0, engine_restart_max_backoff=2.0,
+                             gateway_engine_dead_after=5.0,
+                             gateway_port=free_port(None), scheduler_interval=1.0)
+    tag = uuid.uuid4().hex[:6]
+    async with running_registry(settings):
+        bus = await Bus.connect(settings, name="embeddings-e2e")
+        client = RegistryClient(bus)
+        for leftover in await client.list_models():
+            await client.delete_model(DeleteRequest(id=leftover.id))
+        stop = asyncio.Event()
+        tasks = []
+        worker = {"worker_name": f"real-{tag}", "worker_labels": {"stack": tag}}
+        for run, extra in ((run_scheduler, {}), (run_worker, worker), (run_gateway, {})):
+            ready = asyncio.Event()
+            tasks.append(asyncio.create_task(run(settings.model_copy(update=extra), stop, ready)))
+            await asyncio.wait_for(ready.wait(), 30)
+        url = f"http://127.0.0.1:{settings.gateway_port}"
+        name = f"minilm-{tag}"
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{url}/api/v1/models", json={
+                    "name": name, "source": str(minilm_path()), "device": "cpu",
+                    "worker_selector": {"stack": tag},
+                    "engine_args": {"max_num_seqs": 32, "num_threads": 1}}) as r:
+                assert r.status == 201, await r.text()
+                model_id = (await r.json())["id"]
+        await running_instance(client, model_id)
+        try:
+            yield url, name, settings, client
+        finally:
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
+            await bus.close()
+
+
+_REFERENCE: list[object] = []
+
+
+def async_api(url: str, key: str = "none") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+async def reference(texts: list[str]) -> np.ndarray:
+    """sentence-transformers' vectors, computed off the event loop the stack's services share."""
+    def encode() -> np.ndarray:
+        if not _REFERENCE:
+            _REFERENCE.append(SentenceTransformer(str(minilm_path()), device="cpu"))
+        return _REFERENCE[0].encode(texts)  # type: ignore[attr-defined]
+    return await asyncio.to_thread(encode)
+
+
+async def test_openai_sdk_embeddings_match_sentence_transformers(stack) -> None:
+    url, name, _, _ = stack
+    api = async_api(url)
+    ref = await reference(TEXTS)
+    out = await api.embeddings.create(model=name, input=TEXTS)  # the SDK asks for base64
+    got = np.array([d.embedding for d in out.data])
+    assert got.shape == (4, 384) and np.abs(got - ref).max() <= 1e-5
+    assert [d.index for d in out.data] == [0, 1, 2, 3] and out.model == name
+    assert out.usage.prompt_tokens == out.usage.total_tokens > 100
+    floats = await api.embeddings.create(model=name, input=TEXTS[0], encoding_format="float")
+    assert np.abs(np.array(floats.data[0].embedding) - ref[0]).max() <= 1e-5
+    # token ids go as given: the tokenizer's own ids, with [CLS] and [SEP], give the same vector
+    ids = _REFERENCE[0].tokenizer(TEXTS[0])["input_ids"]  # type: ignore[attr-defined]
+    by_ids = await api.embeddings.create(model=name, input=ids)
+    assert np.abs(np.array(by_ids.data[0].embedding) - ref[0]).max() <= 1e-5
+    assert by_ids.usage.prompt_tokens == len(ids)
+
+
+async def test_more_inputs_than_one_batch_keep_their_order(stack) -> None:
+    url, name, _, _ = stack
+    texts = [f"sentence number {i} about topic {i % 7}" for i in range(BATCH_INPUTS * 2 + 5)]
+    out = await async_api(url).embeddings.create(model=name, input=texts)
+    got = np.array([d.embedding for d in out.data])
+    assert np.abs(got - await reference(texts)).max() <= 1e-5
+
+
+async def test_refusals(stack) -> None:
+    url, name, _, _ = stack
+    api = async_api(url)
+    with pytest.raises(openai.BadRequestError) as err:  # not a Matryoshka model
+        await api.embeddings.create(model=name, input="x", dimensions=64)
+    assert err.value.body["param"] == "dimensions"
+    with pytest.raises(openai.BadRequestError) as err:
+        await api.embeddings.create(model=name, input="word " * 400)
+    assert err.value.body["code"] == "context_length_exceeded"
+    out = await api.embeddings.create(model=name, input="word " * 400,
+                                      extra_body={"truncate_prompt_tokens": -1})
+    assert out.usage.prompt_tokens == 256
+    with pytest.raises(openai.BadRequestError) as err:  # an embedding model does not generate
+        await api.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}])
+    assert err.value.body["code"] == "wrong_model_type"
+    with pytest.raises(openai.NotFoundError):
+        await api.embeddings.create(model="no-such-model", input="x")
+
+
+async def test_token_budget_holds_through_two_gateways_and_a_restart(stack) -> None:
+    """A key's token budget on the embedding model, spent through two gateways (real tokens,
+    counted by the engine), survives a gateway restart; its usage is in Postgres per day; a
+    tokens-per-minute limit answers 429 with Retry-After and the x-ratelimit-*-tokens headers."""
+    url, name, settings, client = stack
+    ids = [101, 7592, 2088, 102]  # [CLS] hello world [SEP]: 4 tokens a request
+    key = await client.create_key(ApiKeyCreate(
+        name=f"budget-{uuid.uuid4().hex[:6]}", scope=ApiKeyScope.INFERENCE,
+        limits=[KeyLimit(model=name, token_budget=20)]))
+    locked = settings.model_copy(update={"require_api_key": True})
+    async with running_gateway(locked) as url_a:
+        async with running_gateway(locked) as url_b:
+            for i in range(5):
+                out = await async_api(url_a if i % 2 else url_b, key.secret).embeddings.create(
+                    model=name, input=ids)
+                assert out.usage.prompt_tokens == 4
+            await wait_for_usage(client, key.id, 20)
+            with pytest.raises(openai.RateLimitError) as err:
+                await async_api(url_b, key.secret).embeddings.create(model=name, input=ids)
+            assert err.value.body["code"] == "insufficient_quota"
+    async with running_gateway(locked) as url_c:  # a new gateway: the budget stays spent
+        with pytest.raises(openai.RateLimitError):
+            await async_api(url_c, key.secret).embeddings.create(model=name, input=ids)
+    rows = (await client.usage(UsageQuery(key_id=key.id))).rows
+    assert [(r.model, r.requests, r.prompt_tokens, r.output_tokens) for r in rows] == [
+        (name, 5, 20, 0)]
+
+    tpm = await client.create_key(ApiKeyCreate(
+        name=f"tpm-{uuid.uuid4().hex[:6]}", scope=ApiKeyScope.INFERENCE,
+        limits=[KeyLimit(tpm=8)]))
+    async with running_gateway(locked) as url_d, aiohttp.ClientSession() as http:
+        left = 60 - time.time() % 60
+        if left < 20:  # stay within one minute's window
+            await asyncio.sleep(left + 0.05)
+        headers = {"Authorization": f"Bearer {tpm.secret}"}
+        for expected_left in ("8", "4"):
+            async with http.post(f"{url_d}/v1/embeddings", headers=headers,
+                                 json={"model": name, "input": ids}) as r:
+                assert r.status == 200
+                assert r.headers["x-ratelimit-remaining-tokens"] == expected_left
+            await wait_for_usage(client, tpm.id, 8 - int(expected_left) + 4)
+        async with http.post(f"{url_d}/v1/embeddings", headers=headers,
+                             json={"model": name, "input": ids}) as r:
+            body = await r.json()
+            assert r.status == 429 and body["error"]["code"] == "rate_limit_exceeded"
+            assert body["error"]["type"] == "tokens"
+            assert 1 <= int(r.headers["Retry-After"]) <= 60
+            assert r.headers["x-ratelimit-limit-tokens"] == "8"
+            assert r.headers["x-ratelimit-remaining-tokens"] == "0"
+
+
+async def wait_for_usage(client: RegistryClient, key_id: str, tokens: int) -> None:
+    """Usage is recorded just after each answer: wait until the registry has it."""
+    for _ in range(100):
+        rows = (await client.usage(UsageQuery(key_id=key_id))).rows
+        if sum(r.prompt_tokens + r.output_tokens for r in rows) >= tokens:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"usage of {key_id} never reached {tokens} tokens")

@@ -1,0 +1,126 @@
+"""API key scopes and per-key limits through real gateways against the real registry (NATS +
+Postgres): inference keys are refused the management API (403), admin keys are not; a key's
+requests-per-minute limit holds exactly under concurrent load spread over two gateways (429 with
+Retry-After, OpenAI's rate_limit_exceeded shape and x-ratelimit-* headers); the registry's
+counters directly; usage per key/model/day. Requests go to models with no instance: the limit is
+applied before routing, so an admitted request is a 404, a refused one a 429 (the token limits
+and budgets, which need real tokens, are tested with an engine in tests/e2e)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import aiohttp
+import pytest
+
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.config import Settings
+from shoal.shared.schemas.registry import (
+    ApiKeyCreate, ApiKeyScope, ApiKeyUpdate, KeyLimit, QuotaAcquire, UsageQuery, UsageRecord
+)
+from tests.integration.test_gateway import running_gateway
+
+pytestmark = pytest.mark.integration
+
+
+def name() -> str:
+    return f"k-{uuid.uuid4().hex[:8]}"
+
+
+async def fresh_window(margin: float = 15.0) -> None:
+    """Wait until a one-minute window has at least `margin` seconds left (limits are counted in
+    fixed UTC minutes; a test must not straddle two)."""
+    left = 60 - time.time() % 60
+    if left < margin:
+        await asyncio.sleep(left + 0.05)
+
+
+async def test_scopes_guard_the_management_api(settings: Settings, client: RegistryClient) -> None:
+    locked = settings.model_copy(update={"require_api_key": True, "gateway_key_cache_ttl": 0.2})
+    admin = await client.create_key(ApiKeyCreate(name=name(), scope=ApiKeyScope.ADMIN))
+    # an admin key exists, so a key created without a scope is an inference key
+    plain = await client.create_key(ApiKeyCreate(name=name()))
+    assert admin.scope is ApiKeyScope.ADMIN and plain.scope is ApiKeyScope.INFERENCE
+    async with running_gateway(locked) as url, aiohttp.ClientSession() as http:
+        def auth(key: str) -> dict[str, str]:
+            return {"Authorization": f"Bearer {key}"}
+
+        async with http.get(f"{url}/api/v1/workers", headers=auth(plain.secret)) as r:
+            body = await r.json()
+            assert r.status == 403 and body["error"]["code"] == "insufficient_scope"
+            assert body["error"]["type"] == "permission_error"
+        async with http.get(f"{url}/v1/models", headers=auth(plain.secret)) as r:
+            assert r.status == 200
+        async with http.get(f"{url}/api/v1/workers", headers=auth(admin.secret)) as r:
+            assert r.status == 200
+        # an admin promotes the key; the gateway's cache lets it through once it expires
+        async with http.patch(f"{url}/api/v1/keys/{plain.id}", headers=auth(admin.secret),
+                              json={"scope": "admin", "version": plain.version}) as r:
+            assert r.status == 200 and (await r.json())["scope"] == "admin"
+        await asyncio.sleep(0.3)
+        async with http.get(f"{url}/api/v1/workers", headers=auth(plain.secret)) as r:
+            assert r.status == 200
+        async with http.patch(f"{url}/api/v1/keys/{plain.id}", headers=auth(admin.secret),
+                              json={"limits": [{"rpm": 0}]}) as r:
+            assert r.status == 400 and (await r.json())["error"]["param"].startswith("limits")
+
+
+async def test_rpm_holds_exactly_across_two_gateways(settings: Settings,
+                                                     client: RegistryClient) -> None:
+    rpm, total, model = 7, 30, f"nomodel-{uuid.uuid4().hex[:6]}"
+    key = await client.create_key(ApiKeyCreate(
+        name=name(), scope=ApiKeyScope.INFERENCE,
+        limits=[KeyLimit(model=model, rpm=rpm), KeyLimit(rpm=1000)]))
+    locked = settings.model_copy(update={"require_api_key": True})
+    async with running_gateway(locked) as url_a, running_gateway(locked) as url_b, \
+            aiohttp.ClientSession() as http:
+        headers = {"Authorization": f"Bearer {key.secret}"}
+        body = {"model": model, "prompt": "hi", "max_tokens": 1}
+
+        async def post(url: str) -> tuple[int, dict[str, object], dict[str, str]]:
+            async with http.post(f"{url}/v1/completions", json=body, headers=headers) as r:
+                return r.status, await r.json(), dict(r.headers)
+
+        await fresh_window()
+        results = await asyncio.gather(*(post(url_a if i % 2 else url_b) for i in range(total)))
+        statuses = [status for status, _, _ in results]
+        assert statuses.count(404) == rpm and statuses.count(429) == total - rpm
+        refused = [(b, h) for s, b, h in results if s == 429]
+        for err, h in refused:
+            assert err["error"]["code"] == "rate_limit_exceeded"  # type: ignore[index]
+            assert err["error"]["type"] == "requests"  # type: ignore[index]
+            assert 1 <= int(h["Retry-After"]) <= 60
+            assert h["x-ratelimit-limit-requests"] == str(rpm)
+            assert h["x-ratelimit-remaining-requests"] == "0"
+        admitted = sorted(int(h["x-ratelimit-remaining-requests"])
+                          for s, _, h in results if s == 404)
+        assert admitted == list(range(rpm))  # each admission saw one fewer left
+        # another model is under the all-models limit only
+        async with http.post(f"{url_a}/v1/completions", headers=headers,
+                             json={**body, "model": f"{model}-other"}) as r:
+            assert r.status == 404 and r.headers["x-ratelimit-limit-requests"] == "1000"
+
+
+async def test_registry_counters_and_usage(client: RegistryClient) -> None:
+    model = f"m-{uuid.uuid4().hex[:6]}"
+    key = await client.create_key(ApiKeyCreate(name=name(), scope=ApiKeyScope.INFERENCE,
+                                               limits=[KeyLimit(tpm=100, token_budget=150)]))
+    await fresh_window()
+    grant = await client.acquire_quota(QuotaAcquire(key_id=key.id, model=model))
+    assert grant.allowed and grant.limit_tokens == 100 and grant.remaining_tokens == 100
+    await client.record_usage(UsageRecord(key_id=key.id, model=model, prompt_tokens=60,
+                                          cached_tokens=16, output_tokens=40))
+    grant = await client.acquire_quota(QuotaAcquire(key_id=key.id, model=model))
+    assert not grant.allowed and grant.code == "rate_limit_exceeded" and grant.retry_after
+    assert grant.remaining_tokens == 0
+    # a new minute would allow it again, but the budget (150) is what stops the next 60
+    await client.update_key(ApiKeyUpdate(id=key.id, limits=[KeyLimit(token_budget=150)]))
+    assert (await client.acquire_quota(QuotaAcquire(key_id=key.id, model=model))).allowed
+    await client.record_usage(UsageRecord(key_id=key.id, model=model, prompt_tokens=50))
+    grant = await client.acquire_quota(QuotaAcquire(key_id=key.id, model=model))
+    assert not grant.allowed and grant.code == "insufficient_quota"
+    report = await client.usage(UsageQuery(key_id=key.id))
+    assert [(r.model, r.requests, r.prompt_tokens, r.cached_tokens, r.output_tokens)
+            for r in report.rows] == [(model, 2, 110, 16, 40)]

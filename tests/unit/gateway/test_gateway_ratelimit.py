@@ -1,0 +1,59 @@
+"""OpenAI's rate-limit headers and 429 shapes from a quota grant, and the CLI's --limit specs."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.cli import build_parser
+from shoal.cli.commands import parse_limit
+from shoal.services.gateway.errors import error_response
+from shoal.services.gateway.ratelimit import duration, ratelimit_headers, refusal
+from shoal.shared.errors import InvalidRequest
+from shoal.shared.schemas.registry import ApiKeyCreate, KeyLimit, QuotaGrant
+
+
+def test_durations_as_openai_writes_them() -> None:
+    assert [duration(x) for x in (0.02, 0.9994, 1.0, 59.6, 60.0, 361.0)] == [
+        "20ms", "999ms", "1s", "1m0s", "1m0s", "6m1s"]
+
+
+def test_headers_only_for_the_limits_a_key_has() -> None:
+    assert ratelimit_headers(QuotaGrant(allowed=True)) == {}
+    grant = QuotaGrant(allowed=True, limit_requests=60, remaining_requests=59, reset_requests=1.5,
+                       limit_tokens=1000, remaining_tokens=10, reset_tokens=30.2)
+    assert ratelimit_headers(grant) == {
+        "x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "59",
+        "x-ratelimit-reset-requests": "2s", "x-ratelimit-limit-tokens": "1000",
+        "x-ratelimit-remaining-tokens": "10", "x-ratelimit-reset-tokens": "30s"}
+
+
+def test_refusals_in_openai_shapes() -> None:
+    rpm = QuotaGrant(allowed=False, code="rate_limit_exceeded", message="RPM", retry_after=12.2,
+                     limit_requests=3, remaining_requests=0, reset_requests=12.2)
+    response = error_response(refusal(rpm))
+    assert response.status == 429 and response.headers["Retry-After"] == "13"
+    assert response.headers["x-ratelimit-remaining-requests"] == "0"
+    error = refusal(rpm).to_dict()
+    assert (error["type"], error["code"]) == ("requests", "rate_limit_exceeded")
+    tpm = QuotaGrant(allowed=False, code="rate_limit_exceeded", retry_after=0.2,
+                     limit_tokens=5, remaining_tokens=0, reset_tokens=0.2)
+    assert refusal(tpm).to_dict()["type"] == "tokens"
+    assert error_response(refusal(tpm)).headers["Retry-After"] == "1"
+    budget = refusal(QuotaGrant(allowed=False, code="insufficient_quota", message="spent"))
+    assert (budget.type, budget.code) == ("insufficient_quota", "insufficient_quota")
+    assert "Retry-After" not in error_response(budget).headers
+
+
+def test_cli_limit_specs() -> None:
+    assert parse_limit("rpm=60, tpm=1000") == KeyLimit(rpm=60, tpm=1000)
+    assert parse_limit("model=smol,token_budget=5") == KeyLimit(model="smol", token_budget=5)
+    for bad in ("rpm", "rpm=1,foo=2", "model=x"):
+        with pytest.raises((InvalidRequest, ValueError)):
+            parse_limit(bad)
+    args = build_parser().parse_args(["keys", "create", "app", "--scope", "inference",
+                                      "--limit", "rpm=1", "--limit", "model=m,tpm=2"])
+    assert args.scope == "inference" and args.limit == ["rpm=1", "model=m,tpm=2"]
+    args = build_parser().parse_args(["keys", "usage", "--key", "app", "--since", "2026-11-01"])
+    assert (args.key, args.since, args.model) == ("app", "2026-11-01", None)
+    with pytest.raises(ValueError):  # one limit per model
+        ApiKeyCreate(name="a", limits=[KeyLimit(rpm=1), KeyLimit(tpm=2)])

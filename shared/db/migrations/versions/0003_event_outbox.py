@@ -1,14 +1,14 @@
 """The transactional outbox of change events (docs/architecture.md "Events: an outbox").
 
 Revision ID: 0003
-Revises: 0002
+Revises: 0002_key_scopes
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0003"
-down_revision = "0002"
+down_revision = "0002_key_scopes"
 branch_labels = None
 depends_on = None
 

@@ -16,8 +16,13 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+SECRETS_DIR = Path("/run/secrets")
+"""Docker's secrets: a file named like a variable (shoal_database_url) sets it (compose.yaml)."""
+
+
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SHOAL_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="SHOAL_", extra="ignore",
+                                      secrets_dir=SECRETS_DIR if SECRETS_DIR.is_dir() else None)
 
     nats_url: str | None = None
     """NATS server(s), comma separated. None: `shoal up` starts an embedded one; other commands

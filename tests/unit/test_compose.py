@@ -24,15 +24,34 @@ def test_compose_file_shape() -> None:
     assert services["registry"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert services["registry"]["depends_on"]["nats"]["condition"] == "service_healthy"
     env = services["registry"]["environment"]
-    assert env["SHOAL_NATS_URL"].startswith("nats://nats:")
-    assert env["SHOAL_DATABASE_URL"].startswith("postgresql+asyncpg://")
+    # credentials are secrets (infra/compose-secrets.sh), never in the file or the environment
+    assert "SHOAL_NATS_URL" not in env and "SHOAL_DATABASE_URL" not in env
+    assert "POSTGRES_PASSWORD" not in services["postgres"]["environment"]
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD_FILE"].startswith("/run/secrets/")
+    assert "nats_password" in services["nats"]["secrets"]
+    assert "/run/secrets/nats_password" in " ".join(services["nats"]["entrypoint"])
+    assert set(compose["secrets"]) == {"nats_password", "postgres_password", "shoal_nats_url",
+                                       "shoal_database_url"}
+    assert (ROOT / "infra" / "compose-secrets.sh").exists()
     assert services["worker"]["command"][0] == "worker"
     # every service of the stack runs, from the one image, against the same NATS and Postgres
     for name in ("scheduler", "worker", "gateway"):
         assert services[name]["image"] == services["registry"]["image"], name
-        assert services[name]["environment"]["SHOAL_DATABASE_URL"] == env["SHOAL_DATABASE_URL"]
+        assert services[name]["environment"].items() >= env.items(), name
+        assert services[name]["secrets"] == ["shoal_nats_url", "shoal_database_url"], name
     assert services["scheduler"]["command"] == ["scheduler"]
     assert services["gateway"]["command"] == ["gateway"]
     assert services["gateway"]["environment"]["SHOAL_GATEWAY_HOST"] == "0.0.0.0"
     assert services["gateway"]["ports"] == ["8000:8000"]
     assert (ROOT / services["registry"]["build"]["dockerfile"]).exists()
+
+
+def test_settings_read_the_urls_from_docker_secrets(tmp_path: Path) -> None:
+    """What the compose services do: SHOAL_* values from files named like them."""
+    from shoal.shared.config import Settings
+
+    (tmp_path / "shoal_nats_url").write_text("nats://shoal:pw@nats:4222\n")
+    (tmp_path / "shoal_database_url").write_text("postgresql+asyncpg://shoal:pw@postgres/shoal")
+    settings = Settings(_secrets_dir=tmp_path)
+    assert settings.nats_url == "nats://shoal:pw@nats:4222"
+    assert settings.database_url == "postgresql+asyncpg://shoal:pw@postgres/shoal"

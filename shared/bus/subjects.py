@@ -83,6 +83,10 @@ def load(instance_id: str) -> str:
 
 LOAD_ALL = f"{PREFIX}.load.*"
 
+AUTOSCALE_DEMAND = f"{PREFIX}.autoscale.demand"
+"""Published by a gateway holding a request for an autoscaled model that has no running
+instance (ScaleDemand): the scheduler's leader scales it from zero."""
+
 
 METRICS_TARGETS = f"{PREFIX}.metrics.targets"
 """Request, answered by every process that serves /metrics (each replies with its address):

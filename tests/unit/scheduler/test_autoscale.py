@@ -99,3 +99,19 @@ def test_scale_to_zero_and_back_on_demand() -> None:
     # a busy instance never goes to zero, and no demand keeps zero at zero
     assert simulate(s, 1, [(t, waiting(1)) for t in range(0, 400, 10)]) == []
     assert simulate(s, 0, [(t, []) for t in range(0, 400, 10)]) == []
+
+
+def test_spec_bounds_replicas_and_the_cli_flags() -> None:
+    from shoal.cli import build_parser
+    from shoal.cli.commands import _autoscaling
+    from shoal.shared.schemas.registry import ModelCreate
+
+    args = build_parser().parse_args(["models", "deploy", "m", "--source", "/x", "--autoscale",
+                                      "max_replicas=3", "--autoscale", "target=0.5",
+                                      "--autoscale", "metric=kv_cache_usage"])
+    fields = _autoscaling(args.autoscale)
+    assert fields == {"max_replicas": 3, "target": 0.5, "metric": "kv_cache_usage"}
+    model = ModelCreate(name="m", source="/x", replicas=7, autoscaling=fields)
+    assert model.replicas == 3 and model.autoscaling.min_replicas == 1  # kept within bounds
+    with pytest.raises(ValueError):
+        ModelCreate(name="m", source="/x", autoscaling={"target": 1})  # max_replicas missing

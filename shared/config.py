@@ -54,6 +54,8 @@ class Settings(BaseSettings):
     scheduler_error_backoff: float = 10.0
     """First wait before an ERROR instance is rescheduled; doubles with each attempt."""
     scheduler_error_backoff_max: float = 600.0
+    scheduler_autoscale_interval: float = 2.0
+    """Seconds between the leader's autoscaling steps (models with `autoscaling`)."""
     scheduler_name: str | None = None
     """This scheduler replica's name in logs and in the leader status; default <hostname>-<pid>."""
     scheduler_election_interval: float = 1.0
@@ -93,6 +95,9 @@ class Settings(BaseSettings):
     """Seconds to wait for an engine to accept a request (its seq-0 chunk) before trying another."""
     gateway_stream_idle_timeout: float = 300.0
     """Seconds a started stream may go without any message before it is failed (a backstop)."""
+    gateway_cold_start_timeout: float = 120.0
+    """Seconds a request for an autoscaled model with no running instance waits for one to
+    start (scale from zero) before a 503."""
     gateway_embed_timeout: float = 120.0
     """Seconds one batch of /v1/embeddings inputs may take on an engine (queue + compute)."""
     gateway_max_attempts: int = 3

@@ -23,9 +23,12 @@ from shoal.shared.schemas.infer import (
     AbortRequest, GenerateRequest, InferChunk, InferEnd, InferError, InferReplyEnvelope,
     InferRequestEnvelope
 )
+from shoal.shared.schemas.scheduler import ScaleDemand
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=BaseModel)
+COLD_START_POLL_S = 0.2
+COLD_START_DEMAND_EVERY_S = 2.0
 NO_RESPONDERS = "503"
 
 
@@ -59,13 +62,43 @@ class InferClient:
     def _pick(self, model: str, hashes: Sequence[bytes], tried: list[str]) -> str | None:
         return self.router.choose(self.table.candidates(model), hashes, exclude=tried)
 
+    async def _first_pick(self, model: str, hashes: Sequence[bytes]) -> str | None:
+        """An instance for a new request; for an autoscaled model with none running (scaled to
+        zero, or its first instance still starting), ask the scheduler for one and wait for it
+        up to `gateway_cold_start_timeout`, then 503."""
+        instance_id = self._pick(model, hashes, [])
+        if instance_id is not None:
+            return instance_id
+        try:
+            spec = (await self.registry.get_model(name=model)).autoscaling
+        except NotFound:
+            return None  # 404 from no_instance()
+        if spec is None:
+            return None
+        timeout = self.settings.gateway_cold_start_timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        next_demand = 0.0
+        while loop.time() < deadline:
+            if loop.time() >= next_demand:
+                await self.bus.publish(self.bus.subjects.autoscale_demand, ScaleDemand(model=model))
+                next_demand = loop.time() + COLD_START_DEMAND_EVERY_S
+            await asyncio.sleep(COLD_START_POLL_S)
+            instance_id = self._pick(model, hashes, [])
+            if instance_id is not None:
+                return instance_id
+        raise Unavailable(f"model `{model}` has no running instance (scaled to zero) and none "
+                          f"started within {timeout:g} s; retry later", param="model",
+                          code="cold_start_timeout")
+
     async def generate(self, req: GenerateRequest,
                        hashes: Sequence[bytes] = ()) -> AsyncIterator[InferChunk | InferEnd]:
         """Yield the engine's chunks (seq 0 first) and its end; raise a ShoalError on failure."""
         tried: list[str] = []
         last: ShoalError | None = None
         for _ in range(max(1, self.settings.gateway_max_attempts)):
-            instance_id = self._pick(req.model, hashes, tried)
+            instance_id = (self._pick(req.model, hashes, tried) if tried
+                           else await self._first_pick(req.model, hashes))
             if instance_id is None:
                 break
             tried.append(instance_id)
@@ -159,7 +192,8 @@ class InferClient:
         tried: list[str] = []
         last: ShoalError | None = None
         for _ in range(max(1, self.settings.gateway_max_attempts)):
-            instance_id = self._pick(model, (), tried)
+            instance_id = (self._pick(model, (), tried) if tried
+                           else await self._first_pick(model, ()))
             if instance_id is None:
                 break
             tried.append(instance_id)

@@ -37,13 +37,16 @@ class SchedulerConfig:
     """Seconds to gather a burst of events into one reconcile."""
     durable: str = "shoal-scheduler"
     """JetStream durable consumer name, shared by every scheduler replica."""
+    autoscale_interval: float = 2.0
+    """Seconds between the leader's autoscaling steps (autoscale_loop.py)."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SchedulerConfig:
         """Built at the entry point from SHOAL_SCHEDULER_* / SHOAL_RESCHEDULE_AFTER."""
         return cls(interval=settings.scheduler_interval, reschedule_after=settings.reschedule_after,
                    error_backoff=settings.scheduler_error_backoff,
-                   error_backoff_max=settings.scheduler_error_backoff_max)
+                   error_backoff_max=settings.scheduler_error_backoff_max,
+                   autoscale_interval=settings.scheduler_autoscale_interval)
 
     def backoff(self, restart_count: int) -> float:
         return min(self.error_backoff * 2.0 ** min(restart_count, 30), self.error_backoff_max)

@@ -22,6 +22,7 @@ from shoal.services.scheduler.claim import ModelProfile
 from shoal.services.scheduler.election import Leadership, Term, first_of
 from shoal.services.scheduler.planner import Planner, ProfileCache, build_request
 from shoal.services.scheduler.policies.base import PlacementRequest
+from shoal.services.scheduler.autoscale_loop import AutoscaleLoop
 from shoal.services.scheduler.reconcile import PassPlan, SchedulerConfig, plan_pass
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
@@ -98,6 +99,8 @@ class SchedulerService:
     async def _lead(self, bus: Bus, halt: asyncio.Event) -> None:
         """The event consumer plus a reconcile loop, until `halt` is set (or this is cancelled)."""
         consumer = asyncio.create_task(self._consume(bus, halt), name="scheduler-events")
+        autoscaler = AutoscaleLoop(self.registry, self.config.autoscale_interval, self.kick.set)
+        scaling = asyncio.create_task(autoscaler.run(bus, halt), name="scheduler-autoscale")
         try:
             while not halt.is_set():
                 try:
@@ -110,8 +113,11 @@ class SchedulerService:
         finally:
             halt.set()
             consumer.cancel()
+            scaling.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await consumer
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await scaling
 
     async def _consume(self, bus: Bus, stop: asyncio.Event) -> None:
         """The durable consumer; restarted after a failure (the periodic reconcile goes on)."""

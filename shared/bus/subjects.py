@@ -123,6 +123,12 @@ class Subjects:
         return f"{self.prefix}.load.*"
 
     @property
+    def autoscale_demand(self) -> str:
+        """Published by a gateway holding a request for an autoscaled model that has no running
+        instance (ScaleDemand): the scheduler's leader scales it from zero."""
+        return f"{self.prefix}.autoscale.demand"
+
+    @property
     def metrics_targets(self) -> str:
         """Request, answered by every process that serves /metrics (each replies with its
         address): how a gateway's /metrics/targets lists them for Prometheus."""

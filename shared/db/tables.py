@@ -24,7 +24,9 @@ class ModelRow(RowMixin, Base):
 
     name: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
-    """ModelSpec as JSON (source, replicas, placement, engine args)."""
+    """ModelSpec as JSON (source, replicas, placement, engine args, autoscaling)."""
+    scale_events: Mapped[list[dict[str, Any]]] = mapped_column(JSON, nullable=False, default=list)
+    """The autoscaler's last decisions (ScaleEvent as JSON), oldest first."""
 
 
 class WorkerRow(RowMixin, Base):

@@ -85,6 +85,49 @@ class DeviceKind(str, Enum):
     CPU = "cpu"
 
 
+class AutoscaleSpec(Wire):
+    """Replicas follow the load the engines publish (shoal.load): the scheduler keeps the metric
+    near `target` per instance, within [min_replicas, max_replicas]."""
+
+    min_replicas: int = Field(default=1, ge=0, le=1024)
+    """0 allows scaling to zero: after `scale_to_zero_after` idle seconds the model keeps no
+    instance, and the first request waits (bounded) while one starts."""
+    max_replicas: int = Field(ge=1, le=1024)
+    metric: Literal["waiting_per_instance", "kv_cache_usage"] = "waiting_per_instance"
+    """Requests waiting in the engines' queues per instance, or the mean KV-cache use (0..1)."""
+    target: float = Field(gt=0)
+    tolerance: float = Field(default=0.1, ge=0, lt=1)
+    """Hysteresis: no change while the metric is within target x (1 +- tolerance)."""
+    scale_up_cooldown: float = Field(default=30.0, ge=0)
+    """Seconds after any scaling before another scale-up."""
+    scale_down_cooldown: float = Field(default=120.0, ge=0)
+    """Seconds after any scaling (and of load below target) before a scale-down, one replica at
+    a time."""
+    scale_to_zero_after: float = Field(default=300.0, gt=0)
+    """Idle seconds (nothing running or waiting) before a model with min_replicas 0 goes to 0."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscaleSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) > max_replicas "
+                             f"({self.max_replicas})")
+        if self.metric == "kv_cache_usage" and self.target > 1:
+            raise ValueError("a kv_cache_usage target is a fraction in (0, 1]")
+        return self
+
+
+class ScaleEvent(Wire):
+    """One autoscaling decision, kept on the model (the last MAX_SCALE_EVENTS)."""
+
+    at: datetime
+    from_replicas: int
+    to_replicas: int
+    reason: str
+
+
+MAX_SCALE_EVENTS = 20
+
+
 class ModelSpec(Wire):
     """Everything a user sets on a model; shared by create and public views."""
 
@@ -115,6 +158,16 @@ class ModelSpec(Wire):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     engine_args: EngineArgs = Field(default_factory=EngineArgs)
     """Engine settings (max_num_seqs, max_num_batched_tokens, kv_cache_memory, ...)."""
+    autoscaling: AutoscaleSpec | None = None
+    """When set, the scheduler sets `replicas` from the load (docs: README "Autoscaling")."""
+
+    @model_validator(mode="after")
+    def _replicas_within_autoscaling(self) -> ModelSpec:
+        """With autoscaling, `replicas` (the count now) stays within its bounds."""
+        a = self.autoscaling
+        if a is not None and not a.min_replicas <= self.replicas <= a.max_replicas:
+            self.replicas = min(max(self.replicas, a.min_replicas), a.max_replicas)
+        return self
 
     @model_validator(mode="after")
     def _fits_without_chunked_prefill(self) -> ModelSpec:
@@ -150,6 +203,9 @@ class ModelUpdate(Wire):
     gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
     max_model_len: int | None = Field(default=None, ge=1)
     engine_args: EngineArgs | None = None
+    autoscaling: AutoscaleSpec | None = None
+    scale_event: ScaleEvent | None = None
+    """Set by the scheduler's autoscaler with `replicas`: why it scaled (kept on the model)."""
 
 
 class ModelPublic(ModelSpec):
@@ -158,6 +214,8 @@ class ModelPublic(ModelSpec):
     created_at: datetime
     updated_at: datetime
     version: int
+    scale_events: list[ScaleEvent] = Field(default_factory=list)
+    """The autoscaler's last decisions, oldest first: when, from, to, and why."""
 
 
 # ---------------------------------------------------------------- instances

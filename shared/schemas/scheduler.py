@@ -29,3 +29,10 @@ class PlacementPlan(Wire):
     """The name of `placement.worker_id` (the first stage's worker)."""
     message: str
     """The scheduler's own words: the placement and what it claims, or the PENDING reason."""
+
+
+class ScaleDemand(Wire):
+    """On shoal.autoscale.demand: a gateway waits with a request for `model`, which has no
+    running instance (scale from zero)."""
+
+    model: str

@@ -93,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
                                help="follow an instance (download, conversion, load) until RUNNING")
             if (resource, verb) == ("models", "update"):
                 p.add_argument("--replicas", type=int)
+            if resource == "models" and verb in ("deploy", "update"):
+                p.add_argument("--autoscale", action="append", default=[], metavar="KEY=VALUE",
+                               help="autoscaling: min_replicas, max_replicas, metric "
+                                    "(waiting_per_instance | kv_cache_usage), target, tolerance, "
+                                    "scale_up_cooldown, scale_down_cooldown, scale_to_zero_after")
             if resource == "keys" and verb in ("create", "update"):
                 p.add_argument("--scope", choices=["inference", "admin"],
                                help="inference: the OpenAI API only; admin: also the management "

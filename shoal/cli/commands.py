@@ -96,6 +96,7 @@ def models_cmd(settings: Settings, args: argparse.Namespace) -> int:
             gpu_selector=args.gpu_selector, gpu_type=args.gpu_type, tp=args.tp, pp=args.pp,
             max_model_len=args.max_model_len, distributed=not args.no_distributed,
             engine_args={k: _scalar(v) for k, v in _labels(args.engine_arg).items()},
+            autoscaling=_autoscaling(args.autoscale),
         )
         if args.dry_run:
             return dry_run(settings, req, args.json)
@@ -106,8 +107,14 @@ def models_cmd(settings: Settings, args: argparse.Namespace) -> int:
     elif args.verb == "update":
         async def update(c: RegistryClient) -> ModelPublic:
             model = await _model(c, args.target)
-            changes = {"replicas": args.replicas} if args.replicas is not None else {}
-            return await c.update_model(ModelUpdate(id=model.id, version=model.version, **changes))
+            changes: dict[str, object] = {}
+            if args.replicas is not None:
+                changes["replicas"] = args.replicas
+            if args.autoscale:
+                base = model.autoscaling.model_dump() if model.autoscaling else {}
+                changes["autoscaling"] = {**base, **_autoscaling(args.autoscale)}
+            return await c.update_model(ModelUpdate(id=model.id, version=model.version,
+                                                    **changes))  # type: ignore[arg-type]
 
         emit(run(settings, update), args.json, models_table)
     elif args.verb == "delete":
@@ -184,6 +191,14 @@ def workers_cmd(settings: Settings, args: argparse.Namespace) -> int:
     else:
         emit(run(settings, lambda c: c.get_worker(args.target)), args.json, workers_table)
     return 0
+
+
+def _autoscaling(pairs: list[str] | None) -> dict[str, object] | None:
+    """`--autoscale max_replicas=4 --autoscale target=2 ...` -> the autoscaling fields (checked
+    by AutoscaleSpec: a missing or bad one is named)."""
+    if not pairs:
+        return None
+    return {k: _scalar(v) for k, v in _labels(pairs).items()}
 
 
 def parse_limit(spec: str) -> KeyLimit:

@@ -9,6 +9,7 @@ event loop that serves the bus.
 from __future__ import annotations
 
 import asyncio
+import collections
 import queue
 import threading
 from collections.abc import Sequence
@@ -51,6 +52,8 @@ class AsyncEmbeddingEngine:
         self.stats = EmbeddingStats()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._lock = threading.Lock()
+        self._backlog: collections.deque[_Job] = collections.deque()
+        """Jobs taken off the queue, waiting for a round (touched by the thread only)."""
         self._thread = threading.Thread(target=self._run, name="shoal-embedding", daemon=True)
         self._thread.start()
 
@@ -68,20 +71,34 @@ class AsyncEmbeddingEngine:
 
     def _run(self) -> None:
         while True:
-            first = self._jobs.get()
+            self._drain_queue()
+            first = self._backlog.popleft() if self._backlog else self._jobs.get()
             if first is None:
                 return
+            self._drain_queue()
             jobs = [first]
-            while True:  # everything queued meanwhile joins this batch
-                try:
-                    nxt = self._jobs.get_nowait()
-                except queue.Empty:
+            size = first.size
+            # what queued meanwhile joins this round, up to max_num_seqs inputs (the rest waits,
+            # and num_waiting shows it: the autoscaler's signal)
+            while size < self.engine.config.max_num_seqs and self._backlog:
+                nxt = self._backlog[0]
+                if size + nxt.size > self.engine.config.max_num_seqs:
                     break
-                if nxt is None:
-                    self._jobs.put(None)
-                    break
-                jobs.append(nxt)
+                jobs.append(self._backlog.popleft())
+                size += nxt.size
             self._compute(jobs)
+
+    def _drain_queue(self) -> None:
+        """Move what was submitted into the backlog, in order (a None stops the thread)."""
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is None:  # leave it for _run, after the backlog
+                self._jobs.put(None)
+                return
+            self._backlog.append(job)
 
     def _compute(self, jobs: list[_Job]) -> None:
         size = sum(j.size for j in jobs)

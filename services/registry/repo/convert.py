@@ -11,8 +11,8 @@ from shoal.shared.states import InstanceState, WorkerState
 
 def model_public(row: ModelRow) -> ModelPublic:
     return ModelPublic(id=row.id, name=row.name, created_at=row.created_at,
-                       updated_at=row.updated_at,
-                       version=row.version, **row.spec)
+                       updated_at=row.updated_at, version=row.version,
+                       scale_events=row.scale_events or [], **row.spec)
 
 
 def worker_public(row: WorkerRow) -> WorkerPublic:

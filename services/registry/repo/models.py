@@ -11,8 +11,8 @@ from shoal.shared.db.tables import InstanceRow, ModelRow
 from shoal.shared.errors import Conflict, InvalidRequest, NotFound
 from shoal.shared.schemas.common import Page
 from shoal.shared.schemas.registry import (
-    ByIdOrName, DeleteRequest, InstancePublic, ListRequest, ModelCreate, ModelPublic, ModelSpec,
-    ModelUpdate
+    MAX_SCALE_EVENTS, ByIdOrName, DeleteRequest, InstancePublic, ListRequest, ModelCreate,
+    ModelPublic, ModelSpec, ModelUpdate
 )
 
 
@@ -46,8 +46,11 @@ class ModelRepo:
             row = await get_or_404(s, ModelRow, req.id, "model")
             check_version(row.version, req.version, f"model {row.name!r}")
             changes = req.model_dump(exclude={"id", "version"}, exclude_unset=True, mode="json")
+            event = changes.pop("scale_event", None)
             spec = ModelSpec.model_validate({**row.spec, **changes})
             row.spec = spec.model_dump(mode="json")
+            if event is not None:  # the autoscaler's reason, kept with the model
+                row.scale_events = [*(row.scale_events or []), event][-MAX_SCALE_EVENTS:]
             await s.flush()
             return model_public(row)
 

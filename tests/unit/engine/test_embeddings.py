@@ -126,3 +126,23 @@ async def test_concurrent_requests_share_batches(model_dir: Path, engine: Embedd
             await served.embed([[]])
     finally:
         served.shutdown()
+
+
+async def test_a_round_takes_at_most_max_num_seqs_inputs(model_dir: Path) -> None:
+    """What does not fit in a round waits (num_waiting: the autoscaler's signal) and is served
+    in order by the next ones."""
+    served = AsyncEmbeddingEngine(EngineConfig(model=str(model_dir), num_threads=1,
+                                               max_num_seqs=4), model_dir)
+    try:
+        ids = [served.engine.tokenize([t]) for t in TEXTS * 2]  # 12 inputs, 1 per request
+        tasks = [asyncio.create_task(served.embed(x)) for x in ids]
+        peak = 0
+        while not all(t.done() for t in tasks):
+            peak = max(peak, served.stats.num_waiting)
+            assert served.stats.num_running <= 4
+            await asyncio.sleep(0.001)
+        await asyncio.gather(*tasks)
+        assert served.stats.num_batches >= 3 and peak > 0
+        assert served.stats.num_waiting == 0
+    finally:
+        served.shutdown()

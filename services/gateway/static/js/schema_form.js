@@ -61,7 +61,8 @@ export class SchemaForm {
     const kind = kindOf(s, nullable);
     const label = this.labels[name] || humanize(path[path.length - 1]);
     if (kind === "object") {
-      const inner = s.required ? new Set(s.required) : new Set();
+      // an optional group (autoscaling: X | null) requires nothing until the user fills it in
+      const inner = s.required && !nullable ? new Set(s.required) : new Set();
       return h("fieldset", { class: "nested" }, h("legend", {}, label),
         s.description ? h("p", { class: "hint" }, s.description) : null,
         h("div", { class: "field-grid" }, Object.entries(s.properties).map(

@@ -13,6 +13,7 @@ const LAYOUT = [
   { title: "Placement", names: ["placement_strategy", "worker_selector", "gpu_selector", "gpu_type",
     "distributed", "tp", "pp"] },
   { title: "Engine", names: ["dtype", "gpu_memory_utilization", "engine_args"] },
+  { title: "Autoscaling", names: ["autoscaling"] },
   { title: "Other settings", names: "rest" },
 ];
 const LABELS = {
@@ -25,6 +26,9 @@ const LABELS = {
   engine_args: "Engine settings",
   "engine_args.kv_cache_memory": "KV cache memory (bytes)",
   "engine_args.num_kv_blocks": "KV blocks",
+  autoscaling: "Autoscaling (replicas follow the load)",
+  "autoscaling.min_replicas": "Fewest instances (0: scale to zero)",
+  "autoscaling.max_replicas": "Most instances",
 };
 
 let openapi = null;

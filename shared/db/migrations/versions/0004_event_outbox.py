@@ -1,14 +1,14 @@
 """The transactional outbox of change events (docs/architecture.md "Events: an outbox").
 
-Revision ID: 0003
-Revises: 0002_key_scopes
+Revision ID: 0004
+Revises: 0003_autoscaling
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003"
-down_revision = "0002_key_scopes"
+revision = "0004"
+down_revision = "0003_autoscaling"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,105 @@
+"""Autoscaling on the real stack (registry, scheduler, a real worker starting engine processes,
+gateway) with all-MiniLM-L6-v2: an idle model scales to zero, the first request then waits while
+an instance starts and is answered (the openai SDK), and a load step scales it up to a second
+instance that serves; each decision is kept on the model with its reason. The same load step,
+timed, is loadtests/autoscale_step.py (docs/figures.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import aiohttp
+import pytest
+
+from loadtests.autoscale_step import load_step, wait_running
+from shoal.services.engine.model_prep import minilm_path
+from shoal.services.gateway.service import run_gateway
+from shoal.services.scheduler.replica import run_scheduler
+from shoal.services.worker.agent import run_worker
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.embedded import free_port
+from shoal.shared.schemas.registry import DeleteRequest, InstanceFilter
+from tests.e2e.test_embeddings_serving import async_api
+from tests.integration.conftest import make_settings, running_registry
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+AUTOSCALING = {"min_replicas": 0, "max_replicas": 2, "target": 1.0, "scale_to_zero_after": 3,
+               "scale_up_cooldown": 0, "scale_down_cooldown": 60}
+
+
+@pytest.fixture(scope="module")
+async def stack(servers, tmp_path_factory):
+    settings = make_settings(servers, tmp_path_factory.mktemp("autoscale-e2e"), drain_timeout=2.0,
+                             heartbeat_timeout=10.0, gateway_engine_dead_after=5.0,
+                             gateway_port=free_port(None), scheduler_interval=1.0,
+                             scheduler_autoscale_interval=0.5, gateway_cold_start_timeout=120.0)
+    tag = uuid.uuid4().hex[:6]
+    async with running_registry(settings):
+        bus = await Bus.connect(settings, name="autoscale-e2e")
+        client = RegistryClient(bus)
+        for leftover in await client.list_models():
+            await client.delete_model(DeleteRequest(id=leftover.id))
+        stop = asyncio.Event()
+        tasks = []
+        worker = {"worker_name": f"real-{tag}", "worker_labels": {"stack": tag}}
+        for run, extra in ((run_scheduler, {}), (run_worker, worker), (run_gateway, {})):
+            ready = asyncio.Event()
+            tasks.append(asyncio.create_task(run(settings.model_copy(update=extra), stop, ready)))
+            await asyncio.wait_for(ready.wait(), 30)
+        url = f"http://127.0.0.1:{settings.gateway_port}"
+        try:
+            yield url, client, tag
+        finally:
+            for leftover in await client.list_models():
+                await client.delete_model(DeleteRequest(id=leftover.id))
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
+            await bus.close()
+
+
+async def test_scale_to_zero_then_from_zero_then_up(stack) -> None:
+    url, client, tag = stack
+    name = f"minilm-{tag}"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/api/v1/models", json={
+                "name": name, "source": str(minilm_path()), "device": "cpu",
+                "worker_selector": {"stack": tag}, "autoscaling": AUTOSCALING,
+                "engine_args": {"max_num_seqs": 16, "num_threads": 1}}) as r:
+            assert r.status == 201, await r.text()
+            model = await r.json()
+    assert model["replicas"] == 1  # within [min, max]
+    await wait_running(client, model["id"], 1)
+
+    # idle for scale_to_zero_after: no instance left
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        m = await client.get_model(name=name)
+        if m.replicas == 0 and not await client.list_instances(InstanceFilter(model_id=m.id)):
+            break
+        await asyncio.sleep(0.5)
+    else:
+        raise AssertionError(f"not scaled to zero: {m.replicas} replicas")
+    assert m.scale_events[-1].reason.startswith("scale to zero: idle for")
+    assert (m.scale_events[-1].from_replicas, m.scale_events[-1].to_replicas) == (1, 0)
+
+    # the first request waits while an instance starts, and is answered
+    start = time.monotonic()
+    out = await async_api(url).embeddings.create(model=name, input="hello again")
+    cold = time.monotonic() - start
+    assert len(out.data[0].embedding) == 384
+    m = await client.get_model(name=name)
+    assert m.replicas == 1 and m.scale_events[-1].reason.startswith("scale from zero")
+    print(f"\ncold start (scale from zero to an answer): {cold:.1f}s")
+
+    # a load step: requests wait in the engine's queue, a second instance starts and serves
+    result = await load_step(url, client, name, clients=8, timeout=240)
+    assert result.serving_s is not None and result.reason is not None
+    assert result.reason.startswith("scale up:")
+    assert "waiting requests per instance" in result.reason
+    m = await client.get_model(name=name)
+    assert m.replicas == 2
+    print(f"load step -> decision {result.decided_s:.1f}s, RUNNING {result.running_s:.1f}s, "
+          f"serving {result.serving_s:.1f}s")

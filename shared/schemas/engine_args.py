@@ -10,10 +10,13 @@ dtype and gpu_memory_utilization are top-level ModelSpec fields (GPUStack's shap
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, field_validator
 
 from shoal.shared.schemas.common import Wire
 from shoal.shared.schemas.infer import TOOL_CALL_PARSERS
+from shoal.shared.schemas.speculative import SpeculativeConfig
 
 QUANTIZATIONS = ("int8",)
 """vLLM's `quantization` values the engine implements (weights quantised at load, CPU path)."""
@@ -39,6 +42,8 @@ class EngineArgs(Wire):
     """vLLM's --tool-call-parser: "hermes"."""
     chat_template: str | None = Field(default=None, min_length=1)
     """A Jinja chat template replacing the tokenizer's (vLLM's --chat-template)."""
+    speculative_config: SpeculativeConfig | None = None
+    """vLLM's --speculative-config, e.g. {"method": "ngram", "num_speculative_tokens": 4}."""
 
     @field_validator("block_size")
     @classmethod
@@ -63,6 +68,6 @@ class EngineArgs(Wire):
                              f"got {value!r}")
         return value
 
-    def given(self) -> dict[str, int | bool | str]:
+    def given(self) -> dict[str, Any]:
         """The settings given (not None), as EngineConfig keyword arguments."""
-        return {k: v for k, v in self.model_dump().items() if v is not None}
+        return {k: v for k, v in self.model_dump(exclude_none=True).items()}

@@ -47,7 +47,7 @@ class ModelRunner:
         self.max_model_len = _max_model_len(config, hf_config)
         self.vocab_size: int = hf_config.vocab_size
         self.eos_token_ids = _eos_token_ids(model_dir, hf_config)
-        ops = select_ops(self.device)
+        self.ops = ops = select_ops(self.device)
         self.model = model_class(hf_config)(hf_config, self.max_model_len, ops)
         load_weights(self.model, model_dir)
         for param in self.model.parameters():  # buffers (rotary cos/sin) stay float32
@@ -138,8 +138,10 @@ class ModelRunner:
             self.states[s.seq_id] = state
         if s.prefix_token_ids is not None:
             state.token_ids = list(s.prefix_token_ids) + list(s.token_ids)
+            state.draft_pos = 0
         elif s.start_pos == 0:
             state.token_ids = list(s.token_ids)
+            state.draft_pos = 0
         else:
             state.token_ids.extend(s.token_ids)
         state.prompt_len = s.prompt_len

@@ -36,6 +36,8 @@ class SeqState:
     token, which that chunk did not know."""
     grammar: GrammarState | None = None
     """The matcher of a constrained sequence, made at its first sample (params.compiled_grammar)."""
+    draft_pos: int = 0
+    """Speculative decoding with a draft model: positions before this have the draft's KV."""
 
 
 def mix_seed(seed: int, offset: int) -> int:

@@ -10,6 +10,7 @@ dtype and gpu_memory_utilization are top-level ModelSpec fields (GPUStack's shap
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -50,6 +51,17 @@ class EngineArgs(Wire):
     def _power_of_two(cls, value: int | None) -> int | None:
         if value is not None and value & (value - 1):
             raise ValueError(f"block_size must be a power of two, got {value}")
+        return value
+
+    @field_validator("speculative_config", mode="before")
+    @classmethod
+    def _json_text(cls, value: Any) -> Any:
+        """`--engine-arg speculative_config='{...}'` arrives as JSON text."""
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except ValueError:
+                raise ValueError("speculative_config must be a JSON object") from None
         return value
 
     @field_validator("quantization")

@@ -130,6 +130,19 @@ async def stack(servers, tmp_path_factory, engine_traces):
             await bus.close()
 
 
+@pytest.fixture(scope="module")
+async def offline(stack):
+    """The offline engine on the same model without speculation (loaded once: a load in this
+    process can starve the services' heartbeats on a loaded machine)."""
+    from shoal import LLM
+
+    settings = stack[0]
+    folder = await asyncio.to_thread(prepare_model, str(smollm2_gguf_path()),
+                                     settings.model_cache_dir)
+    plain = {k: v for k, v in ENGINE_ARGS.items() if k != "speculative_config"}
+    return await asyncio.to_thread(LLM, str(folder), max_model_len=512, **plain)
+
+
 def async_api(url: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
 
@@ -248,18 +261,14 @@ async def test_continuous_usage_stats_count_every_chunk(stack) -> None:
         assert all(u.total_tokens == u.prompt_tokens + u.completion_tokens for u in middle)
 
 
-async def test_greedy_completion_equals_offline_llm(stack) -> None:
+async def test_greedy_completion_equals_offline_llm(stack, offline) -> None:
     settings, client, model, inst, url = stack
-    from shoal import LLM
     from shoal.services.engine.sampling_params import SamplingParams
 
     prompt = "The capital of France is"
     served = await async_api(url).completions.create(model=model.name, prompt=prompt, temperature=0,
                                                      max_tokens=16)
-    folder = await asyncio.to_thread(prepare_model, str(smollm2_gguf_path()),
-                                     settings.model_cache_dir)
-    plain = {k: v for k, v in ENGINE_ARGS.items() if k != "speculative_config"}
-    llm = await asyncio.to_thread(LLM, str(folder), max_model_len=512, **plain)
+    llm = offline
     offline = await asyncio.to_thread(llm.generate, [prompt],
                                       SamplingParams(temperature=0, max_tokens=16), False)
     assert served.choices[0].text == offline[0].outputs[0].text
@@ -269,11 +278,10 @@ async def test_greedy_completion_equals_offline_llm(stack) -> None:
     assert "".join([c.choices[0].text async for c in streamed]) == served.choices[0].text
 
 
-async def test_speculation_served_with_vllms_metrics(stack) -> None:
+async def test_speculation_served_with_vllms_metrics(stack, offline) -> None:
     """A copy-heavy chat through the openai SDK: greedy answer equal to the offline engine's
     without speculation, and the engine's /metrics counts drafts and accepted tokens."""
     settings, client, model, inst, url = stack
-    from shoal import LLM
     from shoal.services.engine.sampling_params import SamplingParams
 
     text = ("Shoal serves language models: a gateway, a registry, a scheduler, workers and "
@@ -282,13 +290,9 @@ async def test_speculation_served_with_vllms_metrics(stack) -> None:
     before = await metric(url, "vllm:spec_decode_num_draft_tokens_total", model.name)
     served = await async_api(url).chat.completions.create(model=model.name, messages=messages,
                                                           temperature=0, max_tokens=40)
-    folder = await asyncio.to_thread(prepare_model, str(smollm2_gguf_path()),
-                                     settings.model_cache_dir)
-    plain = {k: v for k, v in ENGINE_ARGS.items() if k != "speculative_config"}
-    llm = await asyncio.to_thread(LLM, str(folder), max_model_len=512, **plain)
-    offline = await asyncio.to_thread(llm.chat, messages,
-                                      SamplingParams(temperature=0, max_tokens=40), False)
-    assert served.choices[0].message.content == offline[0].outputs[0].text
+    plain = await asyncio.to_thread(offline.chat, messages,
+                                    SamplingParams(temperature=0, max_tokens=40), False)
+    assert served.choices[0].message.content == plain[0].outputs[0].text
     drafts = await metric(url, "vllm:spec_decode_num_draft_tokens_total", model.name)
     accepted = await metric(url, "vllm:spec_decode_num_accepted_tokens_total", model.name)
     assert drafts > before and accepted > 0

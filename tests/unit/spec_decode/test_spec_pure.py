@@ -119,3 +119,23 @@ def test_fewer_drafts_than_slots_and_bonus_tokens() -> None:
     n, token = rejection_sample(probs, draft, torch.tensor([1, 1]), torch.full((2, K), 0.5),
                                 torch.ones(2, VOCAB))
     assert n.tolist() == [1, 0] and token.tolist() == [3, 3]
+
+
+def test_metrics_carry_vllms_names() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from shoal.services.engine.server.metrics import SpecDecodeCollector
+
+    stats = SpecDecodeStats(2)
+    stats.observe(2, 1)
+    registry = CollectorRegistry()
+    registry.register(SpecDecodeCollector(lambda: stats, {"model_name": "m", "engine": "e"}))
+    text = generate_latest(registry).decode()
+    assert 'vllm:spec_decode_num_drafts_total{engine="e",model_name="m"} 1.0' in text
+    assert 'vllm:spec_decode_num_draft_tokens_total{engine="e",model_name="m"} 2.0' in text
+    assert 'vllm:spec_decode_num_accepted_tokens_total{engine="e",model_name="m"} 1.0' in text
+    assert ('vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="e",model_name="m",'
+            'position="1"} 0.0') in text
+    off = CollectorRegistry()
+    off.register(SpecDecodeCollector(lambda: None, {"model_name": "m", "engine": "e"}))
+    assert "spec_decode" not in generate_latest(off).decode()

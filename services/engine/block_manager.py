@@ -100,6 +100,13 @@ class BlockManager:
                                hashes[i - 1] if i else None, seq.token_ids[i * bs:(i + 1) * bs])
         seq.num_registered_blocks = num_full
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back the tail blocks beyond what seq's tokens need (slots reserved for draft
+        tokens that were rejected: never full, so never registered in the cache)."""
+        keep = max(self.blocks_needed(seq.num_tokens), seq.num_registered_blocks)
+        while len(seq.block_ids) > keep:
+            self.pool.free(self.pool.blocks[seq.block_ids.pop()])
+
     def free(self, seq: Sequence) -> None:
         """Release the table in reverse, so the tail blocks are the first to be evicted."""
         for block_id in reversed(seq.block_ids):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.engine_args import QUANTIZATIONS
 from shoal.shared.schemas.infer import TOOL_CALL_PARSERS
+from shoal.shared.schemas.speculative import SpeculativeConfig, parse_speculative_config
 from shoal.shared.units import GIB, MIB
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -91,8 +92,16 @@ class EngineConfig:
     "hermes" (<tool_call>{...}</tool_call>); None refuses tool_choice "auto"."""
     chat_template: str | None = None
     """A Jinja chat template used instead of the tokenizer's (vLLM's --chat-template)."""
+    speculative_config: SpeculativeConfig | dict | str | None = None
+    """vLLM's speculative_config (a dict or JSON text; stored parsed): n-gram, draft-model or
+    layer-skip proposers verified in one target forward (docs/engine-core.md)."""
 
     def __post_init__(self) -> None:
+        try:
+            spec = parse_speculative_config(self.speculative_config)
+        except InvalidRequest as exc:
+            raise ConfigError(exc.message, param="speculative_config") from None
+        object.__setattr__(self, "speculative_config", spec)
         def refuse(field: str, rule: str) -> None:
             raise ConfigError(f"{field} must be {rule}, got {getattr(self, field)!r}", param=field)
 

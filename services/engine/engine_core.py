@@ -183,7 +183,9 @@ class EngineCore:
             num_waiting=self.scheduler.num_waiting + self.grammar_gate.num_seqs,
             kv_cache_usage=bm.usage, num_preemptions=self.scheduler.num_preemptions,
             prefix_cache_queries=bm.num_prefix_queries, prefix_cache_hits=bm.num_prefix_hits,
-            prompt_tokens=self._num_prompt_tokens, generation_tokens=self._num_generation_tokens)
+            prompt_tokens=self._num_prompt_tokens, generation_tokens=self._num_generation_tokens,
+            spec_decode=(self.scheduler.spec_stats.copy() if self.scheduler.num_spec_tokens
+                         else None))
 
     def _detokenize(self, req: RequestState, seq: Sequence) -> None:
         num_new, stop = req.detokenize(seq)

@@ -28,7 +28,11 @@ class ModelInputs:
 
 
 def build_model_inputs(out: SchedulerOutput, block_size: int, device: torch.device,
-                       workspace: Workspace | None = None) -> ModelInputs:
+                       workspace: Workspace | None = None,
+                       num_verify: list[int] | None = None) -> ModelInputs:
+    """num_verify: per scheduled seq, how many draft tokens end its token_ids (speculative
+    decoding): a sampling seq then gets logits rows for its last num_verify + 1 positions, and
+    its sample_rows entry is the first of them."""
     seqs = out.scheduled
     num_seqs = len(seqs)
     input_ids: list[int] = []
@@ -62,8 +66,9 @@ def build_model_inputs(out: SchedulerOutput, block_size: int, device: torch.devi
         else:
             chunk_rows.append(None)
             if s.is_sampling:
+                v = num_verify[i] if num_verify else 0
                 sample_rows.append(len(logits_indices))
-                logits_indices.append(first + n - 1)
+                logits_indices.extend(range(first + n - 1 - v, first + n))
             else:
                 sample_rows.append(None)
     meta = AttentionMetadata(

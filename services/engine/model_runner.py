@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from shoal.services.engine.loader import load_weights
 from shoal.services.engine.models.registry import model_class
 from shoal.services.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput, TokenLogprob
 from shoal.services.engine.sampler import SeqState, logprob_entries, mix_seed, sample
+from shoal.services.engine.spec_decode.runner_step import SpecStep
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ class ModelRunner:
         self.max_model_len = _max_model_len(config, hf_config)
         self.vocab_size: int = hf_config.vocab_size
         self.eos_token_ids = _eos_token_ids(model_dir, hf_config)
-        ops = select_ops(self.device)
+        self.ops = ops = select_ops(self.device)
         self.model = model_class(hf_config)(hf_config, self.max_model_len, ops)
         load_weights(self.model, model_dir)
         for param in self.model.parameters():  # buffers (rotary cos/sin) stay float32
@@ -79,6 +81,8 @@ class ModelRunner:
             self.graphs.capture()
         self.states: dict[int, SeqState] = {}
         self._num_unseeded = 0
+        self.spec = SpecStep.build(config.speculative_config, self)
+        """Speculative decoding (spec_decode/): proposes, and verifies what it proposed."""
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
@@ -87,7 +91,13 @@ class ModelRunner:
         if out.is_empty:
             return RunnerOutput(sampled_token_ids={})
         states = [self._update_state(s) for s in out.scheduled]
-        inputs = build_model_inputs(out, self.block_size, self.device, self.workspace)
+        drafts = self.spec.propose(out.scheduled, states) if self.spec else None
+        if drafts is not None:  # feed each sequence's drafts after its token
+            out = SchedulerOutput([replace(s, token_ids=s.token_ids + d) if d else s
+                                   for s, d in zip(out.scheduled, drafts, strict=True)],
+                                  out.finished_seq_ids, out.num_preempted)
+        inputs = build_model_inputs(out, self.block_size, self.device, self.workspace,
+                                    [len(d) for d in drafts] if drafts is not None else None)
         if self.graphs is not None and self.graphs.can_run(inputs):  # CUDA path: replay a graph
             hidden = self.graphs.run(inputs)
         else:
@@ -96,8 +106,13 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden, inputs.logits_indices)  # [num_logits, vocab]
         prompt_logprobs = self._prompt_logprobs(out.scheduled, states, inputs, logits)
         picked = [i for i, row in enumerate(inputs.sample_rows) if row is not None]
+        spec_out = None
+        if drafts is not None and any(drafts):
+            spec_out = self.spec.verify(out.scheduled, states, drafts, inputs.sample_rows, logits)
+            picked = [i for i in picked if not drafts[i]]
         if not picked:
-            return RunnerOutput(sampled_token_ids={}, prompt_logprobs=prompt_logprobs)
+            return RunnerOutput(sampled_token_ids={}, prompt_logprobs=prompt_logprobs).merged(
+                spec_out)
         rows = [inputs.sample_rows[i] for i in picked]
         if len(rows) != logits.shape[0]:
             logits = logits[rows]
@@ -107,7 +122,7 @@ class ModelRunner:
             sampled_token_ids=dict(zip(seq_ids, tokens, strict=True)),
             logprobs={sid: lp for sid, lp in zip(seq_ids, logprobs, strict=True) if lp is not None},
             prompt_logprobs=prompt_logprobs,
-        )
+        ).merged(spec_out)
 
     def _update_state(self, s: ScheduledSeq) -> SeqState:
         state = self.states.get(s.seq_id)
@@ -123,8 +138,10 @@ class ModelRunner:
             self.states[s.seq_id] = state
         if s.prefix_token_ids is not None:
             state.token_ids = list(s.prefix_token_ids) + list(s.token_ids)
+            state.draft_pos = 0
         elif s.start_pos == 0:
             state.token_ids = list(s.token_ids)
+            state.draft_pos = 0
         else:
             state.token_ids.extend(s.token_ids)
         state.prompt_len = s.prompt_len

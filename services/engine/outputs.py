@@ -40,6 +40,9 @@ class ScheduledSeq:
     hit, or an n > 1 child sharing its sibling's prompt blocks): all_tokens[:start_pos], which the
     runner never saw. The runner resets its token copy to prefix_token_ids + token_ids whenever
     this is set (and, as before, whenever start_pos == 0). None on every other step."""
+    num_spec_tokens: int = 0
+    """Speculative decoding: KV slots reserved after token_ids (a decode only) for up to this many
+    draft tokens, which the runner proposes, feeds and verifies in this step's forward."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,3 +88,18 @@ class RunnerOutput:
     min(b, prompt_len) - 1, preceded by None when a == 0 (token 0 has no prefix). Concatenated
     over the chunks: [None, lp(1), ..., lp(prompt_len - 1)]. The scheduler never serves a request
     that wants prompt logprobs from the prefix cache (nothing would compute those positions)."""
+    spec_token_ids: dict[int, list[int]] = field(default_factory=dict)
+    """seq_id -> the draft tokens accepted this step; they come before sampled_token_ids[seq_id]
+    (which is the target's own token after them). Absent: nothing accepted."""
+    num_draft_tokens: dict[int, int] = field(default_factory=dict)
+    """seq_id -> drafts proposed and verified this step (only sequences that had any)."""
+
+    def merged(self, other: RunnerOutput | None) -> RunnerOutput:
+        """This output with another's sequences added (the speculative sequences' results)."""
+        if other is None:
+            return self
+        return RunnerOutput({**self.sampled_token_ids, **other.sampled_token_ids},
+                            {**self.logprobs, **other.logprobs},
+                            {**self.prompt_logprobs, **other.prompt_logprobs},
+                            {**self.spec_token_ids, **other.spec_token_ids},
+                            {**self.num_draft_tokens, **other.num_draft_tokens})

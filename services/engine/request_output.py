@@ -8,6 +8,7 @@ import enum
 from dataclasses import dataclass, field
 
 from shoal.services.engine.outputs import TokenLogprob
+from shoal.services.engine.spec_decode.stats import SpecDecodeStats
 
 
 class RequestOutputKind(enum.Enum):
@@ -106,3 +107,6 @@ class EngineStats:
     """Cumulative prompt tokens of requests that produced their first token."""
     generation_tokens: int
     """Cumulative sampled tokens."""
+    spec_decode: SpecDecodeStats | None = None
+    """Speculative decoding's counters (vllm:spec_decode_*) and acceptance rate; None when the
+    engine does not speculate."""

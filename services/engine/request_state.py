@@ -67,12 +67,21 @@ class RequestState:
                             and not isinstance(seq.stop_reason, str))
         if stopped_by_token and not params.include_stop_str_in_output:
             end -= 1
-        num_new = len(output_ids) - self.num_decoded[seq.index]
-        new_ids = output_ids[self.num_decoded[seq.index]:end]
+        start = self.num_decoded[seq.index]
+        new_ids = output_ids[start:end]
+        detok = self.detoks[seq.index]
+        if params.stop and len(new_ids) > 1:  # several tokens (speculation): stop at the first
+            for i, token_id in enumerate(new_ids):
+                stop = detok.update([token_id], check_stop=start + i + 1 > params.min_tokens)
+                if stop is not None:  # the tokens after it are dropped, as if never sampled
+                    del seq.token_ids[seq.prompt_len + start + i + 1:]
+                    self.num_decoded[seq.index] = seq.num_output_tokens
+                    return seq.num_output_tokens - start, stop
+            self.num_decoded[seq.index] = len(output_ids)
+            return len(output_ids) - start, None
         self.num_decoded[seq.index] = len(output_ids)
-        stop = self.detoks[seq.index].update(new_ids,
-                                             check_stop=seq.num_output_tokens > params.min_tokens)
-        return num_new, stop
+        stop = detok.update(new_ids, check_stop=seq.num_output_tokens > params.min_tokens)
+        return len(output_ids) - start, stop
 
     def make_output(self, force: bool = False) -> RequestOutput | None:
         """This step's output (None for FINAL_ONLY until the request finishes, unless forced)."""

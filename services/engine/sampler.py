@@ -36,6 +36,8 @@ class SeqState:
     token, which that chunk did not know."""
     grammar: GrammarState | None = None
     """The matcher of a constrained sequence, made at its first sample (params.compiled_grammar)."""
+    draft_pos: int = 0
+    """Speculative decoding with a draft model: positions before this have the draft's KV."""
 
 
 def mix_seed(seed: int, offset: int) -> int:
@@ -55,7 +57,7 @@ def sample(logits: torch.Tensor, states: list[SeqState], eos_token_ids: frozense
                if len(states[i].token_ids) - states[i].prompt_len < states[i].params.min_tokens]
     masked = logits[guarded].clone() if guarded else None  # [len(guarded), vocab]
     for i, s in enumerate(states):
-        _apply_penalties(logits[i], s, eos_token_ids)
+        apply_penalties(logits[i], s, eos_token_ids)
     for k, i in enumerate(guarded):
         if masked is not None and not bool(torch.isfinite(logits[i]).any()):
             logits[i] = masked[k]
@@ -94,7 +96,7 @@ def _apply_grammars(logits: torch.Tensor, states: list[SeqState], rows: list[int
     apply_bitmask(logits, rows, grammars)
 
 
-def _apply_penalties(row: torch.Tensor, s: SeqState, eos_token_ids: frozenset[int]) -> None:
+def apply_penalties(row: torch.Tensor, s: SeqState, eos_token_ids: frozenset[int]) -> None:
     """row [vocab]: repetition (HF: prompt + output), presence/frequency (output), min_tokens."""
     p = s.params
     if p.repetition_penalty != 1.0 and s.token_ids:
@@ -114,7 +116,18 @@ def _apply_penalties(row: torch.Tensor, s: SeqState, eos_token_ids: frozenset[in
 
 def _sample_random(x: torch.Tensor, states: list[SeqState]) -> torch.Tensor:
     """x [m, vocab] (penalised logits of the non-greedy rows) -> [m] sampled token ids."""
-    params = [s.params for s in states]
+    probs = processed_probs(x, [s.params for s in states])
+    # Exponential race (Gumbel-max): argmax(p / q), q ~ Exp(1) drawn from each row's own generator.
+    q = torch.empty_like(probs)
+    for r, s in enumerate(states):
+        q[r].exponential_(generator=s.generator)
+    return (probs / q).argmax(dim=-1)
+
+
+def processed_probs(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """x [m, vocab] penalised logits -> [m, vocab] the distribution each row draws from
+    (temperature, top-k / top-p, min-p; rows not normalised after min-p). Speculative
+    verification accepts drafts against exactly this distribution."""
     dev = x.device
     x = x / torch.tensor([p.temperature for p in params], device=dev)[:, None]
     top_ks = [p.top_k for p in params]
@@ -132,11 +145,7 @@ def _sample_random(x: torch.Tensor, states: list[SeqState]) -> torch.Tensor:
     if any(min_ps):
         limit = torch.tensor(min_ps, device=dev)[:, None] * probs.max(dim=-1, keepdim=True).values
         probs = probs.masked_fill(probs < limit, 0.0)
-    # Exponential race (Gumbel-max): argmax(p / q), q ~ Exp(1) drawn from each row's own generator.
-    q = torch.empty_like(probs)
-    for r, s in enumerate(states):
-        q[r].exponential_(generator=s.generator)
-    return (probs / q).argmax(dim=-1)
+    return probs
 
 
 def _top_k_top_p(x: torch.Tensor, top_ks: list[int], top_ps: list[float]) -> torch.Tensor:

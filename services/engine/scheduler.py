@@ -15,6 +15,7 @@ from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.services.engine.sequence import Sequence, SequenceStatus
+from shoal.services.engine.spec_decode.stats import SpecDecodeStats
 from shoal.shared.errors import InvalidRequest
 
 _BLOCKED = object()
@@ -40,6 +41,10 @@ class Scheduler:
         """Finished or aborted since the last step: the runner drops their state."""
         self._finished_in_schedule: list[Sequence] = []
         """Finished while scheduling (their KV can never fit): reported by the next update()."""
+        spec = config.speculative_config
+        self.num_spec_tokens = spec.num_speculative_tokens if spec is not None else 0
+        self.spec_disable_by_batch_size = spec.disable_by_batch_size if spec is not None else None
+        self.spec_stats = SpecDecodeStats(self.num_spec_tokens)
 
     @property
     def num_running(self) -> int:
@@ -94,9 +99,17 @@ class Scheduler:
         scheduled: list[ScheduledSeq] = []
         num_preempted = 0
         i = 0
+        spec_on = self.num_spec_tokens > 0 and (self.spec_disable_by_batch_size is None or
+                                                len(self.running) < self.spec_disable_by_batch_size)
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_spec = self._num_spec(seq, budget) if spec_on and num_new == 1 else 0
+            if num_spec and self.block_manager.allocate_slots(seq, 1 + num_spec):
+                scheduled.append(self._scheduled(seq, 1, num_spec))
+                budget -= 1 + num_spec
+                i += 1
+                continue
             while not self.block_manager.allocate_slots(seq, num_new):
                 victim = self.running.pop()  # the newest running sequence
                 if victim is seq and not self.running:
@@ -129,6 +142,11 @@ class Scheduler:
             seq = self.seqs.get(s.seq_id)
             if seq is None or seq.status is not SequenceStatus.RUNNING:
                 continue
+            if s.num_spec_tokens:
+                self._apply_spec(seq, s, run, now)
+                any_finished = any_finished or seq.is_finished
+                changed.append(seq)
+                continue
             seq.num_computed_tokens += len(s.token_ids)
             if s.want_prompt_logprobs:
                 seq.prompt_logprobs.extend(run.prompt_logprobs.get(s.seq_id, []))
@@ -144,6 +162,37 @@ class Scheduler:
         if any_finished:
             self.running = [seq for seq in self.running if not seq.is_finished]
         return changed
+
+    def _num_spec(self, seq: Sequence, budget: int) -> int:
+        """Draft slots for a decoding seq: the configured number, within its max_tokens,
+        max_model_len and the step's budget. Requests with structured outputs or logprobs run
+        without speculation (docs/engine-core.md)."""
+        p = seq.params
+        if p.structured_outputs is not None or p.logprobs is not None:
+            return 0
+        return max(0, min(self.num_spec_tokens, seq.max_tokens - seq.num_output_tokens - 1,
+                          self.max_model_len - seq.num_tokens, budget - 1))
+
+    def _apply_spec(self, seq: Sequence, s: ScheduledSeq, run: RunnerOutput, now: float) -> None:
+        """A verified step: the fed token and the accepted drafts now have KV; the accepted
+        drafts and the target's next token are appended one by one (a stop ends it there); the
+        blocks reserved for rejected drafts go back to the pool."""
+        accepted = run.spec_token_ids.get(s.seq_id, [])
+        self.spec_stats.observe(run.num_draft_tokens.get(s.seq_id, 0), len(accepted))
+        seq.num_computed_tokens += len(s.token_ids) + len(accepted)
+        seq.token_ids.extend(accepted)  # register the full blocks over the accepted tokens ...
+        self.block_manager.cache_full_blocks(seq)
+        if accepted:
+            del seq.token_ids[-len(accepted):]  # ... then append them as sampled tokens
+        for token in [*accepted, run.sampled_token_ids[s.seq_id]]:
+            seq.append_token(token)
+            self._check_stop(seq)
+            if seq.is_finished:
+                break
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        if not seq.is_finished:
+            self.block_manager.trim(seq)
 
     def finish(self, seq: Sequence, status: SequenceStatus,
                stop_reason: int | str | None = None) -> None:
@@ -206,7 +255,7 @@ class Scheduler:
             return first
         return _BLOCKED
 
-    def _scheduled(self, seq: Sequence, num_new: int) -> ScheduledSeq:
+    def _scheduled(self, seq: Sequence, num_new: int, num_spec: int = 0) -> ScheduledSeq:
         start = seq.num_computed_tokens
         prefix = None
         if seq.is_restarted:
@@ -218,7 +267,7 @@ class Scheduler:
             block_ids=list(seq.block_ids), is_sampling=start + num_new == seq.num_tokens,
             prompt_len=seq.prompt_len, sampling_params=seq.params, seed_offset=seq.index,
             want_prompt_logprobs=seq.wants_prompt_logprobs and start < seq.prompt_len,
-            prefix_token_ids=prefix)
+            prefix_token_ids=prefix, num_spec_tokens=num_spec)
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: free its blocks and put it at the front of the queue."""

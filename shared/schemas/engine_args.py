@@ -10,10 +10,14 @@ dtype and gpu_memory_utilization are top-level ModelSpec fields (GPUStack's shap
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from pydantic import Field, field_validator
 
 from shoal.shared.schemas.common import Wire
 from shoal.shared.schemas.infer import TOOL_CALL_PARSERS
+from shoal.shared.schemas.speculative import SpeculativeConfig
 
 QUANTIZATIONS = ("int8",)
 """vLLM's `quantization` values the engine implements (weights quantised at load, CPU path)."""
@@ -39,12 +43,25 @@ class EngineArgs(Wire):
     """vLLM's --tool-call-parser: "hermes"."""
     chat_template: str | None = Field(default=None, min_length=1)
     """A Jinja chat template replacing the tokenizer's (vLLM's --chat-template)."""
+    speculative_config: SpeculativeConfig | None = None
+    """vLLM's --speculative-config, e.g. {"method": "ngram", "num_speculative_tokens": 4}."""
 
     @field_validator("block_size")
     @classmethod
     def _power_of_two(cls, value: int | None) -> int | None:
         if value is not None and value & (value - 1):
             raise ValueError(f"block_size must be a power of two, got {value}")
+        return value
+
+    @field_validator("speculative_config", mode="before")
+    @classmethod
+    def _json_text(cls, value: Any) -> Any:
+        """`--engine-arg speculative_config='{...}'` arrives as JSON text."""
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except ValueError:
+                raise ValueError("speculative_config must be a JSON object") from None
         return value
 
     @field_validator("quantization")
@@ -63,6 +80,6 @@ class EngineArgs(Wire):
                              f"got {value!r}")
         return value
 
-    def given(self) -> dict[str, int | bool | str]:
+    def given(self) -> dict[str, Any]:
         """The settings given (not None), as EngineConfig keyword arguments."""
-        return {k: v for k, v in self.model_dump().items() if v is not None}
+        return {k: v for k, v in self.model_dump(exclude_none=True).items()}

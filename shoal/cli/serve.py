@@ -8,6 +8,7 @@ refused by name, never silently ignored.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from shoal.shared.errors import InvalidRequest, NotFound
@@ -45,6 +46,9 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                        help="only 'vllm': sampling defaults are the request's (OpenAI's)")
     serve.add_argument("--tool-call-parser", choices=["hermes"],
                        help='parse tool calls of tool_choice "auto" answers')
+    serve.add_argument("--speculative-config",
+                       help='speculative decoding as JSON, e.g. \'{"method": "ngram", '
+                            '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\'')
     serve.add_argument("--otlp-traces-endpoint",
                        help="send traces there over OTLP (gRPC unless OTEL_EXPORTER_OTLP_PROTOCOL "
                             "says http/protobuf)")
@@ -74,7 +78,8 @@ def model_spec(args: argparse.Namespace) -> ModelCreate:
                    "enable_chunked_prefill": args.enable_chunked_prefill,
                    "enforce_eager": args.enforce_eager, "seed": args.seed,
                    "tool_call_parser": args.tool_call_parser,
-                   "chat_template": chat_template(args.chat_template)}
+                   "chat_template": chat_template(args.chat_template),
+                   "speculative_config": speculative_config(args.speculative_config)}
     spec = {"name": args.served_model_name or default_name, "source": source,
             "device": DeviceKind.AUTO if (args.tp or args.pp) else DeviceKind.CPU,
             "tp": args.tp, "pp": args.pp, "max_model_len": args.max_model_len,
@@ -94,6 +99,21 @@ def resolve_source(model: str) -> tuple[str, str]:
         raise NotFound(f"{path} does not exist (nor is {model!r} a Hugging Face id org/name)")
     hub_config_folder(model)  # raises the cache / hub message
     return model, model.rsplit("/", 1)[1]
+
+
+def speculative_config(value: str | None) -> dict | None:
+    """vLLM's --speculative-config: a JSON object (its fields are checked with the deploy)."""
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        raise InvalidRequest(f"--speculative-config is not JSON: {value}",
+                             param="speculative_config") from None
+    if not isinstance(parsed, dict):
+        raise InvalidRequest("--speculative-config must be a JSON object",
+                             param="speculative_config")
+    return parsed
 
 
 def chat_template(value: str | None) -> str | None:

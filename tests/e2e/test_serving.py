@@ -42,7 +42,11 @@ from tests.unit.test_dashboards import declared_series, queried_metrics
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 READY_TIMEOUT = 300
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
-ENGINE_ARGS = {"max_num_seqs": 8, "kv_cache_memory": 64 * 2**20}
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4}
+ENGINE_ARGS = {"max_num_seqs": 8, "kv_cache_memory": 64 * 2**20, "speculative_config": SPEC}
+"""The served engine speculates (n-gram), so every test here also checks that speculation keeps
+answers, n, stop strings, logprobs and usage right; the offline LLM compared with does not."""
 
 
 async def running_instance(client: RegistryClient, model_id: str, timeout: float = READY_TIMEOUT):
@@ -124,6 +128,19 @@ async def stack(servers, tmp_path_factory, engine_traces):
             stop.set()
             await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
             await bus.close()
+
+
+@pytest.fixture(scope="module")
+async def offline(stack):
+    """The offline engine on the same model without speculation (loaded once: a load in this
+    process can starve the services' heartbeats on a loaded machine)."""
+    from shoal import LLM
+
+    settings = stack[0]
+    folder = await asyncio.to_thread(prepare_model, str(smollm2_gguf_path()),
+                                     settings.model_cache_dir)
+    plain = {k: v for k, v in ENGINE_ARGS.items() if k != "speculative_config"}
+    return await asyncio.to_thread(LLM, str(folder), max_model_len=512, **plain)
 
 
 def async_api(url: str) -> openai.AsyncOpenAI:
@@ -244,17 +261,14 @@ async def test_continuous_usage_stats_count_every_chunk(stack) -> None:
         assert all(u.total_tokens == u.prompt_tokens + u.completion_tokens for u in middle)
 
 
-async def test_greedy_completion_equals_offline_llm(stack) -> None:
+async def test_greedy_completion_equals_offline_llm(stack, offline) -> None:
     settings, client, model, inst, url = stack
-    from shoal import LLM
     from shoal.services.engine.sampling_params import SamplingParams
 
     prompt = "The capital of France is"
     served = await async_api(url).completions.create(model=model.name, prompt=prompt, temperature=0,
                                                      max_tokens=16)
-    folder = await asyncio.to_thread(prepare_model, str(smollm2_gguf_path()),
-                                     settings.model_cache_dir)
-    llm = await asyncio.to_thread(LLM, str(folder), max_model_len=512, **ENGINE_ARGS)
+    llm = offline
     offline = await asyncio.to_thread(llm.generate, [prompt],
                                       SamplingParams(temperature=0, max_tokens=16), False)
     assert served.choices[0].text == offline[0].outputs[0].text
@@ -262,6 +276,29 @@ async def test_greedy_completion_equals_offline_llm(stack) -> None:
                                                        temperature=0,
                                                        max_tokens=16, stream=True)
     assert "".join([c.choices[0].text async for c in streamed]) == served.choices[0].text
+
+
+async def test_speculation_served_with_vllms_metrics(stack, offline) -> None:
+    """A copy-heavy chat through the openai SDK: greedy answer equal to the offline engine's
+    without speculation, and the engine's /metrics counts drafts and accepted tokens."""
+    settings, client, model, inst, url = stack
+    from shoal.services.engine.sampling_params import SamplingParams
+
+    text = ("Shoal serves language models: a gateway, a registry, a scheduler, workers and "
+            "engines talk over NATS and keep their state in Postgres.")
+    messages = [{"role": "user", "content": f"Repeat this text exactly:\n\n{text}"}]
+    before = await metric(url, "vllm:spec_decode_num_draft_tokens_total", model.name)
+    served = await async_api(url).chat.completions.create(model=model.name, messages=messages,
+                                                          temperature=0, max_tokens=40)
+    plain = await asyncio.to_thread(offline.chat, messages,
+                                    SamplingParams(temperature=0, max_tokens=40), False)
+    assert served.choices[0].message.content == plain[0].outputs[0].text
+    drafts = await metric(url, "vllm:spec_decode_num_draft_tokens_total", model.name)
+    accepted = await metric(url, "vllm:spec_decode_num_accepted_tokens_total", model.name)
+    assert drafts > before and accepted > 0
+    assert await metric(url, "vllm:spec_decode_num_drafts_total", model.name) > 0
+    per_pos = await metric(url, "vllm:spec_decode_num_accepted_tokens_per_pos_total", model.name)
+    assert per_pos == accepted
 
 
 async def test_n_stop_and_logprobs(stack) -> None:

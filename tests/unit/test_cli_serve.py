@@ -39,13 +39,16 @@ def test_vllm_flags_become_the_models_settings(folder: Path, tmp_path: Path) -> 
              "--dtype", "half", "--gpu-memory-utilization", "0.5", "--max-num-seqs", "8",
              "--no-enable-prefix-caching", "--seed", "7", "--chat-template", str(template),
              "--max-num-batched-tokens", "1024", "--kv-cache-memory-bytes", "67108864",
-             "--tool-call-parser", "hermes")
+             "--tool-call-parser", "hermes", "--speculative-config",
+             '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}')
     assert (s.name, s.source, s.max_model_len, s.dtype, s.gpu_memory_utilization) == \
         ("smol", str(folder), 4096, "float16", 0.5)
     assert s.engine_args.given() == {
         "max_num_seqs": 8, "max_num_batched_tokens": 1024, "kv_cache_memory": 67108864,
         "enable_prefix_caching": False, "seed": 7, "tool_call_parser": "hermes",
-        "chat_template": template.read_text()}
+        "chat_template": template.read_text(),
+        "speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
+                               "prompt_lookup_min": 4, "prompt_lookup_max": 4}}
     assert s.device.value == "cpu" and s.tp is None
     parallel = spec(str(folder), "--tensor-parallel-size", "2", "-pp", "2")
     assert (parallel.tp, parallel.pp, parallel.device.value) == (2, 2, "auto")
@@ -55,6 +58,10 @@ def test_vllm_flags_become_the_models_settings(folder: Path, tmp_path: Path) -> 
 def test_bad_values_are_refused_by_the_deploy_rules(folder: Path) -> None:
     with pytest.raises(ValueError, match="max_num_seqs"):
         spec(str(folder), "--max-num-seqs", "0")
+    with pytest.raises(InvalidRequest, match="speculative-config is not JSON"):
+        spec(str(folder), "--speculative-config", "{method: ngram}")
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        spec(str(folder), "--speculative-config", '{"method": "ngram"}')
     with pytest.raises(InvalidRequest, match="generation-config"):
         spec(str(folder), "--generation-config", "auto")
     with pytest.raises(NotFound, match="neither a file nor a Jinja template"):

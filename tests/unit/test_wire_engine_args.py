@@ -24,7 +24,9 @@ TOP_LEVEL = {"max_model_len", "dtype", "gpu_memory_utilization"}
 
 BAD = [("block_size", 12), ("block_size", 0), ("max_num_seqs", 0), ("max_num_batched_tokens", -1),
        ("kv_cache_memory", 0), ("num_kv_blocks", 0), ("num_threads", 0),
-       ("tool_call_parser", "nonsense"), ("quantization", "fp4")]
+       ("tool_call_parser", "nonsense"), ("quantization", "fp4"),
+       ("speculative_config", {"method": "ngram", "num_speculative_tokens": 0}),
+       ("speculative_config", {"method": "medusa", "num_speculative_tokens": 2})]
 
 
 def test_every_engine_setting_travels_once() -> None:
@@ -52,7 +54,7 @@ def test_what_the_engine_refuses_is_refused_at_deploy_time(field: str, value: ob
     body = {"name": "m", "source": "/m", "engine_args": {field: value}}
     with pytest.raises(InvalidRequest) as wire_err:  # the registry's decode of a deploy: a 400
         decode(json.dumps(body).encode(), ModelCreate)
-    assert wire_err.value.param == f"engine_args.{field}"
+    assert wire_err.value.param.startswith(f"engine_args.{field}")  # or its nested field
 
 
 def test_quantization_travels() -> None:
@@ -68,3 +70,12 @@ def test_unknown_args_and_cross_field_rules_are_refused() -> None:
     with pytest.raises(ConfigError):
         EngineConfig(model="m", max_model_len=4096, enable_chunked_prefill=False,
                      max_num_batched_tokens=2048)
+
+
+def test_speculative_config_travels_as_an_object_or_json_text() -> None:
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+    for value in (spec, json.dumps(spec)):
+        config = EngineConfig(model="m", **EngineArgs(speculative_config=value).given())
+        assert config.speculative_config is not None
+        assert (config.speculative_config.method, config.speculative_config.prompt_lookup_min,
+                config.speculative_config.prompt_lookup_max) == ("ngram", 3, 3)

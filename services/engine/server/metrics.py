@@ -7,12 +7,15 @@ inference, time per output token), token counts and the request's n and max_toke
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.request_output import RequestMetrics
+from shoal.services.engine.spec_decode.stats import SpecDecodeStats
 from shoal.shared.metrics import (
     ITERATION_TOKENS_BUCKETS,
     ITL_BUCKETS,
@@ -27,7 +30,8 @@ from shoal.shared.schemas.infer import EngineLoad, SamplingOptions
 
 class EngineMetrics:
     def __init__(self, model_name: str, instance_id: str, max_model_len: int,
-                 load: Callable[[], EngineLoad], cache_info: Mapping[str, str]) -> None:
+                 load: Callable[[], EngineLoad], cache_info: Mapping[str, str],
+                 spec_stats: Callable[[], SpecDecodeStats | None] | None = None) -> None:
         self.registry = r = new_registry()
         names = ["model_name", "engine"]
         values = {"model_name": model_name, "engine": instance_id}
@@ -68,6 +72,8 @@ class EngineMetrics:
         Gauge("vllm:cache_config_info", "The engine's KV-cache configuration.", list(info),
               registry=r).labels(**info).set(1)
         r.register(EngineLoadCollector(lambda: [load()]))
+        if spec_stats is not None:
+            r.register(SpecDecodeCollector(spec_stats, values))
 
     def on_finished(self, m: RequestMetrics, sampling: SamplingOptions, num_prompt_tokens: int,
                     child_tokens: Mapping[int, int], finish_reasons: Mapping[int, str]) -> None:
@@ -92,6 +98,36 @@ class EngineMetrics:
         per_child = num_generated / max(1, len(child_tokens))
         self.time_per_output_token.observe((last - first) / (per_child - 1) if per_child > 1
                                            else 0.0)
+
+
+class SpecDecodeCollector(Collector):
+    """Speculative decoding's counters at scrape time, with vLLM's names (exposed with _total):
+    drafts, draft tokens, accepted tokens, and accepted tokens per draft position."""
+
+    def __init__(self, stats: Callable[[], SpecDecodeStats | None], labels: Mapping[str, str]
+                 ) -> None:
+        self._stats = stats
+        self._labels = dict(labels)
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        if s is None:
+            return
+        names, values = list(self._labels), list(self._labels.values())
+        for name, doc, value in (
+                ("num_drafts", "Sequence-steps that verified drafts.", s.num_drafts),
+                ("num_draft_tokens", "Draft tokens proposed and verified.", s.num_draft_tokens),
+                ("num_accepted_tokens", "Draft tokens accepted.", s.num_accepted_tokens)):
+            family = CounterMetricFamily(f"vllm:spec_decode_{name}", doc, labels=names)
+            family.add_metric(values, value)
+            yield family
+        per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                      "Draft tokens accepted at each position.",
+                                      labels=[*names, "position"])
+        for pos in range(s.num_spec_tokens):
+            accepted = s.accepted_per_pos[pos] if pos < len(s.accepted_per_pos) else 0
+            per_pos.add_metric([*values, str(pos)], accepted)
+        yield per_pos
 
 
 def cache_info(config: EngineConfig, num_kv_blocks: int) -> dict[str, str]:

@@ -140,7 +140,8 @@ async def serve(settings: Settings, bus: Bus, reporter: InstanceReporter, engine
     core = engine.core
     handlers.metrics = metrics = EngineMetrics(model.name, reporter.instance.id,
                                                core.max_model_len, handlers.load,
-                                               cache_info(core.config, core.runner.num_kv_blocks))
+                                               cache_info(core.config, core.runner.num_kv_blocks),
+                                               lambda: engine.stats().spec_decode)
     core.on_step_tokens = metrics.iteration_tokens.observe  # prometheus is thread-safe
     await handlers.start()
     endpoint = MetricsEndpoint(metrics.registry, "engine", settings, port=0, labels={

@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import asdict, replace
 from datetime import timedelta
 from pathlib import Path
@@ -74,15 +75,20 @@ class MultiprocExecutor:
         self._closed = False
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        stats = self.parallel.stats
         try:
-            dist.broadcast_object_list([out], src=0)
+            with stats.timed("broadcast_step"):
+                dist.broadcast_object_list([out], src=0)
             result = self.runner.execute(out)
             if self.parallel.output_rank != 0:
                 box: list[object] = [None]
-                dist.recv_object_list(box, src=self.parallel.output_rank)
+                with stats.timed("recv_output"):  # includes the later stages' compute
+                    dist.recv_object_list(box, src=self.parallel.output_rank)
                 result = box[0]  # type: ignore[assignment]
-        except RuntimeError as exc:
-            raise self._failure(exc) from exc
+        except RuntimeError as exc:  # a peer is gone: stop the others, name the dead
+            failure = self._failure(exc)
+            self.close(graceful=False)
+            raise failure from exc
         return result
 
     def dead_ranks(self) -> dict[int, int]:
@@ -109,7 +115,9 @@ class MultiprocExecutor:
                 proc.wait()
 
     def _failure(self, exc: BaseException) -> BaseException:
-        dead = self.dead_ranks()
+        deadline = time.monotonic() + 2.0  # the socket may close before the exit is reaped
+        while not (dead := self.dead_ranks()) and self.procs and time.monotonic() < deadline:
+            time.sleep(0.05)
         if not dead:
             return exc
         named = ", ".join(f"rank {r} exited with code {c}" for r, c in sorted(dead.items()))

@@ -8,6 +8,9 @@ exists: `ParallelContext.single()` makes every collective a no-op, so the model 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +20,28 @@ import torch.distributed as dist
 from shoal.services.engine.config import ConfigError
 
 
+@dataclass
+class CommStats:
+    """Seconds and calls per collective on this rank (benchmarks/parallel_throughput.py reads
+    rank 0's): what tensor and pipeline parallelism cost beside the compute."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)
+
+    @contextmanager
+    def timed(self, op: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[op] = self.seconds.get(op, 0.0) + time.perf_counter() - start
+            self.calls[op] = self.calls.get(op, 0) + 1
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+
+
 @dataclass(frozen=True)
 class ParallelContext:
     tp_size: int = 1
@@ -24,6 +49,7 @@ class ParallelContext:
     rank: int = 0
     tp_group: Any = field(default=None, compare=False)
     """The torch.distributed group of this rank's pipeline stage (None when tp == 1)."""
+    stats: CommStats = field(default_factory=CommStats, compare=False)
 
     @staticmethod
     def single() -> ParallelContext:
@@ -68,7 +94,8 @@ class ParallelContext:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over the tp group, in place (row-parallel outputs, the vocab-parallel embedding)."""
         if self.tp_size > 1:
-            dist.all_reduce(x, group=self.tp_group)
+            with self.stats.timed("all_reduce"):
+                dist.all_reduce(x, group=self.tp_group)
         return x
 
     def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
@@ -76,7 +103,8 @@ class ParallelContext:
         if self.tp_size == 1:
             return x
         parts = [torch.empty_like(x) for _ in range(self.tp_size)]
-        dist.all_gather(parts, x.contiguous(), group=self.tp_group)
+        with self.stats.timed("all_gather"):
+            dist.all_gather(parts, x.contiguous(), group=self.tp_group)
         return torch.cat(parts, dim=-1)
 
     def min_over_world(self, value: int) -> int:
@@ -90,17 +118,19 @@ class ParallelContext:
     def send_next(self, tensors: list[torch.Tensor]) -> None:
         """Hand this stage's activations to the same tp rank of the next stage."""
         dst = self.rank + self.tp_size
-        for t in tensors:
-            dist.send(t.contiguous(), dst)
+        with self.stats.timed("send"):
+            for t in tensors:
+                dist.send(t.contiguous(), dst)
 
     def recv_prev(self, shapes: list[tuple[int, ...]], dtype: torch.dtype,
                   device: torch.device) -> list[torch.Tensor]:
         src = self.rank - self.tp_size
         out = []
-        for shape in shapes:
-            t = torch.empty(shape, dtype=dtype, device=device)
-            dist.recv(t, src)
-            out.append(t)
+        with self.stats.timed("recv"):
+            for shape in shapes:
+                t = torch.empty(shape, dtype=dtype, device=device)
+                dist.recv(t, src)
+                out.append(t)
         return out
 
 

@@ -58,14 +58,14 @@ def workload(num: int, seed: int) -> tuple[list[list[int]], list[int]]:
 
 
 def run_engine(model: Path, tp: int, pp: int, prompts: list[list[int]],
-               outputs: list[int]) -> dict:
+               outputs: list[int], threads: int | None = None) -> dict:
     from shoal.services.engine.llm import LLM
     from shoal.services.engine.sampling_params import SamplingParams
 
     params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in outputs]
     start = time.perf_counter()
     with LLM(str(model), device="cpu", dtype="float32", kv_cache_memory=1 << 28,
-             tensor_parallel_size=tp, pipeline_parallel_size=pp) as llm:
+             tensor_parallel_size=tp, pipeline_parallel_size=pp, num_threads=threads) as llm:
         startup = time.perf_counter() - start
         llm.generate([list(range(100, 132))], SamplingParams(temperature=0, max_tokens=4),
                      use_tqdm=False)  # warm-up
@@ -86,7 +86,8 @@ def run_engine(model: Path, tp: int, pp: int, prompts: list[list[int]],
                     for op in sorted(parallel.stats.calls)}
     out_tokens = sum(len(r.outputs[0].token_ids) for r in results)
     in_tokens = sum(map(len, prompts))
-    return {"tp": tp, "pp": pp, "startup_s": startup, "elapsed_s": elapsed, "steps": steps[0],
+    return {"tp": tp, "pp": pp, "threads_per_rank": threads or "default", "startup_s": startup,
+            "elapsed_s": elapsed, "steps": steps[0],
             "output_tok_s": out_tokens / elapsed, "total_tok_s": (in_tokens + out_tokens) / elapsed,
             "comm": comm, "tokens": [r.outputs[0].token_ids for r in results]}
 
@@ -172,10 +173,15 @@ def main() -> None:
     args = parser.parse_args()
 
     prompts, outputs = workload(args.num_requests, args.seed)
-    shapes = [(1, 1), (2, 1), (1, 2)] + ([(2, 2)] if args.with_2x2 else [])
+    # TP=1 twice: with its default threads (all cores but one) and with every core, since the
+    # parallel runs use every core (one rank per core here)
+    cores = len(os.sched_getaffinity(0))
+    shapes = [(1, 1, None), (1, 1, cores), (2, 1, None), (1, 2, None)] + (
+        [(2, 2, None)] if args.with_2x2 else [])
     with tempfile.TemporaryDirectory() as tmp:
         model = make_model(Path(tmp) / "bench-llama")
-        runs = [run_engine(model, tp, pp, prompts, outputs) for tp, pp in shapes]
+        runs = [run_engine(model, tp, pp, prompts, outputs, threads)
+                for tp, pp, threads in shapes]
     base, base_tokens = runs[0], runs[0]["tokens"]
     for run in runs:
         run["same_tokens_as_tp1"] = run.pop("tokens") == base_tokens
@@ -191,7 +197,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     for run in runs:
-        print(f"TP={run['tp']} PP={run['pp']}: {run['output_tok_s']:.1f} output tok/s "
+        print(f"TP={run['tp']} PP={run['pp']} threads/rank {run['threads_per_rank']}: "
+              f"{run['output_tok_s']:.1f} output tok/s "
               f"({run['output_ratio_vs_tp1']:.2f}x TP=1), {run['total_tok_s']:.1f} total tok/s, "
               f"{run['steps']} steps, same tokens: {run['same_tokens_as_tp1']}")
         for op, c in run["comm"].items():

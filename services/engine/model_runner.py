@@ -75,7 +75,8 @@ class ModelRunner:
         log.info("engine settings: %s", self.settings)
         self.block_size = config.block_size
         kv_config = config
-        if self.device.type == "cuda":  # CUDA path: size the pool by profiling a full-size batch
+        if self.device.type == "cuda" and self.parallel.pp_size == 1:  # CUDA: size the pool by
+            # profiling a full-size batch (a pipeline stage cannot run a forward on its own)
             kv_config = profiled_config(config, self.model, self.max_model_len, self.dtype,
                                         self.device)
         # every rank's pool holds the same blocks: the fewest any rank (stage) can afford
@@ -85,7 +86,8 @@ class ModelRunner:
                                         self.dtype, self.device)
         self.workspace = Workspace()
         self.graphs: DecodeGraphs | None = None
-        if self.device.type == "cuda" and not config.enforce_eager:  # CUDA path: decode graphs
+        if (self.device.type == "cuda" and not config.enforce_eager
+                and self.parallel.world_size == 1):  # CUDA path: decode graphs (one rank only)
             self.graphs = DecodeGraphs(self.model, config.max_num_seqs,
                                        -(-self.max_model_len // self.block_size), self.device)
             self.graphs.capture()

@@ -55,15 +55,19 @@ class MultiprocExecutor:
             for rank in range(1, self.world_size):
                 self.procs[rank] = _start_rank(rank, _rank_config(config, rank, shares[rank]),
                                                model_dir, init_method, shares[rank])
+        rank0 = _rank_config(config, 0, shares[0])
         try:
+            if backend_for(rank0.device) == "nccl":
+                import torch
+
+                torch.cuda.set_device(rank0.device)
             dist.init_process_group(backend_for(config.device), init_method=init_method, rank=0,
                                     world_size=self.world_size,
                                     timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
             self.parallel = ParallelContext.create(0, self.tp, self.pp)
             from shoal.services.engine.model_runner import ModelRunner
 
-            self.runner = ModelRunner(_rank_config(config, 0, shares[0]), model_dir,
-                                      self.parallel)
+            self.runner = ModelRunner(rank0, model_dir, self.parallel)
         except BaseException as exc:
             self.close(graceful=False)
             raise self._failure(exc) from exc

@@ -111,7 +111,8 @@ class ParallelContext:
         """The smallest value any rank has (the KV pool: every rank must hold the same blocks)."""
         if self.world_size == 1:
             return value
-        t = torch.tensor([value], dtype=torch.int64)
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces GPU tensors
+        t = torch.tensor([value], dtype=torch.int64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return int(t.item())
 

@@ -55,6 +55,10 @@ def serve_rank(config: object, model_dir: Path, rank: int, init_method: str) -> 
     from shoal.services.engine.model_runner import ModelRunner
 
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size  # type: ignore[attr-defined]
+    if backend_for(config.device) == "nccl":  # type: ignore[attr-defined]
+        import torch
+
+        torch.cuda.set_device(config.device)  # type: ignore[attr-defined]
     dist.init_process_group(backend_for(config.device), init_method=init_method,  # type: ignore[attr-defined]
                             rank=rank, world_size=tp * pp,
                             timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))

@@ -57,6 +57,10 @@ def test_core_shares_split_the_cores() -> None:
     assert core_shares([0, 1], 3) == [[0], [1], [0]]  # more ranks than cores: one each
 
 
-def test_engine_config_refuses_a_zero_size() -> None:
+def test_engine_config_refuses_a_zero_size_and_speculation_across_ranks() -> None:
     with pytest.raises(ConfigError, match="tensor_parallel_size"):
         EngineConfig(model="m", tensor_parallel_size=0)
+    ngram = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}
+    with pytest.raises(ConfigError, match="runs on one rank") as err:
+        EngineConfig(model="m", pipeline_parallel_size=2, speculative_config=ngram)
+    assert err.value.param == "speculative_config"

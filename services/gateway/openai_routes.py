@@ -100,12 +100,17 @@ async def _answer(request: web.Request, answer: Answer, stream: bool,
     ticket = await quota.admit(request, answer.builder.model)
     with log_context(request_id=answer.builder.id, model=answer.builder.model), \
             inference_span(answer.jobs[0].request, answer.builder, stream):
+        answered = False
         try:
-            return await (answer.stream(request) if stream else answer.whole())
+            response = await (answer.stream(request) if stream else answer.whole())
+            answered = True
+            return response
         except InvalidRequest as exc:
             raise rename_param(exc, spec_source) from None
         finally:  # what was generated counts, also for a failed or abandoned answer
-            quota.record(ticket, answer.builder.usage or answer.usage_so_far())
+            usage = answer.builder.usage or answer.usage_so_far()
+            if answered or usage.total_tokens:  # a refusal before any token is not usage
+                quota.record(ticket, usage)
 
 
 @routes.post("/v1/embeddings")

@@ -102,6 +102,9 @@ async def update_model(request: web.Request) -> web.Response:
         data = None
     if not isinstance(data, dict):
         raise InvalidRequest("the body must be a JSON object", code="invalid_json")
+    if "scale_event" in data:
+        raise InvalidRequest("scale_event is written by the scheduler's autoscaler only",
+                             param="scale_event")
     model = await _model(request, request.match_info["id"])
     body = parse_body(json.dumps({**data, "id": model.id}).encode(), ModelUpdate)
     return _json(await request.app[STATE].registry.update_model(body))

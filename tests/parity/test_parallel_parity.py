@@ -2,8 +2,8 @@
 TP=1: greedy tokens identical, logprobs (sampled, top-2 and prompt) within 1e-4, a seeded
 sampled request identical, over mixed prompts prefilled in chunks. One parallel shape per tiny
 family (TP=2 with split KV heads, TP=2 with a replicated KV head, PP=2 with a tied LM head on the
-last stage, TP=2 x PP=2) and SmolLM2 at TP=3 (TP=2 refused before any rank starts). Killing a
-rank fails the next step with the rank named."""
+last stage, TP=2 x PP=2) and SmolLM2 at TP=3 and at PP=2 (TP=2 refused before any rank starts).
+Killing a rank fails the next step with the rank named."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_parallel_matches_one_rank(arch: str, tp: int, pp: int,
     assert all(p.poll() is not None for p in llm.engine.runner.procs.values())
 
 
-def test_smollm2_tensor_parallel_three() -> None:
+def test_smollm2_tensor_parallel_three_and_two_stages() -> None:
     folder = smollm2_dir()
     with pytest.raises(ConfigError, match="tensor_parallel_size=2 cannot split"):
         LLM(str(folder), tensor_parallel_size=2)
@@ -86,7 +86,8 @@ def test_smollm2_tensor_parallel_three() -> None:
     engine = dict(device="cpu", dtype="float32", kv_cache_memory=1 << 26)
     params = SamplingParams(temperature=0.0, max_tokens=6, logprobs=1)
     ref = LLM(str(folder), **engine).generate(prompts, params, use_tqdm=False)  # type: ignore[arg-type]
-    with LLM(str(folder), tensor_parallel_size=3, **engine) as llm:  # type: ignore[arg-type]
-        ours = llm.generate(prompts, params, use_tqdm=False)
-    _assert_same(ours, ref)
-    assert "Paris" in ours[0].outputs[0].text
+    for shape in ({"tensor_parallel_size": 3}, {"pipeline_parallel_size": 2}):
+        with LLM(str(folder), **shape, **engine) as llm:  # type: ignore[arg-type]
+            ours = llm.generate(prompts, params, use_tqdm=False)
+        _assert_same(ours, ref)
+        assert "Paris" in ours[0].outputs[0].text

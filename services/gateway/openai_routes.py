@@ -10,8 +10,9 @@ from aiohttp import web
 
 from shoal.services.gateway.embeddings import EmbeddingBody, embedding_response
 from shoal.services.gateway.errors import read_body
+from shoal.services.gateway.json_body import parse_body
 from shoal.services.gateway.protocol import (
-    ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody, parse_body
+    ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody
 )
 from shoal.services.gateway.responses import ResponseBuilder
 from shoal.services.gateway.router import (
@@ -62,10 +63,11 @@ async def get_model(request: web.Request) -> web.Response:
 async def completions(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
     body = parse_body(await read_body(request), CompletionRequest)
-    with st.admission.slot():
+    prompts = body.prompts()
+    with st.admission.slot(len(prompts) * body.n, param="prompt" if len(prompts) > 1 else "n"):
         builder = ResponseBuilder("completion", body.model, want_logprobs=body.logprobs is not None)
         jobs = []
-        for i, prompt in enumerate(body.prompts()):
+        for i, prompt in enumerate(prompts):
             hashes = (text_prefix_hashes(prompt) if isinstance(prompt, str)
                       else token_prefix_hashes(prompt))
             echo = prompt if body.echo and isinstance(prompt, str) else ""
@@ -80,7 +82,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
     body = parse_body(await read_body(request), ChatCompletionRequest)
-    with st.admission.slot():
+    with st.admission.slot(body.n, param="n"):
         builder = ResponseBuilder("chat", body.model, want_logprobs=body.logprobs,
                                   tool_mode=body.tool_plan().mode)
         hashes = messages_prefix_hashes([(m.role, m.text() or "") for m in body.messages])

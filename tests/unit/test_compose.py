@@ -36,3 +36,18 @@ def test_compose_file_shape() -> None:
     assert services["gateway"]["environment"]["SHOAL_GATEWAY_HOST"] == "0.0.0.0"
     assert services["gateway"]["ports"] == ["8000:8000"]
     assert (ROOT / services["registry"]["build"]["dockerfile"]).exists()
+
+
+def test_nats_carries_the_largest_request() -> None:
+    """compose's NATS reads infra/nats/nats.conf, whose max_payload is the embedded server's,
+    above the gateway's largest body (README "The largest request")."""
+    from shoal.shared.config import Settings
+    from shoal.shared.embedded import NATS_MAX_PAYLOAD
+
+    nats = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["nats"]
+    mounted = {v.split(":")[0]: v.split(":")[1] for v in nats["volumes"] if v.startswith("./")}
+    conf = mounted["./infra/nats/nats.conf"]
+    assert nats["command"][:2] == ["-c", conf]
+    text = (ROOT / "infra/nats/nats.conf").read_text()
+    assert f"max_payload: {NATS_MAX_PAYLOAD}" in text.splitlines()
+    assert Settings.model_fields["gateway_max_body_bytes"].default * 2 <= NATS_MAX_PAYLOAD

@@ -15,6 +15,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import MaxPayloadError
 from opentelemetry.trace import Span
 
 from shoal.services.engine.async_engine import AsyncEngine
@@ -27,7 +28,7 @@ from shoal.services.engine.sampling_params import SamplingParams
 from shoal.services.engine.server.metrics import EngineMetrics
 from shoal.services.engine.server.tracing import generate_span, record_finished
 from shoal.shared.bus import subjects
-from shoal.shared.bus.client import Bus, decode, encode
+from shoal.shared.bus.client import Bus, decode, encode, too_large
 from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.loops import run_every
 from shoal.shared.schemas.common import ErrorBody
@@ -104,7 +105,11 @@ class EngineHandlers:
         except ShoalError as exc:
             await self.bus.respond_error(msg, exc)
             return
-        await msg.respond(encode(reply))
+        data = encode(reply)
+        try:
+            await msg.respond(data)
+        except MaxPayloadError:  # e.g. the token ids of a huge prompt
+            await self.bus.respond_error(msg, too_large(self.bus.nc, data, "the answer"))
 
     async def on_abort(self, msg: Msg) -> None:
         try:
@@ -127,7 +132,11 @@ class EngineHandlers:
 
         async def send(reply: InferChunk | InferEnd | InferError) -> None:
             nonlocal seq
-            await self.bus.nc.publish(inbox, encode(InferReplyEnvelope(reply=reply)))
+            data = encode(InferReplyEnvelope(reply=reply))
+            try:
+                await self.bus.nc.publish(inbox, data)
+            except MaxPayloadError:  # a 413 error reply instead (small), never a silent hang
+                raise too_large(self.bus.nc, data, "the answer") from None
             seq += 1
 
         outputs: RequestStream | None = None

@@ -120,11 +120,12 @@ async def embeddings(request: web.Request) -> web.Response:
     """Batches of the input go to the model's instances in parallel (embeddings.py)."""
     st = request.app[STATE]
     body = parse_body(await read_body(request), EmbeddingBody)
-    with st.admission.slot(), log_context(model=body.model):
+    batches = body.batches()  # each is one engine request in flight: what admission counts
+    with st.admission.slot(len(batches), param="input"), log_context(model=body.model):
         ticket = await st.quota.admit(request, body.model)
         timeout = st.settings.gateway_embed_timeout
         replies = await asyncio.gather(*(st.client.call(body.model, part, EmbedReply, timeout)
-                                         for part in body.batches()))
+                                         for part in batches))
         st.quota.record(ticket, Usage(prompt_tokens=sum(r.prompt_tokens for r in replies),
                                       completion_tokens=0))
         return web.json_response(embedding_response(body.model, replies, body.encoding_format))

@@ -6,11 +6,12 @@ gateway answers 400 with OpenAI's error shape before anything reaches an engine.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import Field
 
-from shoal.services.gateway.body import Body
+from shoal.services.gateway.body import MAX_INT32, Body, TokenId
+from shoal.services.gateway.json_body import parse_body  # noqa: F401 - where callers import it
 
 from shoal.services.gateway.structured import StructuredFields
 from shoal.services.gateway.tools import ToolBody, ToolCallIn, ToolChoice, ToolPlan, plan_tools
@@ -20,8 +21,6 @@ from shoal.shared.schemas.infer import (
 )
 
 MAX_LOGPROBS = 20
-MAX_INT32 = 2**31 - 1
-TokenId = Annotated[int, Field(ge=0, le=MAX_INT32)]
 
 
 def check_logit_bias(bias: dict[str, float] | None) -> None:

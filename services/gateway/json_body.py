@@ -18,19 +18,33 @@ MAX_JSON_DEPTH = 64
 
 
 def json_depth(data: object) -> int:
-    """How deeply arrays and objects nest (iterative: a deep value cannot exhaust the stack)."""
+    """How deeply arrays and objects nest (iterative: a deep value cannot exhaust the stack).
+    A string (key or value) with a lone surrogate escape (`"\\ud800"`), which json.loads accepts
+    but no UTF-8 encoder can write back, is an InvalidRequest: it could go nowhere."""
     deepest, todo = 0, [(data, 1)]
     while todo:
         value, depth = todo.pop()
         if isinstance(value, dict):
-            children = value.values()
+            children = list(value.values())
+            _check_text(*value.keys())
         elif isinstance(value, list):
             children = value
         else:
+            if isinstance(value, str):
+                _check_text(value)
             continue
         deepest = max(deepest, depth)
         todo.extend((child, depth + 1) for child in children)
     return deepest
+
+
+def _check_text(*texts: str) -> None:
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidRequest("the body holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
+                                 "which is not text", code="invalid_json") from None
 
 
 def load_json(raw: bytes) -> dict[str, Any]:

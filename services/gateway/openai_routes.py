@@ -142,7 +142,8 @@ async def tokenize(request: web.Request) -> web.Response:
                           add_special_tokens=body.add_special_tokens,
                           add_generation_prompt=body.add_generation_prompt,
                           tools=[t.wire() for t in body.tools] if body.tools else None)
-    reply = await st.client.call(body.model, req, TokenizeReply)
+    # as long as a generate request has to be accepted (its seq 0 also waits for the tokenizer)
+    reply = await st.client.call(body.model, req, TokenizeReply, st.settings.gateway_accept_timeout)
     return web.json_response({"count": reply.count, "max_model_len": reply.max_model_len,
                               "tokens": reply.tokens})
 
@@ -153,5 +154,5 @@ async def detokenize(request: web.Request) -> web.Response:
     body = parse_body(await read_body(request), DetokenizeBody)
     reply = await st.client.call(body.model,
                                  DetokenizeRequest(model=body.model, tokens=body.tokens),
-                                 DetokenizeReply)
+                                 DetokenizeReply, st.settings.gateway_accept_timeout)
     return web.json_response({"prompt": reply.prompt})

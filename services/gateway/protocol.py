@@ -218,7 +218,7 @@ class ChatCompletionRequest(_SamplingBody):
 class TokenizeBody(Body):
     model: str = Field(min_length=1)
     prompt: str | None = None
-    messages: list[ChatMessageIn] | None = None
+    messages: list[ChatMessageIn] | None = Field(default=None, min_length=1)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     tools: list[ToolBody] | None = None

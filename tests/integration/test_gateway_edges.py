@@ -217,3 +217,18 @@ async def test_a_request_the_bus_cannot_carry_is_413(settings: Settings, registr
             assert status == 413, (path, error)
             assert set(error) == SHAPE and error["code"] == "request_too_large"
             assert f"at most {limit} bytes" in error["message"], error
+
+
+async def test_nul_characters_are_a_400_not_a_database_error(gateway: str,
+                                                             http: aiohttp.ClientSession) -> None:
+    """Found by the fuzzer: Postgres text cannot hold NUL, so a name or a source carrying one
+    was a DBAPIError (500) in the registry; the registry refuses it first."""
+    for method, path, body in (
+            ("POST", "/api/v1/models", {"name": "nul", "source": "/models/x\u0000.gguf"}),
+            ("POST", "/v1/embeddings", {"model": "m\u0000", "input": "hi"}),
+            ("POST", "/v1/chat/completions", {**CHAT, "model": "m\u0000"}),
+            ("GET", "/api/v1/models/a\u0000b", None)):
+        async with http.request(method, f"{gateway}{path}", json=body) as r:
+            assert r.status == 400, (path, await r.text())
+            error = (await r.json())["error"]
+        assert set(error) == SHAPE and "NUL" in error["message"], path

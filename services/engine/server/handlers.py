@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,11 @@ class EngineHandlers:
     draining: bool = False
     tokenizer: Any = None
     metrics: EngineMetrics | None = None
+    tokenizing: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenize"))
+    """Prompts are tokenized here, off the event loop: a 4 MiB prompt takes seconds, during which
+    the loop must keep publishing loads (or gateways count the engine dead and fail its streams)
+    and serving every other stream. One thread: the handlers' tokenizer is used by one at a time."""
 
     async def start(self) -> None:
         # A tokenizer of our own: the engine thread detokenizes with its copy meanwhile.
@@ -141,7 +147,8 @@ class EngineHandlers:
 
         outputs: RequestStream | None = None
         try:
-            token_ids = self.prompt_token_ids(req)
+            token_ids = await asyncio.get_running_loop().run_in_executor(
+                self.tokenizing, self.prompt_token_ids, req)
             params = SamplingParams(**req.sampling.model_dump())
             parser = self.tool_call_parser(req)
             outputs = self.engine.open(req.request_id, token_ids, params, time.time(),

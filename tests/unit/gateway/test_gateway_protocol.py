@@ -167,3 +167,21 @@ def test_integral_ids_and_seeds_in_range_pass() -> None:
                       ChatCompletionRequest)
     assert body.generate("r").sampling.stop_token_ids == [0, 2**31 - 1]
     assert parse_body(chat(logit_bias={}), ChatCompletionRequest).logit_bias == {}
+
+
+def test_lone_surrogates_are_a_400_not_an_encoding_error() -> None:
+    """json.loads takes "\\ud800" alone, but nothing can encode it for the bus (found by the
+    fuzzer); a surrogate pair is one real character and passes."""
+    for raw in (b'{"model": "m\\ud890", "prompt": "hi"}', b'{"model": "m", "prompt": "\\udc00"}',
+                b'{"model": "m", "prompt": "hi", "\\ud800": 1}'):
+        with pytest.raises(InvalidRequest, match="surrogate"):
+            parse_body(raw, CompletionRequest)
+    body = parse_body(b'{"model": "m", "prompt": "\\ud83d\\ude42"}', CompletionRequest)
+    assert body.prompt == "\U0001f642"
+
+
+def test_tokenize_with_no_messages_is_a_400() -> None:
+    """Found by the fuzzer: `messages: []` built a chat request that refused it: a 500."""
+    with pytest.raises(InvalidRequest) as err:
+        parse_body(b'{"model": "m", "messages": []}', TokenizeBody)
+    assert err.value.param == "messages"

@@ -105,8 +105,13 @@ class Settings(BaseSettings):
     gateway_instance_refresh: float = 10.0
     """Seconds between full reloads of the RUNNING instances from the registry (events fill in)."""
     gateway_key_cache_ttl: float = 10.0
-    """Seconds a verified API key is trusted before the registry is asked again."""
-    gateway_max_body_bytes: int = 32 * 1024 * 1024
+    """Seconds a verified API key is trusted before the registry is asked again: only a fallback,
+    since every gateway drops a key from its cache when the registry's event for it arrives
+    (revoked: refused at once) and empties its cache when it reconnects to NATS."""
+    gateway_max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    """The largest request body the gateway reads (README "The largest request"); larger is a
+    413. It must stay under the NATS server's max_payload (8 MiB for the embedded server and in
+    compose), which bounds what one bus message carries."""
 
     metrics_host: str = "127.0.0.1"
     """Where the registry, scheduler, worker and engine processes serve /metrics (the gateway

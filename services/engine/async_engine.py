@@ -71,6 +71,11 @@ class AsyncEngine:
         return self._thread.is_alive() and self._error is None
 
     @property
+    def error(self) -> BaseException | None:
+        """What stopped the step loop (None while it runs): the server reports it and exits."""
+        return self._error
+
+    @property
     def tokenizer(self) -> Any:
         return self.core.tokenizer
 
@@ -133,6 +138,9 @@ class AsyncEngine:
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
         self._fail_all(Unavailable("the engine is shutting down"))
+        close = getattr(getattr(self, "core", None), "runner", None)
+        if not self._thread.is_alive() and hasattr(close, "close"):
+            close.close()  # a tensor / pipeline parallel engine's other ranks
 
     def _forget(self, request_id: str, stream: OutputCollector) -> None:
         if self._streams.get(request_id) is stream:

@@ -95,6 +95,15 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | dict | str | None = None
     """vLLM's speculative_config (a dict or JSON text; stored parsed): n-gram, draft-model or
     layer-skip proposers verified in one target forward (docs/engine-core.md)."""
+    tensor_parallel_size: int = 1
+    """Ranks that split every layer (heads, MLP, vocabulary); vLLM's --tensor-parallel-size."""
+    pipeline_parallel_size: int = 1
+    """Stages of contiguous layers, one tensor-parallel group each; vLLM's
+    --pipeline-parallel-size. tp * pp ranks in all (distributed/executor.py)."""
+    distributed_init_method: str | None = None
+    """torch.distributed rendezvous (tcp://host:port, rank 0's TCPStore) when the ranks are
+    started by someone else (the worker agent); None: the executor spawns the ranks itself on a
+    free local port."""
 
     def __post_init__(self) -> None:
         try:
@@ -108,10 +117,15 @@ class EngineConfig:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             refuse("block_size", "a positive power of two")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks",
-                     "num_threads"):
+                     "num_threads", "tensor_parallel_size", "pipeline_parallel_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 refuse(name, ">= 1")
+        if self.speculative_config is not None and (
+                self.tensor_parallel_size * self.pipeline_parallel_size > 1):
+            raise ConfigError("speculative decoding runs on one rank: it cannot be combined with "
+                              "tensor_parallel_size / pipeline_parallel_size > 1 yet",
+                              param="speculative_config")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             refuse("kv_cache_memory", "> 0 bytes")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -58,7 +58,12 @@ class EngineCore:
             if model_dir is None:
                 model_dir = prepare_model(config.model,
                                           Path(config.cache_dir) if config.cache_dir else None)
-            runner = ModelRunner(config, model_dir)
+            if config.tensor_parallel_size * config.pipeline_parallel_size > 1:
+                from shoal.services.engine.distributed.executor import MultiprocExecutor
+
+                runner = MultiprocExecutor(config, model_dir)
+            else:
+                runner = ModelRunner(config, model_dir)
         if tokenizer is None:
             tokenizer = load_tokenizer(config.tokenizer or model_dir or config.model)
         self.config = config

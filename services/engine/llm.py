@@ -22,11 +22,25 @@ PromptType = str | list[int] | dict[str, Any]
 class LLM:
     def __init__(self, model: str, *, runner: Runner | None = None, tokenizer_obj: Any = None,
                  **engine_args: Any) -> None:
-        """engine_args are EngineConfig fields (max_num_seqs, kv_cache_memory, ...); runner and
-        tokenizer_obj replace the model runner and tokenizer (tests)."""
+        """engine_args are EngineConfig fields (max_num_seqs, kv_cache_memory,
+        tensor_parallel_size, pipeline_parallel_size, ...); runner and tokenizer_obj replace the
+        model runner and tokenizer (tests). With tp * pp > 1 the other ranks run as processes on
+        this machine until shutdown() (or the `with` block's end)."""
         self.config = EngineConfig(model=model, **engine_args)
         self.engine = EngineCore(self.config, runner=runner, tokenizer=tokenizer_obj)
         self._request_ids = itertools.count()
+
+    def shutdown(self) -> None:
+        """Stop the engine's other ranks (tensor / pipeline parallel); a no-op otherwise."""
+        close = getattr(self.engine.runner, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer

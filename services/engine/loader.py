@@ -2,6 +2,8 @@
 
 Checkpoint names are transformers'; `packed_modules_mapping` routes q/k/v and gate/up shards
 into the packed parameters (nano-vllm's 28-line loader, plus a check that nothing was missed).
+Under tensor / pipeline parallelism a rank reads only the tensors of its stage (the model's
+`skipped_prefixes`), one at a time, and its parameters' loaders keep only its slice of each.
 """
 
 from __future__ import annotations
@@ -22,13 +24,18 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
     params = dict(model.named_parameters())  # tied weights appear once, under the embedding
     mapping: dict[str, tuple[str, str]] = getattr(model, "packed_modules_mapping", {})
     tied = bool(getattr(model, "tie_word_embeddings", False))
+    skipped: tuple[str, ...] = getattr(model, "skipped_prefixes", ())
+    renamed = {}
+    if tied and "model.embed_tokens.weight" not in params and "lm_head.weight" in params:
+        renamed["model.embed_tokens.weight"] = "lm_head.weight"  # a last stage's tied head
     loaded: set[str] = set()
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
-                if "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight"):
+                if ("rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight")
+                        or (name.startswith(skipped) and name not in renamed)):
                     continue
-                target, shard_id = name, None
+                target, shard_id = renamed.get(name, name), None
                 for hf_part, (our_part, shard) in mapping.items():
                     if f".{hf_part}." in name:
                         target, shard_id = name.replace(hf_part, our_part), shard

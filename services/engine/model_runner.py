@@ -2,6 +2,10 @@
 
 `execute(SchedulerOutput) -> RunnerOutput`: flatten the batch (input_batch.py), one forward over
 the paged cache, logits only where needed, sample (sampler.py). It never touches scheduler state.
+
+Under tensor / pipeline parallelism each rank has its own runner over its shard of the model
+(distributed/executor.py drives them); a stage that is not the last hands its activations on
+(distributed/pipeline.py) and returns an empty RunnerOutput.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from transformers import AutoConfig
 from shoal.kernels import Workspace, select_ops
 from shoal.services.engine.config import ENGINE_DEFAULTS, ConfigError, EngineConfig
 from shoal.services.engine.cuda_graphs import DecodeGraphs
+from shoal.services.engine.distributed.parallel_state import ParallelContext
+from shoal.services.engine.distributed.pipeline import run_stage
 from shoal.services.engine.gpu_memory import profiled_config
 from shoal.services.engine.input_batch import ModelInputs, build_model_inputs
 from shoal.services.engine.kv_cache import bind_kv_caches, num_kv_blocks
@@ -33,8 +39,10 @@ log = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model_dir: Path) -> None:
+    def __init__(self, config: EngineConfig, model_dir: Path,
+                 parallel: ParallelContext | None = None) -> None:
         self.config = config
+        self.parallel = parallel or ParallelContext.single()
         model_dir = Path(model_dir)
         self.device = torch.device(
             ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto"
@@ -48,7 +56,7 @@ class ModelRunner:
         self.vocab_size: int = hf_config.vocab_size
         self.eos_token_ids = _eos_token_ids(model_dir, hf_config)
         self.ops = ops = select_ops(self.device)
-        self.model = model_class(hf_config)(hf_config, self.max_model_len, ops)
+        self.model = model_class(hf_config)(hf_config, self.max_model_len, ops, self.parallel)
         load_weights(self.model, model_dir)
         for param in self.model.parameters():  # buffers (rotary cos/sin) stay float32
             param.data = param.data.to(device=self.device, dtype=self.dtype)
@@ -67,15 +75,19 @@ class ModelRunner:
         log.info("engine settings: %s", self.settings)
         self.block_size = config.block_size
         kv_config = config
-        if self.device.type == "cuda":  # CUDA path: size the pool by profiling a full-size batch
+        if self.device.type == "cuda" and self.parallel.pp_size == 1:  # CUDA: size the pool by
+            # profiling a full-size batch (a pipeline stage cannot run a forward on its own)
             kv_config = profiled_config(config, self.model, self.max_model_len, self.dtype,
                                         self.device)
-        self.num_kv_blocks = num_kv_blocks(kv_config, self.model, self.dtype, self.device)
+        # every rank's pool holds the same blocks: the fewest any rank (stage) can afford
+        self.num_kv_blocks = self.parallel.min_over_world(
+            num_kv_blocks(kv_config, self.model, self.dtype, self.device))
         self.kv_caches = bind_kv_caches(self.model, self.num_kv_blocks, self.block_size,
                                         self.dtype, self.device)
         self.workspace = Workspace()
         self.graphs: DecodeGraphs | None = None
-        if self.device.type == "cuda" and not config.enforce_eager:  # CUDA path: decode graphs
+        if (self.device.type == "cuda" and not config.enforce_eager
+                and self.parallel.world_size == 1):  # CUDA path: decode graphs (one rank only)
             self.graphs = DecodeGraphs(self.model, config.max_num_seqs,
                                        -(-self.max_model_len // self.block_size), self.device)
             self.graphs.capture()
@@ -98,7 +110,11 @@ class ModelRunner:
                                   out.finished_seq_ids, out.num_preempted)
         inputs = build_model_inputs(out, self.block_size, self.device, self.workspace,
                                     [len(d) for d in drafts] if drafts is not None else None)
-        if self.graphs is not None and self.graphs.can_run(inputs):  # CUDA path: replay a graph
+        if self.parallel.pp_size > 1:
+            hidden = run_stage(self.model, inputs, self.parallel, self.dtype, self.device)
+            if hidden is None:  # not the last stage: the last one samples
+                return RunnerOutput(sampled_token_ids={})
+        elif self.graphs is not None and self.graphs.can_run(inputs):  # CUDA: replay a graph
             hidden = self.graphs.run(inputs)
         else:
             # [num_tokens, hidden]

@@ -15,7 +15,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from shoal.services.gateway.errors import read_body
-from shoal.services.gateway.protocol import parse_body
+from shoal.services.gateway.json_body import load_json, parse_body
 from shoal.services.gateway.state import STATE
 from shoal.shared.bus.scheduler_client import SchedulerClient
 from shoal.shared.errors import InvalidRequest, NotFound
@@ -95,13 +95,10 @@ async def get_model(request: web.Request) -> web.Response:
 
 @routes.patch("/api/v1/models/{id}")
 async def update_model(request: web.Request) -> web.Response:
-    raw = await read_body(request)
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        data = None
-    if not isinstance(data, dict):
-        raise InvalidRequest("the body must be a JSON object", code="invalid_json")
+    data = load_json(await read_body(request))
+    if "scale_event" in data:
+        raise InvalidRequest("scale_event is written by the scheduler's autoscaler only",
+                             param="scale_event")
     model = await _model(request, request.match_info["id"])
     body = parse_body(json.dumps({**data, "id": model.id}).encode(), ModelUpdate)
     return _json(await request.app[STATE].registry.update_model(body))
@@ -179,7 +176,7 @@ async def create_key(request: web.Request) -> web.Response:
 @routes.patch("/api/v1/keys/{id}")
 async def update_key(request: web.Request) -> web.Response:
     """Change a key's scope or replace its limits: {"scope", "limits", "version"}."""
-    data = _object(await read_body(request))
+    data = load_json(await read_body(request))
     body = parse_body(json.dumps({**data, "id": request.match_info["id"]}).encode(), ApiKeyUpdate)
     return _json(await request.app[STATE].registry.update_key(body))
 
@@ -193,16 +190,6 @@ async def usage(request: web.Request) -> web.Response:
     report = await request.app[STATE].registry.usage(body)
     return web.json_response({"items": [r.model_dump(mode="json") for r in report.rows],
                               "total": len(report.rows)})
-
-
-def _object(raw: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        data = None
-    if not isinstance(data, dict):
-        raise InvalidRequest("the body must be a JSON object", code="invalid_json")
-    return data
 
 
 @routes.delete("/api/v1/keys/{id}")

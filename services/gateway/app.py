@@ -12,7 +12,7 @@ from aiohttp import web
 from shoal.services.gateway import admin_routes, openai_routes
 from shoal.services.gateway.ui_routes import add_ui
 from shoal.services.gateway.admission import Admission
-from shoal.services.gateway.auth import KeyCache, auth_middleware
+from shoal.services.gateway.auth import KeyCache, auth_middleware, watch_keys
 from shoal.services.gateway.errors import error_middleware
 from shoal.services.gateway.infer_client import InferClient
 from shoal.services.gateway.instances import InstanceTable
@@ -74,11 +74,13 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
         router = Router()
         table = InstanceTable(bus, registry, settings, router)
         admission = Admission(settings.gateway_max_outstanding)
+        keys = KeyCache(settings.gateway_key_cache_ttl)
+        await watch_keys(bus, keys)
         app[STATE] = GatewayState(
             settings=settings, bus=bus, registry=registry, router=router, table=table,
             client=InferClient(bus, registry, table, router, settings), admission=admission,
-            metrics=GatewayMetrics(lambda: admission.num_active),
-            keys=KeyCache(settings.gateway_key_cache_ttl), quota=Quota(registry),
+            metrics=GatewayMetrics(lambda: admission.num_requests),
+            keys=keys, quota=Quota(registry),
         )
         host = advertised_host(settings.gateway_host, settings.metrics_advertise_host)
         await answer_discovery(bus, MetricsTarget(service="gateway",

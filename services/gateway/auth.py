@@ -2,6 +2,11 @@
 --api-key): `Authorization: Bearer <key>`, the fixed key or one verified by the registry, cached
 for `gateway_key_cache_ttl` seconds so a request costs no bus round trip. Scopes: the management
 API needs an admin key (403 otherwise); the verified key rides on the request for quota.py.
+
+Revocation (or any change of a key) is an event, not a wait: every gateway listens to the
+registry's key events and drops the key at once (`watch_keys`), and empties its cache when it
+reconnects to NATS (events may have been missed meanwhile); the TTL only bounds what a lost
+event could cost.
 """
 
 from __future__ import annotations
@@ -14,8 +19,12 @@ from collections import OrderedDict
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from nats.aio.msg import Msg
+
 from shoal.services.gateway.quota import API_KEY
+from shoal.shared.bus.client import Bus
 from shoal.shared.errors import Forbidden, Unauthorized
+from shoal.shared.schemas.events import ApiKeyEvent
 from shoal.shared.schemas.registry import ApiKeyScope, ApiKeyVerified
 
 PUBLIC_PATHS = frozenset({"/health", "/version", "/metrics", "/metrics/targets", "/openapi.json",
@@ -34,10 +43,12 @@ ADMIN_PREFIXES = ("/api/v1/",)
 
 class KeyCache:
     """secret hash -> (verification, until); bounded, so unknown keys cannot grow it without
-    limit."""
+    limit. `generation` changes with every forget, so a verify answered before a revocation
+    event cannot put the key back afterwards."""
 
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
+        self.generation = 0
         self._entries: OrderedDict[str, tuple[ApiKeyVerified, float]] = OrderedDict()
 
     @staticmethod
@@ -50,12 +61,36 @@ class KeyCache:
             return None
         return entry[0]
 
-    def put(self, secret: str, verified: ApiKeyVerified, now: float | None = None) -> None:
+    def put(self, secret: str, verified: ApiKeyVerified, now: float | None = None,
+            generation: int | None = None) -> None:
+        if generation is not None and generation != self.generation:
+            return  # a key event arrived while this was being verified: ask again next time
         key = self._key(secret)
         self._entries[key] = (verified, (time.monotonic() if now is None else now) + self.ttl)
         self._entries.move_to_end(key)
         while len(self._entries) > MAX_CACHED_KEYS:
             self._entries.popitem(last=False)
+
+    def forget(self, key_id: str) -> None:
+        """Drop the key with this id (revoked, changed or deleted: the registry decides)."""
+        self.generation += 1
+        for key in [k for k, entry in self._entries.items() if entry[0].key_id == key_id]:
+            del self._entries[key]
+
+    def clear(self) -> None:
+        self.generation += 1
+        self._entries.clear()
+
+
+async def watch_keys(bus: Bus, keys: KeyCache) -> object:
+    """Subscribe this gateway (every gateway: a plain subscription, not a shared consumer) to
+    the registry's key events, and clear the cache on every reconnection to NATS."""
+
+    async def on_event(event: ApiKeyEvent, msg: Msg) -> None:
+        keys.forget(event.id)
+
+    bus.on_reconnect.append(keys.clear)
+    return await bus.subscribe(bus.subjects.events_of("keys"), ApiKeyEvent, on_event)
 
 
 def bearer(header: str | None) -> str:
@@ -88,8 +123,9 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     else:
         cached = st.keys.get(secret)
         if cached is None:
+            generation = st.keys.generation
             cached = await st.registry.verify_key(secret)
-            st.keys.put(secret, cached)
+            st.keys.put(secret, cached, generation=generation)
         verified = cached
     if not verified.valid:
         raise Unauthorized("invalid, expired or revoked API key")

@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from shoal.services.gateway.body import Body
+from shoal.services.gateway.body import Body, TokenId
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.infer import EmbedReply, EmbedRequest
 
@@ -30,7 +30,7 @@ BATCH_TEXT_BYTES = 256 * 1024
 
 class EmbeddingBody(Body):
     model: str = Field(min_length=1)
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str] | list[TokenId] | list[list[TokenId]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None

@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from shoal.shared.errors import InvalidRequest, RateLimited, ShoalError
+from shoal.shared.errors import InvalidRequest, PayloadTooLarge, RateLimited, ShoalError
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +71,23 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(RuntimeError())
 
 
+def _is_json(content_type: str) -> bool:
+    mime = content_type.partition(";")[0].strip().lower()
+    return mime == "application/json" or (mime.startswith("application/") and
+                                          mime.endswith("+json"))
+
+
 async def read_body(request: web.Request) -> bytes:
-    """The raw body; too large or unreadable is a 400-class answer, never a 500."""
+    """The raw JSON body. A body sent as another media type (text/plain, a form) is a 400, as
+    OpenAI's and vLLM's servers refuse it; no Content-Type at all is read as JSON. Larger than
+    the gateway's limit is a 413 (README "The largest request"); never a 500."""
+    content_type = request.headers.get("Content-Type")
+    if content_type is not None and not _is_json(content_type):
+        raise InvalidRequest(f"Content-Type must be application/json, got {content_type[:80]!r}",
+                             param="Content-Type", code="invalid_content_type")
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        raise InvalidRequest(f"the body is larger than {request.client_max_size} bytes",
-                             code="body_too_large") from exc
+        raise PayloadTooLarge(f"the body is larger than {request.client_max_size} bytes, the "
+                              "largest request this gateway reads") from exc
 

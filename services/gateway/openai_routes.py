@@ -10,8 +10,9 @@ from aiohttp import web
 
 from shoal.services.gateway.embeddings import EmbeddingBody, embedding_response
 from shoal.services.gateway.errors import read_body
+from shoal.services.gateway.json_body import parse_body
 from shoal.services.gateway.protocol import (
-    ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody, parse_body
+    ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody
 )
 from shoal.services.gateway.responses import ResponseBuilder
 from shoal.services.gateway.router import (
@@ -62,10 +63,11 @@ async def get_model(request: web.Request) -> web.Response:
 async def completions(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
     body = parse_body(await read_body(request), CompletionRequest)
-    with st.admission.slot():
+    prompts = body.prompts()
+    with st.admission.slot(len(prompts) * body.n, param="prompt" if len(prompts) > 1 else "n"):
         builder = ResponseBuilder("completion", body.model, want_logprobs=body.logprobs is not None)
         jobs = []
-        for i, prompt in enumerate(body.prompts()):
+        for i, prompt in enumerate(prompts):
             hashes = (text_prefix_hashes(prompt) if isinstance(prompt, str)
                       else token_prefix_hashes(prompt))
             echo = prompt if body.echo and isinstance(prompt, str) else ""
@@ -80,7 +82,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
     body = parse_body(await read_body(request), ChatCompletionRequest)
-    with st.admission.slot():
+    with st.admission.slot(body.n, param="n"):
         builder = ResponseBuilder("chat", body.model, want_logprobs=body.logprobs,
                                   tool_mode=body.tool_plan().mode)
         hashes = messages_prefix_hashes([(m.role, m.text() or "") for m in body.messages])
@@ -100,12 +102,17 @@ async def _answer(request: web.Request, answer: Answer, stream: bool,
     ticket = await quota.admit(request, answer.builder.model)
     with log_context(request_id=answer.builder.id, model=answer.builder.model), \
             inference_span(answer.jobs[0].request, answer.builder, stream):
+        answered = False
         try:
-            return await (answer.stream(request) if stream else answer.whole())
+            response = await (answer.stream(request) if stream else answer.whole())
+            answered = True
+            return response
         except InvalidRequest as exc:
             raise rename_param(exc, spec_source) from None
         finally:  # what was generated counts, also for a failed or abandoned answer
-            quota.record(ticket, answer.builder.usage or answer.usage_so_far())
+            usage = answer.builder.usage or answer.usage_so_far()
+            if answered or usage.total_tokens:  # a refusal before any token is not usage
+                quota.record(ticket, usage)
 
 
 @routes.post("/v1/embeddings")
@@ -113,11 +120,12 @@ async def embeddings(request: web.Request) -> web.Response:
     """Batches of the input go to the model's instances in parallel (embeddings.py)."""
     st = request.app[STATE]
     body = parse_body(await read_body(request), EmbeddingBody)
-    with st.admission.slot(), log_context(model=body.model):
+    batches = body.batches()  # each is one engine request in flight: what admission counts
+    with st.admission.slot(len(batches), param="input"), log_context(model=body.model):
         ticket = await st.quota.admit(request, body.model)
         timeout = st.settings.gateway_embed_timeout
         replies = await asyncio.gather(*(st.client.call(body.model, part, EmbedReply, timeout)
-                                         for part in body.batches()))
+                                         for part in batches))
         st.quota.record(ticket, Usage(prompt_tokens=sum(r.prompt_tokens for r in replies),
                                       completion_tokens=0))
         return web.json_response(embedding_response(body.model, replies, body.encoding_format))
@@ -134,7 +142,8 @@ async def tokenize(request: web.Request) -> web.Response:
                           add_special_tokens=body.add_special_tokens,
                           add_generation_prompt=body.add_generation_prompt,
                           tools=[t.wire() for t in body.tools] if body.tools else None)
-    reply = await st.client.call(body.model, req, TokenizeReply)
+    # as long as a generate request has to be accepted (its seq 0 also waits for the tokenizer)
+    reply = await st.client.call(body.model, req, TokenizeReply, st.settings.gateway_accept_timeout)
     return web.json_response({"count": reply.count, "max_model_len": reply.max_model_len,
                               "tokens": reply.tokens})
 
@@ -145,5 +154,5 @@ async def detokenize(request: web.Request) -> web.Response:
     body = parse_body(await read_body(request), DetokenizeBody)
     reply = await st.client.call(body.model,
                                  DetokenizeRequest(model=body.model, tokens=body.tokens),
-                                 DetokenizeReply)
+                                 DetokenizeReply, st.settings.gateway_accept_timeout)
     return web.json_response({"prompt": reply.prompt})

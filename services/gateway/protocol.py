@@ -6,12 +6,13 @@ gateway answers 400 with OpenAI's error shape before anything reaches an engine.
 
 from __future__ import annotations
 
-import json
-from typing import Literal, TypeVar
+from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import Field
 
-from shoal.services.gateway.body import Body
+from shoal.services.gateway.body import MAX_INT32, Body, TokenId
+from shoal.services.gateway.json_body import parse_body  # noqa: F401 - where callers import it
+
 from shoal.services.gateway.structured import StructuredFields
 from shoal.services.gateway.tools import ToolBody, ToolCallIn, ToolChoice, ToolPlan, plan_tools
 from shoal.shared.errors import InvalidRequest
@@ -20,8 +21,20 @@ from shoal.shared.schemas.infer import (
 )
 
 MAX_LOGPROBS = 20
-T = TypeVar("T", bound=BaseModel)
-_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal"}
+
+
+def check_logit_bias(bias: dict[str, float] | None) -> None:
+    """OpenAI's shape: keys are token ids (as strings), values in [-100, 100]."""
+    for key, value in (bias or {}).items():
+        if not key.isdigit() or int(key) > MAX_INT32:
+            raise InvalidRequest(f"logit_bias keys must be token ids, got {key[:40]!r}",
+                                 param="logit_bias")
+        if not -100 <= value <= 100:
+            raise InvalidRequest(f"logit_bias values must be in [-100, 100], got {value}",
+                                 param="logit_bias")
+    if bias:
+        raise InvalidRequest("logit_bias is not supported by Shoal's engines yet",
+                             param="logit_bias", code="unsupported")
 
 
 class StreamOptions(Body):
@@ -40,16 +53,17 @@ class _SamplingBody(StructuredFields):
     stop: str | list[str] | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: int | None = Field(default=None, ge=-1, le=MAX_INT32)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
     user: str | None = None
     ignore_eos: bool = False
-    min_tokens: int = Field(default=0, ge=0)
-    stop_token_ids: list[int] | None = None
+    min_tokens: int = Field(default=0, ge=0, le=MAX_INT32)
+    stop_token_ids: list[TokenId] | None = None
+    logit_bias: dict[str, float] | None = None  # checked: a 400, never silently ignored
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 
@@ -76,6 +90,7 @@ class _SamplingBody(StructuredFields):
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("stream_options is only allowed when stream is true",
                                  param="stream_options")
+        check_logit_bias(self.logit_bias)
         if max_tokens is not None and self.min_tokens > max_tokens:
             raise InvalidRequest(f"min_tokens ({self.min_tokens}) must be <= max_tokens "
                                  f"({max_tokens})", param="min_tokens")
@@ -95,8 +110,8 @@ class _SamplingBody(StructuredFields):
 
 
 class CompletionRequest(_SamplingBody):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    max_tokens: int | None = Field(default=16, ge=1, le=MAX_INT32)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     best_of: int | None = Field(default=None, ge=1)
@@ -115,15 +130,13 @@ class CompletionRequest(_SamplingBody):
 
     def check(self) -> None:
         self.sampling(self.max_tokens, self.logprobs)
+        self.prompts()  # an empty prompt is a 400
         if self.suffix:
             raise InvalidRequest("suffix is not supported", param="suffix")
         if self.best_of is not None and self.best_of != self.n:
             raise InvalidRequest("best_of different from n is not supported", param="best_of")
         if self.echo and self.logprobs is not None:
             raise InvalidRequest("echo with logprobs is not supported", param="echo")
-        for prompt in self.prompts():
-            if isinstance(prompt, list) and any(t < 0 for t in prompt):
-                raise InvalidRequest("token ids must be >= 0", param="prompt")
 
     def generate(self, request_id: str, prompt: str | list[int]) -> GenerateRequest:
         sampling = self.sampling(self.max_tokens, self.logprobs)
@@ -154,8 +167,8 @@ class ChatMessageIn(Body):
 
 class ChatCompletionRequest(_SamplingBody):
     messages: list[ChatMessageIn] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_INT32)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_INT32)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
@@ -205,7 +218,7 @@ class ChatCompletionRequest(_SamplingBody):
 class TokenizeBody(Body):
     model: str = Field(min_length=1)
     prompt: str | None = None
-    messages: list[ChatMessageIn] | None = None
+    messages: list[ChatMessageIn] | None = Field(default=None, min_length=1)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     tools: list[ToolBody] | None = None
@@ -218,34 +231,4 @@ class TokenizeBody(Body):
 
 class DetokenizeBody(Body):
     model: str = Field(min_length=1)
-    tokens: list[int]
-
-
-def _param(loc: tuple[int | str, ...]) -> str | None:
-    parts: list[str] = []
-    for item in loc:
-        text = str(item)
-        if isinstance(item, str) and ("[" in text or "-" in text or text in _TYPE_TAGS):
-            continue
-        parts.append(text)
-    return ".".join(parts) or None
-
-
-def parse_body(raw: bytes, model: type[T]) -> T:
-    """Decode and validate a JSON body; any problem is an InvalidRequest naming the param."""
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"the body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise InvalidRequest("the body must be a JSON object", code="invalid_json")
-    try:
-        body = model.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = _param(tuple(first.get("loc", ())))
-        raise InvalidRequest(f"{param or 'body'}: {first['msg']}", param=param) from None
-    check = getattr(body, "check", None)
-    if check is not None:
-        check()
-    return body
+    tokens: list[TokenId]

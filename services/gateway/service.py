@@ -12,6 +12,7 @@ import logging
 from aiohttp import web
 
 from shoal.services.gateway.app import make_app
+from shoal.services.gateway.runner import GatewayRunner
 from shoal.shared.config import Settings
 
 log = logging.getLogger(__name__)
@@ -21,7 +22,7 @@ SHUTDOWN_GRACE_S = 5.0
 async def run_gateway(settings: Settings, stop: asyncio.Event,
                       ready: asyncio.Event | None = None) -> None:
     """Serve until `stop` is set; `ready` is set once the port listens and the bus is connected."""
-    runner = web.AppRunner(make_app(settings), handler_cancellation=True, access_log=None,
+    runner = GatewayRunner(make_app(settings), handler_cancellation=True, access_log=None,
                            shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     try:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.errors import NoRespondersError
+from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
@@ -25,7 +25,9 @@ from pydantic import BaseModel, ValidationError
 
 from shoal.shared.bus.subjects import Subjects
 from shoal.shared.config import Settings
-from shoal.shared.errors import InvalidRequest, ShoalError, Timeout, Unavailable
+from shoal.shared.errors import (
+    InvalidRequest, PayloadTooLarge, ShoalError, Timeout, Unavailable
+)
 from shoal.shared.schemas.common import ErrorReply
 from shoal.shared.telemetry import inject_headers
 
@@ -55,6 +57,13 @@ def decode(data: bytes, model: type[T]) -> T:
                              param=where) from None
 
 
+def too_large(nc: NATS, data: bytes, what: str = "the request") -> PayloadTooLarge:
+    """Why a message cannot go on the bus: the server's max_payload (README "The largest
+    request"), so the client gets a 413, not a 500."""
+    return PayloadTooLarge(f"{what} is {len(data)} bytes on the bus; the NATS server "
+                           f"carries at most {nc.max_payload} bytes (its max_payload)")
+
+
 def raise_for_error(msg: Msg) -> None:
     """Raise the ShoalError carried by an error reply (micro error headers + ErrorReply body)."""
     code = (msg.headers or {}).get(ERROR_CODE_HEADER)
@@ -79,6 +88,8 @@ class Bus:
     def __init__(self, nc: NATS, settings: Settings) -> None:
         self.nc = nc
         self.closing = False
+        self.on_reconnect: list[Callable[[], None]] = []
+        """Called after every reconnection (what a caller caches from events may be stale)."""
         self.js: JetStreamContext = nc.jetstream()
         self.settings = settings
         self.subjects = Subjects(settings.ns)
@@ -97,7 +108,7 @@ class Bus:
                     servers, name=name, connect_timeout=2, allow_reconnect=True,
                     max_reconnect_attempts=-1, reconnect_time_wait=1, error_cb=_log_error,
                     disconnected_cb=_log_event(holder, "disconnected from NATS"),
-                    reconnected_cb=_log_event(holder, "reconnected to NATS"),
+                    reconnected_cb=_on_reconnected(holder),
                 )
                 holder.append(cls(nc, settings))
                 return holder[0]
@@ -124,10 +135,13 @@ class Bus:
         While NATS is away the answer is Unavailable at once (a 503), not a timeout later."""
         if not self.nc.is_connected:
             raise Unavailable("NATS is unreachable (reconnecting); retry shortly")
+        data = encode(payload)
         try:
-            msg = await self.nc.request(subject, encode(payload),
+            msg = await self.nc.request(subject, data,
                                         timeout=timeout or self.settings.request_timeout,
                                         headers=inject_headers(headers))
+        except MaxPayloadError:
+            raise too_large(self.nc, data) from None
         except NoRespondersError:
             raise Unavailable(f"no service answers on {subject}") from None
         except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
@@ -141,7 +155,11 @@ class Bus:
 
     async def publish(self, subject: str, payload: BaseModel,
                       headers: dict[str, str] | None = None) -> None:
-        await self.nc.publish(subject, encode(payload), headers=inject_headers(headers))
+        data = encode(payload)
+        try:
+            await self.nc.publish(subject, data, headers=inject_headers(headers))
+        except MaxPayloadError:
+            raise too_large(self.nc, data) from None
 
     async def subscribe(self, subject: str, model: type[T],
                         handler: Callable[[T, Msg], Awaitable[None]],
@@ -226,8 +244,11 @@ class Bus:
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox, cb=queue.put)
         try:
-            await self.nc.publish(subject, encode(payload), reply=inbox,
-                                  headers=inject_headers(headers))
+            data = encode(payload)
+            try:
+                await self.nc.publish(subject, data, reply=inbox, headers=inject_headers(headers))
+            except MaxPayloadError:
+                raise too_large(self.nc, data) from None
             yield queue
         finally:
             await sub.unsubscribe()
@@ -250,6 +271,20 @@ def _log_event(holder: list[Bus], text: str) -> Callable[[], Awaitable[None]]:
     async def callback() -> None:
         if not (holder and holder[0].closing):
             log.warning(text)
+
+    return callback
+
+
+def _on_reconnected(holder: list[Bus]) -> Callable[[], Awaitable[None]]:
+    log_it = _log_event(holder, "reconnected to NATS")
+
+    async def callback() -> None:
+        await log_it()
+        for hook in holder[0].on_reconnect if holder else ():
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - one hook must not stop the others
+                log.exception("reconnect hook failed")
 
     return callback
 

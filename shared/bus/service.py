@@ -21,13 +21,16 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import BaseModel
 
 from shoal.shared.bus.client import Bus, decode, error_body, error_headers
-from shoal.shared.errors import ShoalError
+from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.metrics import TTFT_BUCKETS as LATENCY_BUCKETS
 from shoal.shared.telemetry import extract_context, get_tracer
 
 log = logging.getLogger(__name__)
 
 Req = TypeVar("Req", bound=BaseModel)
+NUL = b"\\u0000"
+"""A NUL as pydantic writes it in JSON. Postgres text cannot store one and a path cannot hold one
+(os.stat raises), so a request carrying one is a 400 here, not a DBAPIError (500) deeper in."""
 Handler = Callable[[Req], Awaitable[BaseModel]]
 
 
@@ -82,6 +85,9 @@ class RpcService:
                 name, context=extract_context(request.headers), kind=trace.SpanKind.SERVER
             ) as span:
                 try:
+                    if NUL in request.data:
+                        raise InvalidRequest("text must not contain NUL characters (\\u0000): "
+                                             "no name, id, path or label holds one")
                     reply = await handler(decode(request.data, request_type))
                 except ShoalError as exc:
                     span.set_attribute("shoal.error", exc.code)

@@ -51,5 +51,10 @@ async def test_cold_start_asks_for_an_instance_then_times_out(settings: Settings
             async with http.post(f"{url}/v1/embeddings", json={**body, "model": plain}) as r:
                 assert r.status == 503 and time.monotonic() - start < 2
             assert plain not in demands
+            # the scale events are the autoscaler's to write
+            async with http.patch(f"{url}/api/v1/models/{name}", json={"scale_event": {
+                    "at": "2026-01-01T00:00:00Z", "from_replicas": 0, "to_replicas": 9,
+                    "reason": "made up"}}) as r:
+                assert r.status == 400 and (await r.json())["error"]["param"] == "scale_event"
     finally:
         await sub.unsubscribe()

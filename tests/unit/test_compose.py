@@ -55,3 +55,18 @@ def test_settings_read_the_urls_from_docker_secrets(tmp_path: Path) -> None:
     settings = Settings(_secrets_dir=tmp_path)
     assert settings.nats_url == "nats://shoal:pw@nats:4222"
     assert settings.database_url == "postgresql+asyncpg://shoal:pw@postgres/shoal"
+
+
+def test_nats_carries_the_largest_request() -> None:
+    """compose's NATS reads infra/nats/nats.conf, whose max_payload is the embedded server's,
+    above the gateway's largest body (README "The largest request")."""
+    from shoal.shared.config import Settings
+    from shoal.shared.embedded import NATS_MAX_PAYLOAD
+
+    nats = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["nats"]
+    mounted = {v.split(":")[0]: v.split(":")[1] for v in nats["volumes"] if v.startswith("./")}
+    conf = mounted["./infra/nats/nats.conf"]
+    assert f"cat {conf} > /tmp/nats.conf" in nats["entrypoint"][2]
+    text = (ROOT / "infra/nats/nats.conf").read_text()
+    assert f"max_payload: {NATS_MAX_PAYLOAD}" in text.splitlines()
+    assert Settings.model_fields["gateway_max_body_bytes"].default * 2 <= NATS_MAX_PAYLOAD

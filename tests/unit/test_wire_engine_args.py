@@ -17,8 +17,10 @@ from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.engine_args import EngineArgs
 from shoal.shared.schemas.registry import ModelCreate, ModelSpec
 
-NOT_ENGINE_ARGS = {"model", "tokenizer", "device", "cache_dir"}
-"""The worker's to decide: what the placement and the model's source say."""
+NOT_ENGINE_ARGS = {"model", "tokenizer", "device", "cache_dir", "tensor_parallel_size",
+                   "pipeline_parallel_size", "distributed_init_method"}
+"""The worker's to decide: what the placement (its tp / pp, from ModelSpec.tp / pp) and the
+model's source say."""
 TOP_LEVEL = {"max_model_len", "dtype", "gpu_memory_utilization"}
 """ModelSpec's own fields (GPUStack's shape)."""
 

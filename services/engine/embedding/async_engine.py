@@ -14,6 +14,7 @@ import queue
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -47,8 +48,8 @@ class _Job:
 
 
 class AsyncEmbeddingEngine:
-    def __init__(self, config: EngineConfig, model_dir: object = None) -> None:
-        self.engine = EmbeddingEngine(config, model_dir)  # type: ignore[arg-type]
+    def __init__(self, config: EngineConfig, model_dir: Path | None = None) -> None:
+        self.engine = EmbeddingEngine(config, model_dir)
         self.stats = EmbeddingStats()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._lock = threading.Lock()

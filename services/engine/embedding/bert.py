@@ -1,8 +1,10 @@
 """A BERT encoder (BertModel: embeddings, post-norm layers, no pooler), our own code.
 
 Module names are transformers' (`embeddings.word_embeddings`, `encoder.layer.N.attention.self.
-query`, ...) so a checkpoint's state dict loads as is. A batch is padded `[batch, seq]` with an
-attention mask; attention is torch's scaled_dot_product_attention (fused on CPU and CUDA).
+query`, ...) so a checkpoint's state dict loads as is. The engine runs a batch packed, as vLLM
+runs an encoder: the sequences' tokens flattened into one `[num_tokens]` row (no padding, so
+every matmul costs only real tokens) and attention computed per sequence with torch's
+scaled_dot_product_attention. `forward` (padded, with a mask) is the plain reference form.
 """
 
 from __future__ import annotations
@@ -25,9 +27,13 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        x = (self.word_embeddings(input_ids) + self.position_embeddings(positions)[None]
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """`[batch, seq]` ids (positions 0..seq-1), or packed `[num_tokens]` ids with each
+        token's position in its sequence."""
+        if positions is None:
+            positions = torch.arange(input_ids.shape[-1], device=input_ids.device)
+        x = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
              + self.token_type_embeddings.weight[0])  # one segment: token type 0
         return self.LayerNorm(x)
 
@@ -49,6 +55,23 @@ class BertSelfAttention(nn.Module):
         out = F.scaled_dot_product_attention(heads(self.query(x)), heads(self.key(x)),
                                              heads(self.value(x)), attn_mask=mask)
         return out.transpose(1, 2).reshape(b, s, h)
+
+
+    def forward_packed(self, x: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
+        """x `[num_tokens, hidden]`, the sequences one after another; attention within each."""
+        h = x.shape[1]
+        head_dim = h // self.num_heads
+        outs = []
+        for q, k, v in zip(self.query(x).split(seq_lens), self.key(x).split(seq_lens),
+                           self.value(x).split(seq_lens)):
+            n = q.shape[0]
+
+            def heads(t: torch.Tensor, n: int = n) -> torch.Tensor:  # [n, h] -> [1, heads, n, d]
+                return t.view(1, n, self.num_heads, head_dim).transpose(1, 2)
+
+            out = F.scaled_dot_product_attention(heads(q), heads(k), heads(v))
+            outs.append(out.transpose(1, 2).reshape(n, h))
+        return torch.cat(outs)
 
 
 class BertDenseNorm(nn.Module):
@@ -89,6 +112,11 @@ class BertLayer(nn.Module):
         inner = self.intermediate.act(self.intermediate.dense(x))
         return self.output(inner, x)
 
+    def forward_packed(self, x: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
+        x = self.attention.output(self.attention.self.forward_packed(x, seq_lens), x)
+        inner = self.intermediate.act(self.intermediate.dense(x))
+        return self.output(inner, x)
+
 
 class BertEncoder(nn.Module):
     def __init__(self, cfg: Any) -> None:
@@ -112,4 +140,13 @@ class BertModel(nn.Module):
         mask = attention_mask.bool()[:, None, None, :]
         for layer in self.encoder.layer:
             x = layer(x, mask)
+        return x
+
+    def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                       seq_lens: list[int]) -> torch.Tensor:
+        """Packed `[num_tokens]` ids, positions within each sequence, and the sequences' lengths
+        -> last hidden states `[num_tokens, hidden]`."""
+        x = self.embeddings(input_ids, positions)
+        for layer in self.encoder.layer:
+            x = layer.forward_packed(x, seq_lens)
         return x

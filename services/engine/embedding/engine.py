@@ -1,9 +1,10 @@
-"""EmbeddingEngine: texts or token ids -> pooled, normalised vectors, in length-sorted batches.
+"""EmbeddingEngine: texts or token ids -> pooled, normalised vectors, in packed batches.
 
 Offline and synchronous (the benchmark and the parity test call it directly); the serving path
-wraps it in AsyncEmbeddingEngine (async_engine.py). Batches are bounded by the engine's
-`max_num_seqs` inputs and `max_num_batched_tokens` padded tokens, as generation's steps are, and
-inputs are sorted by length first so a batch pads little.
+wraps it in AsyncEmbeddingEngine (async_engine.py). A batch is packed (the inputs' tokens in one
+row, attention per input: bert.py), bounded by the engine's `max_num_seqs` inputs and
+`max_num_batched_tokens` tokens, as generation's steps are; nothing is padded, so inputs of any
+lengths batch together at the cost of their own tokens.
 """
 
 from __future__ import annotations
@@ -76,7 +77,6 @@ class EmbeddingEngine:
         self.max_model_len: int = config.max_model_len or limit
         self.vocab_size: int = hf.vocab_size
         self.dimension = self.pooling.dimension
-        self.pad_id = int(self.tokenizer.pad_token_id or 0)
         log.info("embedding engine: %s, %s pooling%s, %d dims, max %d tokens, %s %s",
                  self.model_dir.name, self.pooling.mode,
                  " + normalize" if self.pooling.normalize else "", self.dimension,
@@ -125,17 +125,20 @@ class EmbeddingEngine:
 
     # ------------------------------------------------------------------ compute
     def batches(self, lengths: Sequence[int]) -> list[list[int]]:
-        """Indexes grouped into batches: longest first, each within max_num_seqs inputs and
-        max_num_batched_tokens padded tokens (a lone input over the budget runs alone)."""
-        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        """Indexes grouped into packed batches, in order: each within max_num_seqs inputs and
+        max_num_batched_tokens tokens (a lone input over the budget runs alone). Packed, a
+        batch costs its real tokens, so no sorting by length is needed."""
         out: list[list[int]] = []
-        for i in order:
+        tokens = 0
+        for i, n in enumerate(lengths):
             cur = out[-1] if out else None
             if (cur is not None and len(cur) < self.config.max_num_seqs
-                    and lengths[cur[0]] * (len(cur) + 1) <= self.config.max_num_batched_tokens):
+                    and tokens + n <= self.config.max_num_batched_tokens):
                 cur.append(i)
+                tokens += n
             else:
                 out.append([i])
+                tokens = n
         return out
 
     @torch.inference_mode()
@@ -143,26 +146,24 @@ class EmbeddingEngine:
         """Pooled (normalised) float32 vectors `[len(batch), dimensions or dim]`, on the CPU."""
         result = torch.empty(len(batch), self.dimension, dtype=torch.float32)
         for group in self.batches([len(ids) for ids in batch]):
-            width = len(batch[group[0]])
-            ids = torch.full((len(group), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(group), width), dtype=torch.long)
-            for row, i in enumerate(group):
-                ids[row, :len(batch[i])] = torch.as_tensor(batch[i])
-                mask[row, :len(batch[i])] = 1
-            ids, mask = ids.to(self.device), mask.to(self.device)
-            hidden = self.model(ids, mask).float()
-            result[group] = self._pool(hidden, mask).cpu()
+            seq_lens = [len(batch[i]) for i in group]
+            ids = torch.tensor([t for i in group for t in batch[i]], dtype=torch.long)
+            positions = torch.cat([torch.arange(n) for n in seq_lens])
+            hidden = self.model.forward_packed(ids.to(self.device), positions.to(self.device),
+                                               seq_lens).float()
+            result[group] = self._pool(hidden, seq_lens).cpu()
         if dimensions is not None and dimensions < self.dimension:
             result = result[:, :dimensions]  # Matryoshka: a prefix, normalised again below
         if self.pooling.normalize:
             result = F.normalize(result, p=2, dim=1)
         return result
 
-    def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _pool(self, hidden: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
+        """One vector per packed sequence: its first token (CLS) or the mean of its tokens."""
         if self.pooling.mode == "cls":
-            return hidden[:, 0]
-        weights = mask.unsqueeze(-1).to(hidden.dtype)
-        return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+            starts = torch.tensor([0] + seq_lens[:-1]).cumsum(0).to(hidden.device)
+            return hidden[starts]
+        return torch.stack([part.mean(0) for part in hidden.split(seq_lens)])
 
     def encode(self, texts: Sequence[str], dimensions: int | None = None) -> torch.Tensor:
         """Texts -> vectors (the offline shortcut: tokenize, check, embed)."""

@@ -4,6 +4,12 @@ One flattened varlen batch per forward: `input_ids`/`positions` are `[num_tokens
 goes through the paged KV cache, over a sliding window in the layers whose config says so
 (sliding_window.py). Module names mirror transformers' so checkpoints load directly, with q/k/v
 and gate/up packed (see `packed_modules_mapping`).
+
+Parallel (a `ParallelContext`): the layers split heads and the MLP across the tp ranks
+(layers/linear.py, layers/embedding.py); a pipeline stage builds only its contiguous range of
+decoder layers (the others are empty placeholders, so checkpoint names keep their indexes), the
+embedding on the first stage and the final norm and LM head on the last; `skipped_prefixes` names
+the checkpoint tensors that belong to other stages, which the loader does not read.
 """
 
 from __future__ import annotations
@@ -15,10 +21,13 @@ from torch import nn
 
 from shoal.kernels import Ops
 from shoal.services.engine.attention import Attention, AttentionMetadata
+from shoal.services.engine.distributed.parallel_state import (
+    ParallelContext, kv_heads_per_rank, stage_layers
+)
 from shoal.services.engine.layers.activation import SiluAndMul
 from shoal.services.engine.layers.embedding import LMHead, VocabEmbedding
 from shoal.services.engine.layers.layernorm import RMSNorm
-from shoal.services.engine.layers.linear import GateUpLinear, Linear, QKVLinear
+from shoal.services.engine.layers.linear import GateUpLinear, QKVLinear, RowParallelLinear
 from shoal.services.engine.layers.rotary import RotaryEmbedding, rope_parameters
 from shoal.services.engine.models import sliding_window
 
@@ -29,14 +38,17 @@ def head_dim_of(cfg: Any) -> int:
 
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: Any, max_model_len: int, ops: Ops, qkv_bias: bool, o_bias: bool,
-                 qk_norm: bool, window: int | None) -> None:
+                 qk_norm: bool, window: int | None, parallel: ParallelContext) -> None:
         super().__init__()
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
+        total_heads = cfg.num_attention_heads
+        total_kv_heads = getattr(cfg, "num_key_value_heads", None) or total_heads
+        self.num_heads = total_heads // parallel.tp_size  # this rank's heads
+        self.num_kv_heads = kv_heads_per_rank(total_kv_heads, parallel.tp_size)
         self.head_dim = head_dim_of(cfg)
-        self.qkv_proj = QKVLinear(cfg.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim,
-                                  bias=qkv_bias)
-        self.o_proj = Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=o_bias)
+        self.qkv_proj = QKVLinear(cfg.hidden_size, total_heads, total_kv_heads, self.head_dim,
+                                  bias=qkv_bias, parallel=parallel)
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, cfg.hidden_size, bias=o_bias,
+                                        parallel=parallel)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ops) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ops) if qk_norm else None
         self.rotary_emb = RotaryEmbedding(rope_parameters(cfg), self.head_dim,
@@ -60,10 +72,12 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: Any, bias: bool) -> None:
+    def __init__(self, cfg: Any, bias: bool, parallel: ParallelContext) -> None:
         super().__init__()
-        self.gate_up_proj = GateUpLinear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+        self.gate_up_proj = GateUpLinear(cfg.hidden_size, cfg.intermediate_size, bias=bias,
+                                         parallel=parallel)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=bias,
+                                           parallel=parallel)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -72,11 +86,11 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: Any, max_model_len: int, ops: Ops, qkv_bias: bool, o_bias: bool,
-                 qk_norm: bool, window: int | None) -> None:
+                 qk_norm: bool, window: int | None, parallel: ParallelContext) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm,
-                                        window)
-        self.mlp = LlamaMLP(cfg, bias=bool(getattr(cfg, "mlp_bias", False)))
+                                        window, parallel)
+        self.mlp = LlamaMLP(cfg, bool(getattr(cfg, "mlp_bias", False)), parallel)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
 
@@ -91,23 +105,42 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
+IntermediateTensors = tuple[torch.Tensor, torch.Tensor]
+"""(hidden, residual), each [num_tokens, hidden]: what a pipeline stage hands to the next."""
+
+
 class LlamaModel(nn.Module):
     def __init__(self, cfg: Any, max_model_len: int, ops: Ops, qkv_bias: bool, o_bias: bool,
-                 qk_norm: bool, windows: list[int | None]) -> None:
+                 qk_norm: bool, windows: list[int | None], parallel: ParallelContext) -> None:
         super().__init__()
         assert len(windows) == cfg.num_hidden_layers, (len(windows), cfg.num_hidden_layers)
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.parallel = parallel
+        self.start, self.end = stage_layers(cfg.num_hidden_layers, parallel.pp_size,
+                                            parallel.pp_rank)
+        self.embed_tokens = (VocabEmbedding(cfg.vocab_size, cfg.hidden_size, parallel)
+                             if parallel.is_first_stage else None)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm, window)
-            for window in windows)
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+            LlamaDecoderLayer(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm, window, parallel)
+            if self.start <= i < self.end else nn.Identity()  # another stage's layer
+            for i, window in enumerate(windows))
+        self.norm = (RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+                     if parallel.is_last_stage else None)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                intermediate: IntermediateTensors | None = None
+                ) -> torch.Tensor | IntermediateTensors:
+        """The last stage returns the normed hidden states; the others (hidden, residual)."""
         residual: torch.Tensor | None = None
-        for layer in self.layers:
+        if intermediate is None:
+            assert self.embed_tokens is not None
+            hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        else:
+            hidden, residual = intermediate
+        for layer in self.layers[self.start:self.end]:
             hidden, residual = layer(positions, hidden, residual, meta)
+        assert residual is not None
+        if self.norm is None:
+            return hidden, residual
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -118,14 +151,30 @@ class LlamaForCausalLM(nn.Module):
         "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up"),
     }
 
-    def __init__(self, cfg: Any, max_model_len: int, ops: Ops) -> None:
+    def __init__(self, cfg: Any, max_model_len: int, ops: Ops,
+                 parallel: ParallelContext | None = None) -> None:
         super().__init__()
+        parallel = parallel or ParallelContext.single()
+        self.hidden_size = cfg.hidden_size
         qkv_bias, o_bias, qk_norm = self.attention_options(cfg)
         self.model = LlamaModel(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm,
-                                self.sliding_windows(cfg))
+                                self.sliding_windows(cfg), parallel)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         tied = self.model.embed_tokens if self.tie_word_embeddings else None
-        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, tied)
+        self.lm_head = (LMHead(cfg.vocab_size, cfg.hidden_size, tied, parallel)
+                        if parallel.is_last_stage else None)
+        self.skipped_prefixes = self._other_stages(cfg, parallel)
+
+    def _other_stages(self, cfg: Any, parallel: ParallelContext) -> tuple[str, ...]:
+        """Checkpoint name prefixes this pipeline stage does not hold."""
+        skipped = [f"model.layers.{i}." for i in range(cfg.num_hidden_layers)
+                   if not self.model.start <= i < self.model.end]
+        if self.model.embed_tokens is None and not (self.tie_word_embeddings
+                                                    and parallel.is_last_stage):
+            skipped.append("model.embed_tokens.")  # (tied: the last stage's LM head reads it)
+        if not parallel.is_last_stage:
+            skipped += ["model.norm.", "lm_head."]
+        return tuple(skipped)
 
     @staticmethod
     def attention_options(cfg: Any) -> tuple[bool, bool, bool]:
@@ -136,11 +185,13 @@ class LlamaForCausalLM(nn.Module):
     sliding_windows = staticmethod(sliding_window.full_attention)
     """Per layer: its attention window, None = full (models/sliding_window.py)."""
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        return self.model(input_ids, positions, meta)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                intermediate: IntermediateTensors | None = None
+                ) -> torch.Tensor | IntermediateTensors:
+        return self.model(input_ids, positions, meta, intermediate)
 
     def compute_logits(self, hidden: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
+        assert self.lm_head is not None, "logits are computed on the last pipeline stage"
         return self.lm_head(hidden, logits_indices)  # [num_logits, vocab] float32
 
 

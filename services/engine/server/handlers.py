@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import MaxPayloadError
 from opentelemetry.trace import Span
 
 from shoal.services.engine.async_engine import AsyncEngine
@@ -26,7 +28,7 @@ from shoal.services.engine.request_output import RequestOutput
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.services.engine.server.metrics import EngineMetrics
 from shoal.services.engine.server.tracing import generate_span, record_finished
-from shoal.shared.bus.client import Bus, decode, encode
+from shoal.shared.bus.client import Bus, decode, encode, too_large
 from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.loops import run_every
 from shoal.shared.schemas.common import ErrorBody
@@ -52,6 +54,11 @@ class EngineHandlers:
     draining: bool = False
     tokenizer: Any = None
     metrics: EngineMetrics | None = None
+    tokenizing: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenize"))
+    """Prompts are tokenized here, off the event loop: a 4 MiB prompt takes seconds, during which
+    the loop must keep publishing loads (or gateways count the engine dead and fail its streams)
+    and serving every other stream. One thread: the handlers' tokenizer is used by one at a time."""
 
     async def start(self) -> None:
         # A tokenizer of our own: the engine thread detokenizes with its copy meanwhile.
@@ -104,7 +111,11 @@ class EngineHandlers:
         except ShoalError as exc:
             await self.bus.respond_error(msg, exc)
             return
-        await msg.respond(encode(reply))
+        data = encode(reply)
+        try:
+            await msg.respond(data)
+        except MaxPayloadError:  # e.g. the token ids of a huge prompt
+            await self.bus.respond_error(msg, too_large(self.bus.nc, data, "the answer"))
 
     async def on_abort(self, msg: Msg) -> None:
         try:
@@ -127,12 +138,17 @@ class EngineHandlers:
 
         async def send(reply: InferChunk | InferEnd | InferError) -> None:
             nonlocal seq
-            await self.bus.nc.publish(inbox, encode(InferReplyEnvelope(reply=reply)))
+            data = encode(InferReplyEnvelope(reply=reply))
+            try:
+                await self.bus.nc.publish(inbox, data)
+            except MaxPayloadError:  # a 413 error reply instead (small), never a silent hang
+                raise too_large(self.bus.nc, data, "the answer") from None
             seq += 1
 
         outputs: RequestStream | None = None
         try:
-            token_ids = self.prompt_token_ids(req)
+            token_ids = await asyncio.get_running_loop().run_in_executor(
+                self.tokenizing, self.prompt_token_ids, req)
             params = SamplingParams(**req.sampling.model_dump())
             parser = self.tool_call_parser(req)
             outputs = self.engine.open(req.request_id, token_ids, params, time.time(),

@@ -2,7 +2,10 @@
 
 Moves its instance DOWNLOADING (model files prepared, progress in the message) -> STARTING
 (weights loaded) -> RUNNING (serving), or ERROR with the cause. SIGTERM drains: intake stops,
-in-flight requests finish (up to drain_timeout), then the process exits.
+in-flight requests finish (up to drain_timeout), then the process exits. An instance placed with
+tp / pp runs its ranks > 0 as child processes of this one (engine distributed/executor.py): only
+rank 0 is on the bus; a rank that dies fails the step loop, which moves the instance to ERROR
+naming the rank and exits, so the supervisor restarts the engine and every rank with it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from shoal.shared.states import InstanceState, can_transition
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 2.0
+FAILURE_POLL_S = 0.5
 
 
 class Gone(Exception):
@@ -72,9 +76,14 @@ class InstanceReporter:
 def engine_config(model: ModelPublic, instance: InstancePublic) -> EngineConfig:
     """The model's settings as an EngineConfig (engine_args were checked at deploy time; the
     config checks them again, as SamplingParams does a request's options)."""
+    if instance.subordinate_workers:
+        raise ShoalError("pipeline stages across workers are not implemented yet: this engine "
+                         "runs all of its tp x pp ranks on its own worker")
     args = {"max_model_len": model.max_model_len, "dtype": model.dtype,
             "gpu_memory_utilization": model.gpu_memory_utilization,
-            "device": "auto" if instance.gpu_indexes else "cpu", **model.engine_args.given()}
+            "device": "auto" if instance.gpu_indexes else "cpu",
+            "tensor_parallel_size": instance.tp, "pipeline_parallel_size": instance.pp,
+            **model.engine_args.given()}
     return EngineConfig(model=model.source, **{k: v for k, v in args.items() if v is not None})
 
 
@@ -130,6 +139,8 @@ async def start_engine(settings: Settings, reporter: InstanceReporter,
         await reporter.move(InstanceState.STARTING, "loading weights")
     config = engine_config(model, reporter.instance)
     if is_embedding_model(model_dir):  # BERT-family encoder: the embedding engine (embedding/)
+        if config.tensor_parallel_size * config.pipeline_parallel_size > 1:
+            raise ShoalError("an embedding model runs as one rank: deploy it without tp / pp")
         return await asyncio.to_thread(AsyncEmbeddingEngine, config, model_dir)
     return await asyncio.to_thread(AsyncEngine, config, model_dir=model_dir)
 
@@ -152,7 +163,10 @@ async def serve(settings: Settings, bus: Bus, reporter: InstanceReporter, engine
     try:
         await reporter.move(InstanceState.RUNNING, None)
         log.info("serving %s as instance %s", model.name, reporter.instance.name)
-        await stop.wait()
+        failed = await _until_stop_or_failure(engine, stop)
+        if failed is not None:  # e.g. a tensor / pipeline parallel rank died: restart them all
+            await _report_error(reporter, f"engine failed: {failed}")
+            raise SystemExit(1)
         log.info("draining (up to %.0fs)", settings.drain_timeout)
         await handlers.stop_intake()
         await handlers.wait_in_flight(settings.drain_timeout)
@@ -162,6 +176,21 @@ async def serve(settings: Settings, bus: Bus, reporter: InstanceReporter, engine
         load_stop.set()
         await loads
         await endpoint.stop()
+
+
+async def _until_stop_or_failure(engine: AsyncEngine, stop: asyncio.Event) -> str | None:
+    """Wait for the stop signal; return the engine's error if its step loop fails first (the
+    streams have had theirs already: the instance then goes to ERROR and the supervisor
+    restarts the engine, every rank with it)."""
+    while not stop.is_set():
+        if engine.error is not None:
+            error = engine.error
+            return error.message if isinstance(error, ShoalError) else repr(error)
+        try:
+            await asyncio.wait_for(stop.wait(), FAILURE_POLL_S)
+        except TimeoutError:
+            pass
+    return None
 
 
 async def _message(reporter: InstanceReporter, message: str) -> None:

@@ -53,8 +53,12 @@ class ModelClaim:
         return math.ceil((self.weights + self.kv_cache) / num_gpus) + self.activations
 
     def valid_tp(self, tp: int) -> bool:
-        """vLLM shards attention by heads: TP must divide the attention and the KV heads."""
-        return self.shape.num_attention_heads % tp == 0 and self.shape.num_kv_heads % tp == 0
+        """The engine's rule (vLLM's): TP divides the attention heads and the MLP size, and
+        divides the KV heads or is a multiple of them (each then replicated on tp / kv ranks)."""
+        s = self.shape
+        kv_ok = s.num_kv_heads % tp == 0 if tp <= s.num_kv_heads else tp % s.num_kv_heads == 0
+        return (s.num_attention_heads % tp == 0 and kv_ok
+                and (not s.intermediate_size or s.intermediate_size % tp == 0))
 
     def kv_bytes_per_token(self) -> int:
         s = self.shape

@@ -10,7 +10,8 @@ from shoal.services.gateway.auth import KeyCache, bearer
 from shoal.shared.schemas.registry import ApiKeyVerified
 from shoal.services.gateway.errors import error_body
 from shoal.shared.errors import (
-    Conflict, InvalidRequest, NotFound, Overloaded, ShoalError, Timeout, Unauthorized, Unavailable,
+    Conflict, InvalidRequest, NotFound, Overloaded, PayloadTooLarge, ShoalError, Timeout,
+    Unauthorized, Unavailable,
 )
 
 
@@ -22,6 +23,7 @@ from shoal.shared.errors import (
     (Overloaded("full"), 429, "rate_limit_error"),
     (Unavailable("down"), 503, "service_unavailable"),
     (Timeout("slow"), 503, "timeout_error"),
+    (PayloadTooLarge("big"), 413, "invalid_request_error"),
 ])
 def test_shoal_errors_keep_status_and_shape(exc: ShoalError, status: int, kind: str) -> None:
     got_status, body = error_body(exc)
@@ -38,6 +40,8 @@ def test_engine_error_bodies_come_back_as_the_right_kind() -> None:
                                           "type": "invalid_request_error",
                                                "param": "prompt", "code": "invalid_request"}})
     assert error_body(ShoalError.from_dict({"message": "gone", "type": ""}, status=503))[0] == 503
+    big = ShoalError.from_dict(PayloadTooLarge("the answer is 9 MB").to_dict(), status=413)
+    assert isinstance(big, PayloadTooLarge) and error_body(big)[0] == 413  # the status decides
 
 
 def test_http_errors_and_unexpected_ones() -> None:
@@ -62,3 +66,18 @@ def test_key_cache_expires_and_is_bounded() -> None:
     assert cache.get("other", now=0) is None
     cache.put("bad", bad, now=0)
     assert cache.get("bad", now=1) is bad
+
+
+def test_key_cache_forgets_a_revoked_key_at_once() -> None:
+    cache = KeyCache(ttl=3600)
+    a, b = ApiKeyVerified(valid=True, key_id="a"), ApiKeyVerified(valid=True, key_id="b")
+    cache.put("sk-a", a, now=0)
+    cache.put("sk-b", b, now=0)
+    cache.forget("a")  # the registry's event for key a
+    assert cache.get("sk-a", now=1) is None and cache.get("sk-b", now=1) is b
+    generation = cache.generation  # a verify of sk-a was answered before the event...
+    cache.forget("a")
+    cache.put("sk-a", a, now=1, generation=generation)  # ...so it is not cached
+    assert cache.get("sk-a", now=2) is None
+    cache.clear()  # reconnected to NATS: events may have been missed
+    assert cache.get("sk-b", now=2) is None

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from shoal.services.gateway.json_body import MAX_JSON_DEPTH, parse_body
 from shoal.services.gateway.protocol import (
-    ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody, parse_body,
+    ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody,
 )
 from shoal.shared.errors import InvalidRequest
 
@@ -53,6 +54,21 @@ def completion(**fields: object) -> bytes:
      "messages.0.content"),
     (json.dumps({"messages": MSG}).encode(), "model"),
     (json.dumps({"model": "", "messages": MSG}).encode(), "model"),
+    # lenient input that OpenAI and vLLM refuse (issue 15): no coercion, no overflow, no ignoring
+    (chat(seed="42"), "seed"),
+    (chat(seed=2**63), "seed"),
+    (chat(stop_token_ids=[2**63]), "stop_token_ids.0"),
+    (chat(stop_token_ids=[-1]), "stop_token_ids.0"),
+    (chat(top_k=1e9), "top_k"),
+    (chat(top_k=2**40), "top_k"),
+    (chat(n="2"), "n"),
+    (chat(stream="true"), "stream"),
+    (chat(temperature="0.5"), "temperature"),
+    (chat(logit_bias="garbage"), "logit_bias"),
+    (chat(logit_bias={"not-a-token": 5}), "logit_bias"),
+    (chat(logit_bias={"50256": 1000}), "logit_bias"),
+    (chat(logit_bias={"50256": "x"}), "logit_bias.50256"),
+    (chat(logit_bias={"50256": -100}), "logit_bias"),  # well formed, but no engine applies it
 ])
 def test_bad_chat_requests(raw: bytes, param: str) -> None:
     with pytest.raises(InvalidRequest) as err:
@@ -70,6 +86,9 @@ def test_bad_chat_requests(raw: bytes, param: str) -> None:
     (completion(suffix="x"), "suffix"),
     (completion(best_of=3), "best_of"),
     (completion(echo=True, logprobs=1), "echo"),
+    (completion(prompt=[1, 2**63]), "prompt"),
+    (completion(prompt=[[1], [2**31]]), "prompt"),
+    (completion(max_tokens=16.0), "max_tokens"),
 ])
 def test_bad_completion_requests(raw: bytes, param: str) -> None:
     with pytest.raises(InvalidRequest) as err:
@@ -122,3 +141,47 @@ def test_tokenize_bodies() -> None:
     with pytest.raises(InvalidRequest) as err:
         parse_body(b'{"model": "m", "tokens": ["a"]}', DetokenizeBody)
     assert err.value.param == "tokens.0"
+
+
+def test_deep_nesting_is_a_400_not_a_recursion_error() -> None:
+    deep = b'{"model": "m", "messages": ' + b"[" * 10000 + b"]" * 10000 + b"}"
+    for model in (ChatCompletionRequest, CompletionRequest, TokenizeBody):
+        with pytest.raises(InvalidRequest) as err:
+            parse_body(deep, model)
+        assert err.value.code == "invalid_json" and "nests deeper" in err.value.message
+    schema: dict = {"type": "object"}
+    for _ in range(MAX_JSON_DEPTH):  # just under json.loads' limit, over ours
+        schema = {"type": "object", "properties": {"a": schema}}
+    raw = chat(response_format={"type": "json_schema", "json_schema": {"name": "x",
+                                                                        "schema": schema}})
+    with pytest.raises(InvalidRequest, match="nests deeper"):
+        parse_body(raw, ChatCompletionRequest)
+    shallow = {"type": "object", "properties": {"a": {"type": "string"}}}
+    ok = chat(response_format={"type": "json_schema", "json_schema": {"name": "x",
+                                                                       "schema": shallow}})
+    assert parse_body(ok, ChatCompletionRequest).response_format is not None
+
+
+def test_integral_ids_and_seeds_in_range_pass() -> None:
+    body = parse_body(chat(seed=-(2**63), stop_token_ids=[0, 2**31 - 1], top_k=-1),
+                      ChatCompletionRequest)
+    assert body.generate("r").sampling.stop_token_ids == [0, 2**31 - 1]
+    assert parse_body(chat(logit_bias={}), ChatCompletionRequest).logit_bias == {}
+
+
+def test_lone_surrogates_are_a_400_not_an_encoding_error() -> None:
+    """json.loads takes "\\ud800" alone, but nothing can encode it for the bus (found by the
+    fuzzer); a surrogate pair is one real character and passes."""
+    for raw in (b'{"model": "m\\ud890", "prompt": "hi"}', b'{"model": "m", "prompt": "\\udc00"}',
+                b'{"model": "m", "prompt": "hi", "\\ud800": 1}'):
+        with pytest.raises(InvalidRequest, match="surrogate"):
+            parse_body(raw, CompletionRequest)
+    body = parse_body(b'{"model": "m", "prompt": "\\ud83d\\ude42"}', CompletionRequest)
+    assert body.prompt == "\U0001f642"
+
+
+def test_tokenize_with_no_messages_is_a_400() -> None:
+    """Found by the fuzzer: `messages: []` built a chat request that refused it: a 500."""
+    with pytest.raises(InvalidRequest) as err:
+        parse_body(b'{"model": "m", "messages": []}', TokenizeBody)
+    assert err.value.param == "messages"

@@ -10,7 +10,7 @@ import pytest
 from shoal.services.gateway.admission import Admission
 from shoal.services.gateway.responses import ResponseBuilder, add_usage, usage_body
 from shoal.services.gateway.streaming import DONE, parse_sse, sse_error, sse_event
-from shoal.shared.errors import Overloaded, Unavailable
+from shoal.shared.errors import InvalidRequest, Overloaded, Unavailable
 from shoal.shared.schemas.infer import ChoiceDelta, TokenLogprobWire, TopLogprob, Usage
 
 
@@ -92,3 +92,20 @@ def test_admission_is_bounded_and_releases() -> None:
         with gate.slot():
             raise RuntimeError("handler failed")
     assert gate.num_active == 0
+
+
+def test_admission_counts_what_a_request_costs() -> None:
+    """A batched completion of N prompts holds N (times n) sequences, not one slot."""
+    gate = Admission(10)
+    with gate.slot(8, param="prompt"):
+        assert gate.num_active == 8 and gate.num_requests == 1
+        with pytest.raises(Overloaded):
+            with gate.slot(3, param="prompt"):
+                pass
+        with gate.slot(2, param="n"):
+            assert gate.num_active == 10
+    assert gate.num_active == 0 and gate.num_requests == 0
+    with pytest.raises(InvalidRequest) as err:  # could never fit: not a 429 to retry forever
+        with gate.slot(500, param="prompt"):
+            pass
+    assert err.value.param == "prompt" and gate.num_active == 0

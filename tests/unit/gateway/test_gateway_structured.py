@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from shoal.services.gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from shoal.services.gateway.json_body import parse_body
+from shoal.services.gateway.protocol import ChatCompletionRequest, CompletionRequest
 from shoal.services.gateway.responses import ResponseBuilder
 from shoal.services.gateway.structured import rename_param
 from shoal.services.gateway.tools import ToolMode

@@ -117,7 +117,9 @@ def test_per_gpu_split_and_tp_rule() -> None:
     claim = compute_claim(profile(70, heads=9, kv_heads=3, hidden=576 * 8), spec(), "gpu")
     assert claim.per_gpu(1) == claim.total
     assert claim.per_gpu(4) == -(-(claim.weights + claim.kv_cache) // 4) + claim.activations
-    assert [tp for tp in range(1, 10) if claim.valid_tp(tp)] == [1, 3]
+    # 9 heads, 3 KV heads: tp 3 splits them, tp 9 replicates each KV head on 3 ranks (vLLM);
+    # tp 2 divides neither
+    assert [tp for tp in range(1, 10) if claim.valid_tp(tp)] == [1, 3, 9]
     assert claim.total > 130 * GIB
 
 

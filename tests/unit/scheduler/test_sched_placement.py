@@ -138,6 +138,23 @@ def test_cpu_only_fleet_places_by_ram() -> None:
     assert r.ok and r.placement.gpu_indexes == [] and r.placement.claim.ram > 0
 
 
+def test_cpu_placement_with_tp_pp_splits_a_workers_cores() -> None:
+    small = worker("small", ram_gib=64)
+    small.status.cpu_cores = 2
+    fleet = [small, worker("big", ram_gib=64)]  # 32 cores
+    r = plan_placement(spec(device="cpu", tp=2, pp=2), fleet, [], profile=profile(1.5))
+    assert r.ok and r.placement.worker_id == "wid-big"
+    assert (r.placement.tp, r.placement.pp) == (2, 2)
+    r = plan_placement(spec(device="cpu", pp=2), [small], [], profile=profile(1.5))
+    assert r.ok and (r.placement.tp, r.placement.pp) == (1, 2)
+    smol = profile(0.135, layers=30, heads=9, kv_heads=3, hidden=576)  # SmolLM2-135M's shape
+    r = plan_placement(spec(device="cpu", tp=3), [small], [], profile=smol)
+    assert not r.ok and "runs 3 engine ranks, one CPU core each" in r.reason
+    assert "small, has 2" in r.reason
+    r = plan_placement(spec(device="cpu", tp=2), fleet, [], profile=smol)
+    assert not r.ok and "tp=2 cannot work" in r.reason and "9 attention heads" in r.reason
+
+
 def test_filters_status_labels_gpu_type() -> None:
     fleet = [worker("a", 1, state=WorkerState.NOT_READY), worker("b", 1, labels={"zone": "x"}),
              worker("c", 1, gpu_name="NVIDIA A10", gpu_gib=24, labels={"zone": "x"}),

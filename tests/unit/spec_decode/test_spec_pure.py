@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from shoal.services.engine import ConfigError, EngineConfig
+from shoal.services.engine.outputs import RunnerOutput
 from shoal.services.engine.spec_decode.ngram import NgramProposer
 from shoal.services.engine.spec_decode.rejection import greedy_accept, rejection_sample
 from shoal.services.engine.spec_decode.stats import SpecDecodeStats
@@ -139,3 +140,59 @@ def test_metrics_carry_vllms_names() -> None:
     off = CollectorRegistry()
     off.register(SpecDecodeCollector(lambda: None, {"model_name": "m", "engine": "e"}))
     assert "spec_decode" not in generate_latest(off).decode()
+
+
+def test_verify_samples_the_processed_distribution() -> None:
+    """The runner's glue (verify.py): with temperature and top-p, the first emitted token follows
+    the distribution an ordinary step draws from (processed_probs), whatever the draft."""
+    from shoal.services.engine.sampler import SeqState, processed_probs
+    from shoal.services.engine.sampling_params import SamplingParams
+    from shoal.services.engine.spec_decode.verify import verify
+
+    params = SamplingParams(temperature=0.7, top_p=0.9)
+    logits = torch.tensor([[1.0, 2.0, 0.5, -1.0, 1.5, 0.0],
+                           [0.0, 0.3, 2.0, 1.0, -0.5, 0.2]])
+    target = processed_probs(logits[:1].clone(), [params])[0]
+    target = target / target.sum()
+    state = SeqState(params=params, token_ids=[1, 2, 3], prompt_len=3,
+                     generator=torch.Generator().manual_seed(3))
+    firsts = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: OpenMP's barriers cost more than the work
+    try:
+        for _ in range(4000):
+            accepted, token = verify(logits.clone(), state, [1], frozenset())
+            firsts.append(accepted[0] if accepted else token)
+            assert accepted in ([], [1])
+    finally:
+        torch.set_num_threads(threads)
+    assert float(target[3]) == 0.0 and 3 not in firsts  # cut by top-p, never emitted
+    kept = target > 0
+    counts = torch.bincount(torch.tensor(firsts), minlength=VOCAB).double()[kept]
+    expected = target[kept].double() * len(firsts)
+    assert float(((counts - expected) ** 2 / expected).sum()) < CHI2_LIMIT
+
+
+def test_scheduler_reserves_draft_slots_only_where_speculation_applies() -> None:
+    """Plain decodes get k slots (within max_tokens and the step budget); structured outputs and
+    logprobs get none; nothing at or above disable_by_batch_size running sequences."""
+    from shoal.services.engine.sampling_params import SamplingParams, StructuredOutputsParams
+    from shoal.services.engine.scheduler import Scheduler
+    from shoal.services.engine.sequence import Sequence
+
+    def step_spec(params: list[SamplingParams], disable: int | None = None) -> list[int]:
+        config = EngineConfig(model="m", block_size=4, speculative_config={
+            "method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": disable})
+        sched = Scheduler(config, num_kv_blocks=64, max_model_len=128)
+        sched.add([Sequence(i, str(i), [5, 6, 7], 3, p) for i, p in enumerate(params)])
+        out = sched.schedule()  # prefill
+        sched.update(out, RunnerOutput({s.seq_id: 9 for s in out.scheduled}))
+        return [s.num_spec_tokens for s in sched.schedule().scheduled]
+
+    plain = SamplingParams(max_tokens=10)
+    guided = SamplingParams(max_tokens=10, structured_outputs=StructuredOutputsParams(
+        choice=["a", "b"]))
+    assert step_spec([plain, guided, SamplingParams(max_tokens=10, logprobs=1),
+                      SamplingParams(max_tokens=3)]) == [3, 0, 0, 1]
+    assert step_spec([plain, plain], disable=2) == [0, 0]
+    assert step_spec([plain], disable=2) == [3]

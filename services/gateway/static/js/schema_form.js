@@ -89,7 +89,12 @@ export class SchemaForm {
   control(kind, s, { id, name, required, describedby }) {
     const common = { id, name, "aria-describedby": describedby, required };
     if (kind === "enum") {
-      return h("select", common, s.enum.map((v) => h("option", { value: v, selected: v === s.default }, v)));
+      // no default (an optional choice, e.g. speculative_config.method): an empty "default"
+      // option first, so nothing is sent unless the user picks one
+      const unset = s.default === undefined || s.default === null
+        ? [h("option", { value: "", selected: true }, "default")] : [];
+      return h("select", common, [...unset,
+        ...s.enum.map((v) => h("option", { value: v, selected: v === s.default }, v))]);
     }
     if (kind === "tristate") {
       return h("select", common, h("option", { value: "" }, "default"),

@@ -3,7 +3,7 @@
 
 import { api, list } from "../api.js";
 import { h, replace } from "../dom.js";
-import { ago, bytes, progressOf } from "../format.js";
+import { ago, bytes, dateTime, progressOf } from "../format.js";
 import { badge, confirmAction, errorBox, showError, toast } from "../widgets.js";
 import { deployForm } from "./deploy.js";
 
@@ -144,7 +144,8 @@ function modelCard(refresh) {
         ...Object.entries(m.worker_selector).map(([k, v]) => `${k}=${v}`),
         m.gpu_type ? `GPU type ${m.gpu_type}` : null].filter(Boolean).join(" · ")),
       fact("Max length", m.max_model_len ?? "model's own"),
-      args.length ? fact("Engine", args.map(([k, v]) => `${k}=${v}`).join(", ")) : null);
+      args.length ? fact("Engine", args.map(([k, v]) => `${k}=${v}`).join(", ")) : null,
+      m.autoscaling ? fact("Autoscaling", autoscaleText(m)) : null);
     if (!replicas.dataset.dirty && document.activeElement !== replicas) replicas.value = m.replicas;
     replicas.setAttribute("aria-label", `Replicas of ${m.name}`);
     remove.setAttribute("aria-label", `Delete ${m.name}`);
@@ -153,6 +154,18 @@ function modelCard(refresh) {
   }
 
   return { root, update };
+}
+
+/** The autoscaling bounds and target, and the scheduler's last decision with its reason. */
+function autoscaleText(m) {
+  const a = m.autoscaling;
+  const target = a.metric === "kv_cache_usage" ? `KV-cache use ${Math.round(a.target * 100)}%`
+    : `${a.target} waiting per instance`;
+  const last = m.scale_events && m.scale_events.length ? m.scale_events[m.scale_events.length - 1]
+    : null;
+  return [`${a.min_replicas}–${a.max_replicas} replicas, target ${target}`,
+    last ? ` · last: ${last.from_replicas} → ${last.to_replicas} (${last.reason}), `
+      + dateTime(last.at) : ""].join("");
 }
 
 function fact(term, value) {

@@ -1,0 +1,160 @@
+"""MultiprocExecutor: the model runner of a tp x pp engine, as vLLM splits it. The driver (rank 0,
+in the engine's own process, beside the scheduler) broadcasts each step's SchedulerOutput, every
+rank runs the same step over its shard, and the RunnerOutput comes from the last stage's first
+rank. It satisfies engine_core.Runner, so the scheduler and the front ends do not change.
+
+Offline it starts ranks 1..n-1 itself on this machine (rank_process.py, each pinned to its share
+of the cores), with the rendezvous on a free local port. When serving, the worker agent starts the
+ranks and passes `distributed_init_method`; `spawn_ranks=False` then.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+from transformers import AutoConfig
+
+from shoal.services.engine.config import EngineConfig
+from shoal.services.engine.distributed.parallel_state import (
+    ParallelContext, check_parallel_shapes
+)
+from shoal.services.engine.distributed.rank_process import RENDEZVOUS_TIMEOUT_S, backend_for
+from shoal.services.engine.outputs import RunnerOutput, SchedulerOutput
+from shoal.shared.errors import ShoalError
+
+log = logging.getLogger(__name__)
+
+
+class RankFailed(ShoalError):
+    """A rank of a parallel engine died or stopped answering: the engine cannot go on."""
+
+    code = "engine_rank_failed"
+
+
+class MultiprocExecutor:
+    def __init__(self, config: EngineConfig, model_dir: Path, *, spawn_ranks: bool = True) -> None:
+        self.tp, self.pp = config.tensor_parallel_size, config.pipeline_parallel_size
+        self.world_size = self.tp * self.pp
+        check_parallel_shapes(AutoConfig.from_pretrained(model_dir), self.tp, self.pp)
+        if dist.is_initialized():
+            raise ShoalError("this process already drives a parallel engine (one per process)")
+        init_method = config.distributed_init_method or f"tcp://127.0.0.1:{_free_port()}"
+        shares = core_shares(sorted(os.sched_getaffinity(0)), self.world_size)
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        if spawn_ranks:
+            for rank in range(1, self.world_size):
+                self.procs[rank] = _start_rank(rank, _rank_config(config, rank, shares[rank]),
+                                               model_dir, init_method, shares[rank])
+        rank0 = _rank_config(config, 0, shares[0])
+        try:
+            if backend_for(rank0.device) == "nccl":
+                import torch
+
+                torch.cuda.set_device(rank0.device)
+            dist.init_process_group(backend_for(config.device), init_method=init_method, rank=0,
+                                    world_size=self.world_size,
+                                    timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+            self.parallel = ParallelContext.create(0, self.tp, self.pp)
+            from shoal.services.engine.model_runner import ModelRunner
+
+            self.runner = ModelRunner(rank0, model_dir, self.parallel)
+        except BaseException as exc:
+            self.close(graceful=False)
+            raise self._failure(exc) from exc
+        self.max_model_len = self.runner.max_model_len
+        self.num_kv_blocks = self.runner.num_kv_blocks
+        self.eos_token_ids = self.runner.eos_token_ids
+        self.vocab_size = self.runner.vocab_size
+        self.settings = f"{self.runner.settings}; TP={self.tp} PP={self.pp}"
+        self._closed = False
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        stats = self.parallel.stats
+        try:
+            with stats.timed("broadcast_step"):
+                dist.broadcast_object_list([out], src=0)
+            result = self.runner.execute(out)
+            if self.parallel.output_rank != 0:
+                box: list[object] = [None]
+                with stats.timed("recv_output"):  # includes the later stages' compute
+                    dist.recv_object_list(box, src=self.parallel.output_rank)
+                result = box[0]  # type: ignore[assignment]
+        except RuntimeError as exc:  # a peer is gone: stop the others, name the dead
+            failure = self._failure(exc)
+            self.close(graceful=False)
+            raise failure from exc
+        return result
+
+    def dead_ranks(self) -> dict[int, int]:
+        """rank -> exit code, for the ranks this executor started that are gone."""
+        return {rank: p.returncode for rank, p in self.procs.items() if p.poll() is not None}
+
+    def close(self, graceful: bool = True) -> None:
+        """Tell the ranks to stop (a None step), then reap them; kill what does not exit."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        if dist.is_initialized():
+            if graceful and not self.dead_ranks():
+                try:
+                    dist.broadcast_object_list([None], src=0)
+                except RuntimeError:
+                    pass
+            dist.destroy_process_group()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=10 if graceful else 0.1)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def _failure(self, exc: BaseException) -> BaseException:
+        deadline = time.monotonic() + 2.0  # the socket may close before the exit is reaped
+        while not (dead := self.dead_ranks()) and self.procs and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not dead:
+            return exc
+        named = ", ".join(f"rank {r} exited with code {c}" for r, c in sorted(dead.items()))
+        return RankFailed(f"parallel engine (TP={self.tp} PP={self.pp}): {named}")
+
+
+def core_shares(cores: list[int], world_size: int) -> list[list[int]]:
+    """Each rank's cores: an even split, or one core each round-robin when ranks outnumber them."""
+    if len(cores) < world_size:
+        return [[cores[r % len(cores)]] for r in range(world_size)]
+    per = len(cores) // world_size
+    return [cores[r * per:(r + 1) * per] for r in range(world_size)]
+
+
+def _rank_config(config: EngineConfig, rank: int, cores: list[int]) -> EngineConfig:
+    """A rank's own config: its thread count (its share of the cores) and, on CUDA, its device."""
+    device = config.device
+    if backend_for(device) == "nccl" and ":" not in device:
+        device = f"cuda:{rank}"
+    return replace(config, num_threads=config.num_threads or len(cores), device=device)
+
+
+def _start_rank(rank: int, config: EngineConfig, model_dir: Path, init_method: str,
+                cores: list[int]) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, OMP_NUM_THREADS=str(config.num_threads))
+    cmd = [sys.executable, "-m", "shoal.services.engine.distributed.rank_process",
+           "--rank", str(rank), "--init-method", init_method, "--model-dir", str(model_dir),
+           "--config", json.dumps(asdict(config)), "--cores", ",".join(map(str, cores)),
+           "--watch-parent"]
+    return subprocess.Popen(cmd, env=env)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

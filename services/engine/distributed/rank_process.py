@@ -1,0 +1,102 @@
+"""A rank other than 0: `python -m shoal.services.engine.distributed.rank_process ...`.
+
+It joins the rendezvous, builds its ModelRunner over its shard, then runs every step the driver
+broadcasts until the driver broadcasts None (or goes away: a collective fails, or its parent
+process is gone). The same entry point serves the offline executor and the worker agent, so a
+rank is a plain process that the supervisor can watch, kill and restart; spawning it by module
+path also keeps the user's script from being re-imported (multiprocessing's spawn does that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+RENDEZVOUS_TIMEOUT_S = 300
+"""How long a rank waits for the others at the rendezvous (and a collective for its peers)."""
+
+log = logging.getLogger("shoal.engine.rank")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--init-method", required=True, help="tcp://host:port of rank 0's store")
+    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--config", required=True, help="EngineConfig fields as JSON")
+    parser.add_argument("--cores", default="", help="CPU cores for this rank, e.g. 2,3")
+    parser.add_argument("--watch-parent", action="store_true",
+                        help="exit when the process that started this rank is gone")
+    args = parser.parse_args(argv)
+    if args.cores:
+        os.sched_setaffinity(0, {int(c) for c in args.cores.split(",")})
+    if args.watch_parent:
+        _exit_with_parent()
+    logging.basicConfig(level=logging.INFO, format=f"rank {args.rank} %(levelname)s %(message)s")
+
+    from shoal.services.engine.config import EngineConfig
+
+    config = EngineConfig(**json.loads(args.config))
+    serve_rank(config, Path(args.model_dir), args.rank, args.init_method)
+    return 0
+
+
+def serve_rank(config: object, model_dir: Path, rank: int, init_method: str) -> None:
+    import torch.distributed as dist
+
+    from shoal.services.engine.distributed.parallel_state import ParallelContext
+    from shoal.services.engine.model_runner import ModelRunner
+
+    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size  # type: ignore[attr-defined]
+    if backend_for(config.device) == "nccl":  # type: ignore[attr-defined]
+        import torch
+
+        torch.cuda.set_device(config.device)  # type: ignore[attr-defined]
+    dist.init_process_group(backend_for(config.device), init_method=init_method,  # type: ignore[attr-defined]
+                            rank=rank, world_size=tp * pp,
+                            timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+    parallel = ParallelContext.create(rank, tp, pp)
+    runner = ModelRunner(config, model_dir, parallel)  # type: ignore[arg-type]
+    log.info("rank %d ready: tp rank %d, pp rank %d, %d KV blocks", rank, parallel.tp_rank,
+             parallel.pp_rank, runner.num_kv_blocks)
+    try:
+        while True:
+            box: list[object] = [None]
+            dist.broadcast_object_list(box, src=0)
+            if box[0] is None:  # the driver's shutdown
+                break
+            out = runner.execute(box[0])  # type: ignore[arg-type]
+            if rank == parallel.output_rank:
+                dist.send_object_list([out], dst=0)
+    finally:
+        dist.destroy_process_group()
+
+
+def backend_for(device: str) -> str:
+    """NCCL for CUDA ranks, gloo on the CPU (the device setting as the runner resolves it)."""
+    import torch
+
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    return "nccl" if cuda else "gloo"
+
+
+def _exit_with_parent() -> None:
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Key scopes on an existing database (real Postgres, a database of its own): a key made before
+scopes existed is an admin key after the migration, and a key created without a scope is admin
+only while no usable admin key exists (the bootstrap key), inference after that."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from alembic import command
+from sqlalchemy import Connection, text
+
+from shoal.services.registry.repo.api_keys import ApiKeyRepo, hash_secret, new_secret
+from shoal.shared.db.session import (
+    alembic_config, make_engine, make_session_factory, run_migrations
+)
+from shoal.shared.schemas.registry import ApiKeyCreate, ApiKeyScope, ApiKeyVerify, ById
+from tests.conftest import _fresh_database
+
+pytestmark = pytest.mark.integration
+
+
+def _upgrade_to_0001(connection: Connection) -> None:
+    cfg = alembic_config()
+    cfg.attributes["connection"] = connection
+    command.upgrade(cfg, "0001")
+
+
+async def test_old_keys_become_admin_and_the_first_key_bootstraps(servers) -> None:
+    url = await asyncio.to_thread(_fresh_database, servers.database_url)
+    engine = make_engine(url)
+    try:
+        secret = new_secret()
+        async with engine.begin() as conn:  # the schema and a key as before this change
+            await conn.run_sync(_upgrade_to_0001)
+            await conn.execute(text(
+                "INSERT INTO api_keys (id, version, name, prefix, secret_hash) "
+                "VALUES ('oldkey', 1, 'old', 'sk-shoal-xxxx', :h)"), {"h": hash_secret(secret)})
+        await run_migrations(engine)  # what the registry does on start
+        keys = ApiKeyRepo(make_session_factory(engine))
+        old = await keys.verify(ApiKeyVerify(secret=secret))
+        assert old.valid and old.scope is ApiKeyScope.ADMIN and not old.has_limits
+        assert (await keys.create(ApiKeyCreate(name="b"))).scope is ApiKeyScope.INFERENCE
+        await keys.revoke(ById(id="oldkey"))  # no usable admin key left
+        first = await keys.create(ApiKeyCreate(name="c"))
+        second = await keys.create(ApiKeyCreate(name="d"))
+        assert (first.scope, second.scope) == (ApiKeyScope.ADMIN, ApiKeyScope.INFERENCE)
+        explicit = await keys.create(ApiKeyCreate(name="e", scope=ApiKeyScope.ADMIN))
+        assert explicit.scope is ApiKeyScope.ADMIN
+    finally:
+        await engine.dispose()

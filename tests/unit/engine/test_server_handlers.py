@@ -69,3 +69,20 @@ def test_auto_tool_choice_needs_a_parser() -> None:
     assert handlers(parser="hermes")[0].tool_call_parser(request) == "hermes"
     plain = GenerateRequest(request_id="r", model="m", messages=[], tools=[TOOL])
     assert handlers(parser="hermes")[0].tool_call_parser(plain) is None
+
+
+def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing() -> None:
+    """max_model_len 100, tokens of at most 8 bytes: more than 1,600 bytes (twice 800) cannot
+    fit, so the tokenizer (which would fail the test on any other text) is never asked."""
+    h, tokenizer = handlers()
+    h.engine.core.max_model_len = 100
+    h.max_token_bytes = 8
+    for req, param in ((TokenizeRequest(model="m", prompt="x" * 1601), "prompt"),
+                       (GenerateRequest(request_id="r", model="m", messages=[
+                           ChatMessage(role="user", content="é" * 801)]), "messages")):
+        with pytest.raises(InvalidRequest) as err:
+            h.prompt_token_ids(req)
+        assert err.value.param == param and "without tokenizing" in err.value.message
+    ok = GenerateRequest(request_id="r", model="m",
+                         messages=[ChatMessage(role="user", content="x" * 1600)])
+    assert h.prompt_token_ids(ok) == [1, 2, 3] and not tokenizer.calls[0]["tools"]

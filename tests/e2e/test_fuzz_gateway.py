@@ -157,3 +157,30 @@ async def test_fuzzed_requests_never_get_a_5xx_and_errors_are_openai_shaped(stac
     # it reached the engine (answers) and the validation (400s), not only 404s and 401s
     assert fuzzer.statuses[200] >= 10 and fuzzer.statuses[400] >= 10, fuzzer.statuses
 
+
+
+async def test_a_prompt_of_megabytes_crosses_the_bus_and_is_refused_cheaply(stack) -> None:
+    """2 MiB prompts, twice NATS' default max_payload: on a server configured as Shoal's (8 MiB)
+    they reach the engine, which refuses them as longer than the context before tokenizing
+    (seconds of tokenizer otherwise); on a server left at 1 MiB they are a 413 naming its
+    limit. Never a 500, and the engine answers the next request at once."""
+    url, model, max_payload = stack
+    text = "hello world " * (2 * 2**20 // 12)
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    for path, body in (("/v1/chat/completions",
+                        {"model": model, "messages": [{"role": "user", "content": text}]}),
+                       ("/v1/completions", {"model": model, "prompt": text}),
+                       ("/tokenize", {"model": model, "prompt": text})):
+        response = await asyncio.to_thread(requests.post, f"{url}{path}", json=body, timeout=60,
+                                           headers=auth)
+        error = response.json()["error"]
+        assert set(error) == SHAPE, path
+        if max_payload > len(text) + 4096:
+            assert response.status_code == 400, (path, error)
+            assert "without tokenizing" in error["message"], (path, error)
+        else:
+            assert response.status_code == 413 and str(max_payload) in error["message"], path
+    small = await asyncio.to_thread(
+        requests.post, f"{url}/v1/completions", timeout=60, headers=auth,
+        json={"model": model, "prompt": "The capital of France is", "max_tokens": 2})
+    assert small.status_code == 200, small.text

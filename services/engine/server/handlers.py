@@ -54,6 +54,9 @@ class EngineHandlers:
     draining: bool = False
     tokenizer: Any = None
     metrics: EngineMetrics | None = None
+    max_token_bytes: int | None = None
+    """The longest token of the vocabulary in bytes (set at start): a prompt longer than
+    max_model_len times this cannot fit whatever it tokenizes to."""
     tokenizing: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenize"))
     """Prompts are tokenized here, off the event loop: a 4 MiB prompt takes seconds, during which
@@ -63,6 +66,8 @@ class EngineHandlers:
     async def start(self) -> None:
         # A tokenizer of our own: the engine thread detokenizes with its copy meanwhile.
         self.tokenizer = load_tokenizer(self.engine.core.model_dir)
+        pieces = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
+        self.max_token_bytes = max(len(p.encode()) for p in pieces if p)
         nc = self.bus.nc
         self.subs = [await nc.subscribe(self.bus.subjects.infer(self.instance_id),
                                         cb=self.on_request)]
@@ -198,8 +203,26 @@ class EngineHandlers:
                 outputs.close()  # aborts the request in the engine unless it finished
 
     # ------------------------------------------------------------------ tokens
+    def check_prompt_size(self, req: GenerateRequest | TokenizeRequest) -> None:
+        """Refuse, before tokenizing, a text prompt that cannot fit the context whatever its
+        tokens: tokenizing the largest request (4 MiB) takes this tokenizer tens of seconds
+        (it is superlinear in the length), to end in "too long" anyway. Twice the bound, so a
+        normalizer that shortens text never refuses a prompt that fits."""
+        if self.max_token_bytes is None:
+            return
+        texts = [req.prompt or ""] + [m.content or "" for m in req.messages or []]
+        size = sum(len(t.encode()) for t in texts)
+        limit = 2 * self.max_token_bytes * self.engine.core.max_model_len
+        if size > limit:
+            raise InvalidRequest(
+                f"the prompt is {size} bytes: more tokens than this model's context "
+                f"(max_model_len {self.engine.core.max_model_len}) can hold whatever they are "
+                f"(refused above {limit} bytes, without tokenizing)",
+                param="messages" if req.messages else "prompt")
+
     def prompt_token_ids(self, req: GenerateRequest | TokenizeRequest) -> list[int]:
         """The prompt as token ids (the engine checks their range when the request is opened)."""
+        self.check_prompt_size(req)
         if req.messages is not None:
             tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
             return render_chat(self.tokenizer,

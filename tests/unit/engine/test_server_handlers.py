@@ -69,3 +69,54 @@ def test_auto_tool_choice_needs_a_parser() -> None:
     assert handlers(parser="hermes")[0].tool_call_parser(request) == "hermes"
     plain = GenerateRequest(request_id="r", model="m", messages=[], tools=[TOOL])
     assert handlers(parser="hermes")[0].tool_call_parser(plain) is None
+
+
+def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing() -> None:
+    """max_model_len 100, tokens of at most 8 bytes: more than 1,600 bytes (twice 800) cannot
+    fit, so the tokenizer (which would fail the test on any other text) is never asked."""
+    h, tokenizer = handlers()
+    h.engine.core.max_model_len = 100
+    h.max_token_bytes = 8
+    for req, param in ((TokenizeRequest(model="m", prompt="x" * 1601), "prompt"),
+                       (GenerateRequest(request_id="r", model="m", messages=[
+                           ChatMessage(role="user", content="é" * 801)]), "messages")):
+        with pytest.raises(InvalidRequest) as err:
+            h.prompt_token_ids(req)
+        assert err.value.param == param and "without tokenizing" in err.value.message
+    ok = GenerateRequest(request_id="r", model="m",
+                         messages=[ChatMessage(role="user", content="x" * 1600)])
+    assert h.prompt_token_ids(ok) == [1, 2, 3] and not tokenizer.calls[0]["tools"]
+
+
+async def test_an_answer_the_bus_cannot_carry_is_a_413_reply() -> None:
+    """NATS refuses a message over its max_payload (nats-py raises MaxPayloadError before
+    sending): the engine answers the request with a small 413 error instead of nothing, so the
+    gateway does not wait for a reply that never comes."""
+    from nats.errors import MaxPayloadError
+
+    from shoal.shared.errors import PayloadTooLarge
+    from shoal.shared.schemas.infer import InferRequestEnvelope
+
+    errors: list[Exception] = []
+
+    class Bus:
+        nc = SimpleNamespace(max_payload=64)
+
+        async def respond_error(self, msg: Any, exc: Exception) -> None:
+            errors.append(exc)
+
+    class Msg:
+        data = InferRequestEnvelope(request=TokenizeRequest(model="m", prompt="hi")
+                                    ).model_dump_json().encode()
+        reply = "inbox"
+
+        async def respond(self, data: bytes) -> None:
+            raise MaxPayloadError
+
+    h, _ = handlers()
+    h.bus = Bus()  # type: ignore[assignment]
+    h.engine.core.max_model_len = 100
+    h.tokenizer.encode = lambda text, add_special_tokens=True: list(range(100))  # type: ignore
+    await h.on_request(Msg())  # type: ignore[arg-type]
+    assert len(errors) == 1 and isinstance(errors[0], PayloadTooLarge)
+    assert errors[0].http_status == 413 and "at most 64 bytes" in errors[0].message

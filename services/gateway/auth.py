@@ -66,7 +66,8 @@ class KeyCache:
         if generation is not None and generation != self.generation:
             return  # a key event arrived while this was being verified: ask again next time
         key = self._key(secret)
-        self._entries[key] = (verified, (time.monotonic() if now is None else now) + self.ttl)
+        ttl = self.ttl if verified.expires_in is None else min(self.ttl, verified.expires_in)
+        self._entries[key] = (verified, (time.monotonic() if now is None else now) + ttl)
         self._entries.move_to_end(key)
         while len(self._entries) > MAX_CACHED_KEYS:
             self._entries.popitem(last=False)

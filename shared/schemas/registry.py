@@ -398,6 +398,8 @@ class ApiKeyVerified(Wire):
     scope: ApiKeyScope | None = None
     has_limits: bool = False
     """The gateway asks the registry's quota before each request only for such keys."""
+    expires_in: float | None = None
+    """Seconds until a valid key expires (None: never): a gateway caches it no longer."""
 
 
 # ---------------------------------------------------------------- quotas and usage

@@ -232,3 +232,17 @@ async def test_nul_characters_are_a_400_not_a_database_error(gateway: str,
             assert r.status == 400, (path, await r.text())
             error = (await r.json())["error"]
         assert set(error) == SHAPE and "NUL" in error["message"], path
+
+
+async def test_an_expiring_key_is_cached_no_longer_than_it_lives(locked: str,
+                                                                 client: RegistryClient) -> None:
+    """The cache would trust a key for an hour here; one that expires in 1.5 s stops at once."""
+    from datetime import UTC, datetime, timedelta
+
+    key = await client.create_key(ApiKeyCreate(
+        name=f"brief-{uuid.uuid4().hex[:6]}",
+        expires_at=datetime.now(UTC) + timedelta(seconds=1.5)))
+    assert (await sdk(locked, key.secret).models.list()).object == "list"
+    await asyncio.sleep(2.0)
+    with pytest.raises(openai.AuthenticationError):
+        await sdk(locked, key.secret).models.list()

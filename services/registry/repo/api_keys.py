@@ -98,5 +98,8 @@ class ApiKeyRepo:
         expired = row.expires_at is not None and row.expires_at <= utcnow()
         if row.revoked_at is not None or expired:
             return ApiKeyVerified(valid=False, key_id=row.id, name=row.name)
+        expires_in = ((row.expires_at - utcnow()).total_seconds() if row.expires_at is not None
+                      else None)
         return ApiKeyVerified(valid=True, key_id=row.id, name=row.name,
-                              scope=ApiKeyScope(row.scope), has_limits=bool(row.limits))
+                              scope=ApiKeyScope(row.scope), has_limits=bool(row.limits),
+                              expires_in=expires_in)

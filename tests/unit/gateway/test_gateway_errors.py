@@ -81,3 +81,9 @@ def test_key_cache_forgets_a_revoked_key_at_once() -> None:
     assert cache.get("sk-a", now=2) is None
     cache.clear()  # reconnected to NATS: events may have been missed
     assert cache.get("sk-b", now=2) is None
+
+
+def test_key_cache_keeps_a_key_no_longer_than_it_is_valid() -> None:
+    cache = KeyCache(ttl=10)
+    cache.put("sk-soon", ApiKeyVerified(valid=True, key_id="s", expires_in=2.0), now=0)
+    assert cache.get("sk-soon", now=1.5) is not None and cache.get("sk-soon", now=2.5) is None

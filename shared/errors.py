@@ -29,9 +29,10 @@ class ShoalError(Exception):
     @classmethod
     def from_dict(cls, body: dict[str, Any], status: int | None = None) -> ShoalError:
         """Rebuild the right kind from an error body (received over the bus)."""
-        kind = _BY_STATUS.get(status) if status is not None else None  # the status decides
-        if kind is None:
-            kind = _BY_TYPE.get(str(body.get("type", "")), ShoalError)
+        kind = _BY_TYPE.get(str(body.get("type", "")))
+        if status is not None and (kind is None or kind.http_status != status):
+            kind = _BY_STATUS.get(status, kind)  # the status decides: 400 and 413 share a type
+        kind = kind or ShoalError
         return kind(str(body.get("message", "unknown error")), param=body.get("param"),
                     code=body.get("code"))
 

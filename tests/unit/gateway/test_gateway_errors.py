@@ -42,6 +42,8 @@ def test_engine_error_bodies_come_back_as_the_right_kind() -> None:
     assert error_body(ShoalError.from_dict({"message": "gone", "type": ""}, status=503))[0] == 503
     big = ShoalError.from_dict(PayloadTooLarge("the answer is 9 MB").to_dict(), status=413)
     assert isinstance(big, PayloadTooLarge) and error_body(big)[0] == 413  # the status decides
+    late = ShoalError.from_dict(Timeout("no reply").to_dict(), status=503)
+    assert isinstance(late, Timeout) and error_body(late)[1]["error"]["type"] == "timeout_error"
 
 
 def test_http_errors_and_unexpected_ones() -> None:

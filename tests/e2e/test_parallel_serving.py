@@ -97,8 +97,18 @@ async def test_pipeline_parallel_instance_serves_fails_by_rank_and_comes_back(
             back = await running_instance(client, model.id)
             [engine2] = engine_pids(back.id)
             assert engine2 != engine and len(rank_pids(engine2)) == 1
-            again = await api.chat.completions.create(model=model.name, messages=FRANCE,
-                                                      temperature=0, max_tokens=20)
+            # RUNNING in the registry comes a moment before the gateway hears the new engine's
+            # first load message: a 503 (retry later) in between is the contract
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    again = await api.chat.completions.create(
+                        model=model.name, messages=FRANCE, temperature=0, max_tokens=20)
+                    break
+                except openai.APIStatusError:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(1)
             assert "Paris" in again.choices[0].message.content
 
             survivors = [engine2, *rank_pids(engine2)]

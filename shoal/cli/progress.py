@@ -1,6 +1,8 @@
 """Follow a model's instance until it is RUNNING, on the terminal: a line per state, and a tqdm
 bar while the engine prepares its model (download, conversion), fed by the progress the engine
-writes into the instance's state message (shared/progress.py).
+writes into the instance's state message (shared/progress.py). When the console is not a terminal
+(a log file, CI), a bar's redraws would pile up as one endless line: then a plain line is written
+for each stage and each tenth of the way instead.
 
 Used by `shoal up` / `shoal serve` and `shoal models deploy --wait`.
 """
@@ -8,6 +10,7 @@ Used by `shoal up` / `shoal serve` and `shoal models deploy --wait`.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -24,8 +27,10 @@ POLL_S = 0.5
 class ProgressView:
     """Draws what successive snapshots of one instance say; `show` is called with each."""
 
-    def __init__(self, out: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
+    def __init__(self, out: Callable[[str], None] = lambda line: print(line, flush=True),
+                 tty: bool | None = None) -> None:
         self.out = out
+        self.tty = sys.stderr.isatty() if tty is None else tty
         self.last_line = ""
         self.bar: Any = None
 
@@ -42,6 +47,12 @@ class ProgressView:
             self.last_line = line
 
     def _draw(self, inst: InstancePublic, stage: str, fraction: float) -> None:
+        if not self.tty:
+            line = f"shoal: {inst.name} {inst.state.value}: {int(fraction * 10) * 10}% {stage}"
+            if line != self.last_line:
+                self.out(line)
+                self.last_line = line
+            return
         from tqdm import tqdm
 
         if self.bar is None:

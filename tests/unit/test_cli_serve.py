@@ -90,7 +90,7 @@ def test_progress_travels_in_the_state_message_and_draws_a_bar() -> None:
         ("downloading 12 of 270 MB", 0.04)
     assert parse_progress("loading weights") is None and parse_progress(None) is None
     lines: list[str] = []
-    view = ProgressView(lines.append)
+    view = ProgressView(lines.append, tty=True)
 
     def inst(state: InstanceState, message: str | None) -> InstancePublic:
         now = "2026-01-01T00:00:00Z"
@@ -106,3 +106,17 @@ def test_progress_travels_in_the_state_message_and_draws_a_bar() -> None:
     view.show(inst(InstanceState.STARTING, "loading weights"))
     assert view.bar is None
     assert lines == ["shoal: smol-1 SCHEDULED", "shoal: smol-1 STARTING: loading weights"]
+
+    # Not a terminal (a log file): one plain line per stage and tenth, never a bar's redraws.
+    lines.clear()
+    plain = ProgressView(lines.append, tty=False)
+    for fraction in (0.0, 0.0, 0.04, 0.31, 0.35):
+        plain.show(inst(InstanceState.DOWNLOADING, progress_message("dequantising gguf tensors",
+                                                                    fraction)))
+    plain.show(inst(InstanceState.DOWNLOADING, progress_message("writing safetensors", 0.8)))
+    plain.show(inst(InstanceState.STARTING, "loading weights"))
+    assert plain.bar is None
+    assert lines == ["shoal: smol-1 DOWNLOADING: 0% dequantising gguf tensors",
+                     "shoal: smol-1 DOWNLOADING: 30% dequantising gguf tensors",
+                     "shoal: smol-1 DOWNLOADING: 80% writing safetensors",
+                     "shoal: smol-1 STARTING: loading weights"]

@@ -54,8 +54,10 @@ def hub_config_folder(repo_id: str, cache_dir: Path | None = None) -> Path:
     cache = where or constants.HF_HUB_CACHE
     if constants.HF_HUB_OFFLINE:
         raise _unreachable(repo_id, cache, "HF_HUB_OFFLINE is set")
+    _fail_fast_if_unreachable(repo_id, cache)
     try:
-        return Path(hf_hub_download(repo_id, "config.json", cache_dir=where)).parent
+        return Path(hf_hub_download(repo_id, "config.json", cache_dir=where,
+                                    endpoint=constants.ENDPOINT)).parent
     except GatedRepoError:
         raise NotFound(f"model {repo_id!r} is gated on the Hugging Face hub: accept its terms "
                        "and set HF_TOKEN") from None
@@ -66,6 +68,25 @@ def hub_config_folder(repo_id: str, cache_dir: Path | None = None) -> Path:
         cause = str(exc).split("\n", 1)[0]
         raise _unreachable(repo_id, cache, f"the hub ({constants.ENDPOINT}) cannot be reached "
                                            f"({cause})") from None
+
+
+def _fail_fast_if_unreachable(repo_id: str, cache: str) -> None:
+    """One HEAD of the model's config.json without retries: a hub that refuses the connection,
+    cannot be resolved or does not answer is named at once. (hf_hub_download, with nothing
+    cached, retries network errors with backoff for ~23 s before it gives up.) Any answer of
+    the hub, an error status included, is left to the download, which words it."""
+    import httpx2
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import HfHubHTTPError
+
+    url = hf_hub_url(repo_id, "config.json", endpoint=constants.ENDPOINT)
+    try:
+        get_hf_file_metadata(url, timeout=constants.HF_HUB_ETAG_TIMEOUT, retry_on_errors=False)
+    except (httpx2.NetworkError, httpx2.TimeoutException) as exc:
+        raise _unreachable(repo_id, cache, f"the hub ({constants.ENDPOINT}) cannot be reached "
+                                           f"({type(exc).__name__}: {exc})") from None
+    except HfHubHTTPError:
+        pass
 
 
 def resolve_hub_model(repo_id: str, report: Progress, cache_dir: Path | None = None) -> Path:

@@ -6,6 +6,7 @@ machine where the hub cannot be reached, or with HF_HUB_OFFLINE, is refused sayi
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,9 @@ def hf_cache(root: Path, repo_id: str, files: dict[str, str], revision: str = "0
 def unreachable_hub(monkeypatch: pytest.MonkeyPatch) -> str:
     """The hub's address is a closed local port: connection refused, at once."""
     endpoint = f"http://127.0.0.1:{free_port()}"
-    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)  # both, as HF_ENDPOINT sets them
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        endpoint + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     return endpoint
 
@@ -71,8 +74,11 @@ def test_the_scheduler_sizes_a_cached_hub_model(tmp_path: Path, unreachable_hub:
     assert profile.shape.num_layers == 2 and profile.shape.max_position_embeddings == 1024
 
 
-def test_an_uncached_model_with_the_hub_unreachable_says_so(tmp_path: Path,
-                                                           unreachable_hub: str) -> None:
+def test_an_uncached_model_with_the_hub_unreachable_says_so(
+        tmp_path: Path, unreachable_hub: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Said at once: a refused connection is not retried (huggingface_hub's backoff would
+    keep a user of `shoal serve` waiting ~23 s for the same answer)."""
+    caplog.set_level(logging.INFO, logger="huggingface_hub")
     with pytest.raises(Unavailable) as err:
         prepare_model("org/absent", tmp_path / "shoal-cache", hub_cache_dir=tmp_path)
     message = err.value.message
@@ -80,6 +86,7 @@ def test_an_uncached_model_with_the_hub_unreachable_says_so(tmp_path: Path,
     assert f"the hub ({unreachable_hub}) cannot be reached" in message and str(tmp_path) in message
     with pytest.raises(Unavailable, match="cannot be reached"):
         hub_config_folder("org/absent", tmp_path)
+    assert not [r for r in caplog.records if "Retrying" in r.getMessage()]
 
 
 def test_hf_hub_offline_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

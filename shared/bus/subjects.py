@@ -115,6 +115,14 @@ class Subjects:
     def abort(self, instance_id: str) -> str:
         return f"{self.prefix}.abort.{token(instance_id, 'instance id')}"
 
+    def ranks(self, instance_id: str) -> str:
+        """Rank 0's engine answers the rendezvous of a multi-worker instance (RankPlan)."""
+        return f"{self.prefix}.ranks.{token(instance_id, 'instance id')}.plan"
+
+    def rank_exits(self, instance_id: str) -> str:
+        """A subordinate worker reports a rank of the instance that ended (RankExit)."""
+        return f"{self.prefix}.ranks.{token(instance_id, 'instance id')}.exits"
+
     def load(self, instance_id: str) -> str:
         return f"{self.prefix}.load.{token(instance_id, 'instance id')}"
 

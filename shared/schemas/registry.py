@@ -302,6 +302,8 @@ class InstanceTransition(Wire):
 class InstanceFilter(Wire):
     model_id: str | None = None
     worker_id: str | None = None
+    include_subordinate: bool = False
+    """With worker_id: also the instances that worker runs pipeline stages of."""
     state: InstanceState | None = None
 
 

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from shoal.shared.db.base import Base
+from shoal.shared.db.tables import InstanceRow
 from shoal.shared.errors import Conflict, NotFound, Unavailable
 
 RowT = TypeVar("RowT", bound=Base)
@@ -74,3 +75,11 @@ def check_version(row_version: int, expected: int | None, what: str) -> None:
     if expected is not None and row_version != expected:
         raise Conflict(f"{what} is at version {row_version}, not {expected}: read it again and "
                        "retry", code="stale_version")
+
+
+def workers_of(inst: InstanceRow) -> set[str]:
+    """Every worker an instance runs on: its own and its pipeline stages' (subordinates)."""
+    ids = {inst.worker_id} if inst.worker_id else set()
+    for sub in (inst.placement or {}).get("subordinate_workers", []):
+        ids.add(sub["worker_id"])
+    return ids

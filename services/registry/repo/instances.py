@@ -11,7 +11,9 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from shoal.services.registry.repo.common import check_version, get_or_404, unit_of_work
+from shoal.services.registry.repo.common import (
+    check_version, get_or_404, unit_of_work, workers_of
+)
 from shoal.services.registry.repo.convert import instance_public
 from shoal.services.registry.repo.fencing import check_fence
 from shoal.shared.db.base import new_id
@@ -50,12 +52,14 @@ class InstanceRepo:
         query = select(InstanceRow)
         if req.model_id:
             query = query.where(InstanceRow.model_id == req.model_id)
-        if req.worker_id:
+        if req.worker_id and not req.include_subordinate:
             query = query.where(InstanceRow.worker_id == req.worker_id)
         if req.state:
             query = query.where(InstanceRow.state == req.state.value)
         async with self.sessions() as s:
             rows = list(await s.scalars(query.order_by(InstanceRow.created_at, InstanceRow.id)))
+            if req.worker_id and req.include_subordinate:  # placement is JSON: filtered here
+                rows = [r for r in rows if req.worker_id in workers_of(r)]
             return Page[InstancePublic](items=[instance_public(r) for r in rows], total=len(rows))
 
     async def transition(self, req: InstanceTransition) -> InstancePublic:

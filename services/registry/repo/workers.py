@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from shoal.services.registry.repo.common import get_or_404, unit_of_work
+from shoal.services.registry.repo.common import get_or_404, unit_of_work, workers_of
 from shoal.services.registry.repo.convert import instance_public, worker_public
 from shoal.shared.db.tables import InstanceRow, WorkerRow
 from shoal.shared.schemas.common import Page, utcnow
@@ -145,7 +145,7 @@ class WorkerRepo:
                                           InstanceState.UNREACHABLE.value])))
             changed = []
             for inst in placed:
-                on = _workers_of(inst) & silent.keys()
+                on = workers_of(inst) & silent.keys()
                 if not on:
                     continue
                 name = silent[sorted(on)[0]].name
@@ -155,10 +155,3 @@ class WorkerRepo:
                 changed.append(inst)
             await s.flush()
             return [worker_public(r) for r in rows], [instance_public(i) for i in changed]
-
-
-def _workers_of(inst: InstanceRow) -> set[str]:
-    ids = {inst.worker_id} if inst.worker_id else set()
-    for sub in (inst.placement or {}).get("subordinate_workers", []):
-        ids.add(sub["worker_id"])
-    return ids

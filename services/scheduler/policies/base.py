@@ -70,6 +70,8 @@ class Stage:
     worker: WorkerSlot
     gpu_indexes: list[int]
     gpu_claims: dict[int, int]
+    ram_claim: int = 0
+    """On CPU: the RAM of this worker's stages (the weights are split, not copied)."""
 
 
 @dataclass(slots=True)
@@ -101,7 +103,8 @@ class Candidate:
             subordinate_workers=[
                 SubordinateWorker(worker_id=s.worker.id, worker_name=s.worker.name,
                                   gpu_indexes=list(s.gpu_indexes),
-                                  claim=ResourceClaim(gpu_memory=dict(s.gpu_claims)))
+                                  claim=ResourceClaim(gpu_memory=dict(s.gpu_claims),
+                                                      ram=s.ram_claim))
                 for s in self.subordinates
             ],
         )
@@ -110,7 +113,8 @@ class Candidate:
         where = f"{self.worker.name} GPUs {self.gpu_indexes}" if self.gpu_indexes else (
             f"{self.worker.name} (CPU)")
         for s in self.subordinates:
-            where += f" + {s.worker.name} GPUs {s.gpu_indexes}"
+            where += (f" + {s.worker.name} GPUs {s.gpu_indexes}" if s.gpu_indexes
+                      else f" + {s.worker.name} (CPU)")
         return f"{where}, TP={self.tp} PP={self.pp}, score {self.score:.1f} ({self.selector})"
 
 

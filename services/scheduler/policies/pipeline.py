@@ -52,6 +52,8 @@ class PlacementResult:
                  for i, b in sorted(claims.items())]
         if c.ram_claim:
             parts.append(f"{fmt_bytes(c.ram_claim)} of {c.worker.name}'s RAM")
+        parts += [f"{fmt_bytes(s.ram_claim)} of {s.worker.name}'s RAM" for s in c.subordinates
+                  if s.ram_claim]
         text += f" It claims {', '.join(parts)}."
         if self.claim is not None:
             text += " " + self.claim.describe()

@@ -210,3 +210,39 @@ def test_a_miss_is_remembered_until_something_is_released() -> None:
     planner.index.account(placed(first.placement), sign=-1)
     again = planner.place(spec(), big)
     assert again is not miss and again.ok and again.placement.tp == 4
+
+
+def test_cpu_pipeline_stages_go_across_workers_when_none_alone_fits() -> None:
+    model = profile(40)  # ~150 GiB in float32 on CPU
+    fleet = [worker("a", ram_gib=100), worker("b", ram_gib=100)]
+    r = plan_placement(spec(device="cpu"), fleet, [], profile=model)
+    assert not r.ok  # pp unset: one worker, and neither holds it
+    r = plan_placement(spec(device="cpu", pp=2), fleet, [], profile=model)
+    assert r.ok and (r.placement.tp, r.placement.pp) == (1, 2)
+    [sub] = r.placement.subordinate_workers
+    assert {r.placement.worker_id, sub.worker_id} == {"wid-a", "wid-b"}
+    assert r.placement.claim.ram + sub.claim.ram >= r.claim.total  # each its stage's half
+    assert r.placement.claim.ram == sub.claim.ram == -(-r.claim.total // 2)
+    assert "of a's RAM" in r.describe() and "of b's RAM" in r.describe()
+    # the next placement sees both halves claimed: a second copy does not fit
+    planner = Planner(fleet, [placed(r.placement)])
+    again = planner.place(spec(device="cpu", pp=2), model)
+    assert not again.ok and "Across workers, the 2 pipeline stages need" in again.reason
+    # a model that is not `distributed` keeps its stages on one worker, and says so
+    r = plan_placement(spec(device="cpu", pp=2, distributed=False), fleet, [], profile=model)
+    assert not r.ok and "stages stay on one worker" in r.reason
+
+
+def test_cpu_pipeline_stages_spread_when_asked() -> None:
+    fleet = [worker("a", ram_gib=64), worker("b", ram_gib=64)]
+    r = plan_placement(spec(device="cpu", pp=2), fleet, [], profile=profile(1.5))
+    assert r.ok and not r.placement.subordinate_workers  # fits one worker: binpack keeps it
+    r = plan_placement(spec(device="cpu", pp=2, placement_strategy="spread"), fleet, [],
+                       profile=profile(1.5))
+    assert r.ok and len(r.placement.subordinate_workers) == 1
+    assert r.placement.subordinate_workers[0].worker_id != r.placement.worker_id
+    # pp=3 over two workers: the lead takes two stages (and their RAM), the other one
+    r = plan_placement(spec(device="cpu", pp=3, placement_strategy="spread"), fleet, [],
+                       profile=profile(1.5))
+    [sub] = r.placement.subordinate_workers
+    assert r.placement.claim.ram > sub.claim.ram > 0

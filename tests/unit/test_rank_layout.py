@@ -1,0 +1,50 @@
+"""Which ranks of a multi-worker instance each worker runs (shared/schemas/ranks.py): the
+arithmetic the scheduler's RAM claims and the engine's rank plan share."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from shoal.services.worker.stages import core_split
+from shoal.shared.schemas.ranks import RankExit, rank_layout, split_stages
+from shoal.shared.schemas.registry import InstancePublic, ResourceClaim, SubordinateWorker
+from shoal.shared.states import InstanceState
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def instance(tp: int, pp: int, gpus: list[int], subs: list[list[int]]) -> InstancePublic:
+    return InstancePublic(
+        id="i1", name="m-i1", model_id="m", model_name="m", state=InstanceState.STARTING,
+        worker_id="wa", worker_name="a", gpu_indexes=gpus, tp=tp, pp=pp,
+        subordinate_workers=[SubordinateWorker(worker_id=f"w{i}", worker_name=f"s{i}",
+                                               gpu_indexes=g, claim=ResourceClaim())
+                             for i, g in enumerate(subs)],
+        created_at=NOW, updated_at=NOW, state_changed_at=NOW, version=1)
+
+
+def test_split_stages_gives_the_remainder_to_the_first() -> None:
+    assert split_stages(2, 2) == [1, 1]
+    assert split_stages(3, 2) == [2, 1]
+    assert split_stages(5, 3) == [2, 2, 1]
+
+
+def test_cpu_layout_splits_stages_evenly_lead_first() -> None:
+    layout = rank_layout(instance(1, 2, [], [[]]))
+    assert [(w.worker_name, w.ranks) for w in layout] == [("a", [0]), ("s0", [1])]
+    layout = rank_layout(instance(2, 3, [], [[]]))  # ranks = pp_rank * tp + tp_rank
+    assert [w.ranks for w in layout] == [[0, 1, 2, 3], [4, 5]]
+
+
+def test_gpu_layout_follows_each_workers_gpus() -> None:
+    # tp=2, pp=3: the lead has 2 GPUs (one stage), the subordinate 4 (two stages)
+    layout = rank_layout(instance(2, 3, [0, 1], [[0, 1, 2, 3]]))
+    assert [w.ranks for w in layout] == [[0, 1], [2, 3, 4, 5]]
+
+
+def test_core_split_and_exit_wording() -> None:
+    assert core_split([0, 1, 2, 3], 2) == [[0, 1], [2, 3]]
+    assert core_split([0], 2) == [[0], [0]]
+    event = RankExit(instance_id="i1", generation="g", worker_id="w0", worker_name="s0", rank=1,
+                     code=-9)
+    assert event.describe() == "rank 1 on worker s0 exited with code -9"

@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import asdict, replace
 from datetime import timedelta
+from collections.abc import Callable
 from pathlib import Path
 
 import torch.distributed as dist
@@ -28,11 +29,16 @@ from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.distributed.parallel_state import (
     ParallelContext, check_parallel_shapes
 )
-from shoal.services.engine.distributed.rank_process import RENDEZVOUS_TIMEOUT_S, backend_for
+from shoal.services.engine.distributed.rank_process import (
+    RENDEZVOUS_TIMEOUT_S, backend_for, joined_key, parse_init_method
+)
 from shoal.services.engine.outputs import RunnerOutput, SchedulerOutput
 from shoal.shared.errors import ShoalError
 
 log = logging.getLogger(__name__)
+RENDEZVOUS_POLL_S = 0.1
+PEER_REPORT_S = 5.0
+"""How long a failed step waits for a subordinate worker to say which of its ranks ended."""
 
 
 class RankFailed(ShoalError):
@@ -42,26 +48,37 @@ class RankFailed(ShoalError):
 
 
 class MultiprocExecutor:
-    def __init__(self, config: EngineConfig, model_dir: Path, *, spawn_ranks: bool = True) -> None:
+    def __init__(self, config: EngineConfig, model_dir: Path, *, spawn_ranks: bool = True,
+                 local_ranks: list[int] | None = None,
+                 peer_failures: Callable[[], dict[int, str]] | None = None) -> None:
+        """local_ranks: the ranks > 0 this executor starts (default: all of them when
+        spawn_ranks); the others are started elsewhere (a subordinate worker's agent) and join
+        the rendezvous at `config.distributed_init_method`. peer_failures: rank -> what ended
+        it, for ranks started elsewhere (filled from the bus while this waits)."""
         self.tp, self.pp = config.tensor_parallel_size, config.pipeline_parallel_size
         self.world_size = self.tp * self.pp
+        self.peer_failures = peer_failures or dict
         check_parallel_shapes(AutoConfig.from_pretrained(model_dir), self.tp, self.pp)
         if dist.is_initialized():
             raise ShoalError("this process already drives a parallel engine (one per process)")
         init_method = config.distributed_init_method or f"tcp://127.0.0.1:{_free_port()}"
-        shares = core_shares(sorted(os.sched_getaffinity(0)), self.world_size)
+        if local_ranks is None:
+            local_ranks = list(range(1, self.world_size)) if spawn_ranks else []
+        here = [0, *local_ranks]
+        shares = dict(zip(here, core_shares(sorted(os.sched_getaffinity(0)), len(here)),
+                          strict=True))
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        if spawn_ranks:
-            for rank in range(1, self.world_size):
-                self.procs[rank] = _start_rank(rank, _rank_config(config, rank, shares[rank]),
-                                               model_dir, init_method, shares[rank])
+        for rank in local_ranks:
+            self.procs[rank] = _start_rank(rank, _rank_config(config, rank, shares[rank]),
+                                           model_dir, init_method, shares[rank])
         rank0 = _rank_config(config, 0, shares[0])
         try:
             if backend_for(rank0.device) == "nccl":
                 import torch
 
                 torch.cuda.set_device(rank0.device)
-            dist.init_process_group(backend_for(config.device), init_method=init_method, rank=0,
+            store = self._rendezvous(init_method)
+            dist.init_process_group(backend_for(config.device), store=store, rank=0,
                                     world_size=self.world_size,
                                     timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
             self.parallel = ParallelContext.create(0, self.tp, self.pp)
@@ -95,6 +112,27 @@ class MultiprocExecutor:
             raise failure from exc
         return result
 
+    def _rendezvous(self, init_method: str) -> dist.TCPStore:
+        """Rank 0's TCPStore, returned once every rank has checked in: a rank that dies first
+        (here or on another worker) is named at once, not at the store's timeout."""
+        host, port = parse_init_method(init_method)
+        store = dist.TCPStore(host, port, self.world_size, is_master=True,
+                              timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S),
+                              wait_for_workers=False)
+        keys = [joined_key(rank) for rank in range(1, self.world_size)]
+        deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_S
+        while not store.check(keys):
+            if self.dead_ranks() or self.peer_failures():
+                raise RuntimeError("a rank ended before the rendezvous")
+            if time.monotonic() > deadline:
+                missing = [r for r in range(1, self.world_size)
+                           if not store.check([joined_key(r)])]
+                raise RankFailed(f"parallel engine (TP={self.tp} PP={self.pp}): rank(s) "
+                                 f"{', '.join(map(str, missing))} did not join the rendezvous "
+                                 f"at {init_method} within {RENDEZVOUS_TIMEOUT_S} s")
+            time.sleep(RENDEZVOUS_POLL_S)
+        return store
+
     def dead_ranks(self) -> dict[int, int]:
         """rank -> exit code, for the ranks this executor started that are gone."""
         return {rank: p.returncode for rank, p in self.procs.items() if p.poll() is not None}
@@ -105,7 +143,7 @@ class MultiprocExecutor:
             return
         self._closed = True
         if dist.is_initialized():
-            if graceful and not self.dead_ranks():
+            if graceful and not self.dead_ranks() and not self.peer_failures():
                 try:
                     dist.broadcast_object_list([None], src=0)
                 except RuntimeError:
@@ -119,13 +157,21 @@ class MultiprocExecutor:
                 proc.wait()
 
     def _failure(self, exc: BaseException) -> BaseException:
-        deadline = time.monotonic() + 2.0  # the socket may close before the exit is reaped
-        while not (dead := self.dead_ranks()) and self.procs and time.monotonic() < deadline:
+        """Name the rank(s) that ended: ours from their exit codes, the others' from the bus.
+        The socket may close before the exit is seen, so wait a moment for a name."""
+        wait = PEER_REPORT_S if len(self.procs) < self.world_size - 1 else 2.0
+        deadline = time.monotonic() + wait
+        while True:
+            dead, peers = self.dead_ranks(), self.peer_failures()
+            if dead or peers or time.monotonic() > deadline:
+                break
             time.sleep(0.05)
-        if not dead:
+        named = {r: f"rank {r} exited with code {c}" for r, c in dead.items()}
+        named.update({r: what for r, what in peers.items() if r not in named})
+        if not named:
             return exc
-        named = ", ".join(f"rank {r} exited with code {c}" for r, c in sorted(dead.items()))
-        return RankFailed(f"parallel engine (TP={self.tp} PP={self.pp}): {named}")
+        text = ", ".join(named[r] for r in sorted(named))
+        return RankFailed(f"parallel engine (TP={self.tp} PP={self.pp}): {text}")
 
 
 def core_shares(cores: list[int], world_size: int) -> list[list[int]]:

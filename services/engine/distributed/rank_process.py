@@ -18,6 +18,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 RENDEZVOUS_TIMEOUT_S = 300
 """How long a rank waits for the others at the rendezvous (and a collective for its peers)."""
@@ -29,7 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--init-method", required=True, help="tcp://host:port of rank 0's store")
-    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--model-dir", help="the prepared model folder (default: prepare the "
+                        "config's model here, into --cache-dir: a rank on another worker)")
+    parser.add_argument("--cache-dir", default=None, help="where --model is prepared")
+    parser.add_argument("--instance-id", default="", help="the instance this rank serves (to "
+                        "find its processes; not used otherwise)")
     parser.add_argument("--config", required=True, help="EngineConfig fields as JSON")
     parser.add_argument("--cores", default="", help="CPU cores for this rank, e.g. 2,3")
     parser.add_argument("--watch-parent", action="store_true",
@@ -44,7 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     from shoal.services.engine.config import EngineConfig
 
     config = EngineConfig(**json.loads(args.config))
-    serve_rank(config, Path(args.model_dir), args.rank, args.init_method)
+    if args.model_dir:
+        model_dir = Path(args.model_dir)
+    else:
+        from shoal.services.engine.model_prep import prepare_model
+
+        model_dir = prepare_model(config.model, Path(args.cache_dir) if args.cache_dir else None)
+    serve_rank(config, model_dir, args.rank, args.init_method)
     return 0
 
 
@@ -59,9 +70,12 @@ def serve_rank(config: object, model_dir: Path, rank: int, init_method: str) -> 
         import torch
 
         torch.cuda.set_device(config.device)  # type: ignore[attr-defined]
-    dist.init_process_group(backend_for(config.device), init_method=init_method,  # type: ignore[attr-defined]
-                            rank=rank, world_size=tp * pp,
-                            timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+    host, port = parse_init_method(init_method)
+    timeout = timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
+    store = dist.TCPStore(host, port, tp * pp, is_master=False, timeout=timeout)
+    store.set(joined_key(rank), str(os.getpid()))  # rank 0 waits for these (executor.py)
+    dist.init_process_group(backend_for(config.device), store=store,  # type: ignore[attr-defined]
+                            rank=rank, world_size=tp * pp, timeout=timeout)
     parallel = ParallelContext.create(rank, tp, pp)
     runner = ModelRunner(config, model_dir, parallel)  # type: ignore[arg-type]
     log.info("rank %d ready: tp rank %d, pp rank %d, %d KV blocks", rank, parallel.tp_rank,
@@ -77,6 +91,20 @@ def serve_rank(config: object, model_dir: Path, rank: int, init_method: str) -> 
                 dist.send_object_list([out], dst=0)
     finally:
         dist.destroy_process_group()
+
+
+def joined_key(rank: int) -> str:
+    """The store key a rank sets before it joins the process group: rank 0 polls for them, so a
+    rank that dies first is named at once rather than at the store's timeout."""
+    return f"shoal/joined/{rank}"
+
+
+def parse_init_method(init_method: str) -> tuple[str, int]:
+    """tcp://host:port -> (host, port)."""
+    parsed = urlsplit(init_method)
+    if parsed.scheme != "tcp" or not parsed.hostname or not parsed.port:
+        raise ValueError(f"the rendezvous must be tcp://host:port, got {init_method!r}")
+    return parsed.hostname, parsed.port
 
 
 def backend_for(device: str) -> str:

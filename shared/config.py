@@ -66,6 +66,10 @@ class Settings(BaseSettings):
     worker_name: str | None = None
     """Defaults to the host name."""
     worker_labels: dict[str, str] = Field(default_factory=dict)
+    distributed_host: str | None = None
+    """The address other workers reach this worker by for the rendezvous of an instance whose
+    pipeline stages span workers (rank 0's TCPStore, then gloo/NCCL); default this machine's
+    host name as it resolves."""
     worker_keep_engines: bool = False
     """A worker agent that is stopped leaves its engines running for the next one to adopt (an
     upgrade in place); one that dies always does."""

@@ -1,8 +1,9 @@
 """Runs one engine process per instance placed on this worker, and keeps it that way.
 
 Reconciles on instance events and every few seconds: starts an engine for each instance placed
-here, restarts a crashed one with exponential back-off (reporting ERROR with the tail of its
-log), and stops (drains) engines whose instance was deleted, scaled down or moved away.
+here (and, through StageRanks, the ranks of this worker's pipeline stages of instances another
+worker leads), restarts a crashed one with exponential back-off (reporting ERROR with the tail
+of its log), and stops (drains) engines whose instance was deleted, scaled down or moved away.
 
 Engines outlive the agent's death (a crash, SIGKILL, OOM: they are not tied to it), as container
 runtimes let GPUStack's instances outlive its worker: requests flow gateway -> engine without the
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from nats.aio.msg import Msg
 
+from shoal.services.worker.stages import StageRanks
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
@@ -147,6 +149,8 @@ class Supervisor:
         self._wake = asyncio.Event()
         self.records = settings.data_dir / "engines"
         self.worker_name = ""
+        self.stages = StageRanks(settings, bus, worker_id)
+        """The ranks this worker runs for instances led by another worker (pipeline stages)."""
 
     def adopt(self, engines: dict[str, EngineProcess], worker_name: str) -> None:
         """Take over the engines a previous agent of this worker left (`running_engines`)."""
@@ -194,12 +198,17 @@ class Supervisor:
             event = InstanceEvent.model_validate_json(msg.data)
         except ValueError:
             return
-        if event.data.worker_id == self.worker_id or event.id in self.engines:
+        if (event.data.worker_id == self.worker_id or event.id in self.engines
+                or event.id in self.stages.groups
+                or any(s.worker_id == self.worker_id for s in event.data.subordinate_workers)):
             self._wake.set()
 
     async def reconcile(self) -> None:
-        listed = await self.registry.list_instances(InstanceFilter(worker_id=self.worker_id))
-        mine = {i.id: i for i in listed if i.state in SERVED_STATES}
+        listed = await self.registry.list_instances(InstanceFilter(
+            worker_id=self.worker_id, include_subordinate=True))
+        await self.stages.reconcile({i.id: i for i in listed if i.worker_id != self.worker_id})
+        mine = {i.id: i for i in listed
+                if i.worker_id == self.worker_id and i.state in SERVED_STATES}
         self.states = {i: inst.state for i, inst in mine.items()}
         for instance_id in [i for i in self.engines if i not in mine]:
             log.info("instance %s is no longer here: stopping its engine", instance_id)
@@ -263,6 +272,7 @@ class Supervisor:
             engine.process.wait()
 
     def stop_all(self) -> None:
+        self.stages.stop_all()  # never adopted: rank 0 fails and the instance restarts
         if self.settings.worker_keep_engines:
             log.info("leaving %d engine(s) running for the next agent", len(self.engines))
             self.engines.clear()

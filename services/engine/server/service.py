@@ -5,7 +5,9 @@ Moves its instance DOWNLOADING (model files prepared, progress in the message) -
 in-flight requests finish (up to drain_timeout), then the process exits. An instance placed with
 tp / pp runs its ranks > 0 as child processes of this one (engine distributed/executor.py): only
 rank 0 is on the bus; a rank that dies fails the step loop, which moves the instance to ERROR
-naming the rank and exits, so the supervisor restarts the engine and every rank with it.
+naming the rank and exits, so the supervisor restarts the engine and every rank with it. When
+the placement has subordinate workers, their agents start the ranks of their stages from the
+plan this process publishes (ranks.py), and a rank of theirs that ends fails this engine too.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 from shoal.services.engine.async_engine import AsyncEngine
 from shoal.services.engine.config import EngineConfig
@@ -22,6 +25,7 @@ from shoal.services.engine.model_prep import prepare_model
 from shoal.services.engine.server.embed_service import serve_embeddings
 from shoal.services.engine.server.handlers import EngineHandlers
 from shoal.services.engine.server.metrics import EngineMetrics, cache_info
+from shoal.services.engine.server.ranks import RankCoordinator
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
@@ -76,9 +80,6 @@ class InstanceReporter:
 def engine_config(model: ModelPublic, instance: InstancePublic) -> EngineConfig:
     """The model's settings as an EngineConfig (engine_args were checked at deploy time; the
     config checks them again, as SamplingParams does a request's options)."""
-    if instance.subordinate_workers:
-        raise ShoalError("pipeline stages across workers are not implemented yet: this engine "
-                         "runs all of its tp x pp ranks on its own worker")
     args = {"max_model_len": model.max_model_len, "dtype": model.dtype,
             "gpu_memory_utilization": model.gpu_memory_utilization,
             "device": "auto" if instance.gpu_indexes else "cpu",
@@ -91,13 +92,16 @@ async def run_engine(settings: Settings, stop: asyncio.Event, instance_id: str) 
     bus = await Bus.connect(settings, name=f"shoal-engine-{instance_id}")
     registry = RegistryClient(bus)
     engine: AsyncEngine | AsyncEmbeddingEngine | None = None
+    ranks: RankCoordinator | None = None
     try:
         with log_context(instance_id=instance_id):
             instance = await registry.get_instance(instance_id)
             model = await registry.get_model(id=instance.model_id)
             reporter = InstanceReporter(registry, instance)
+            if instance.subordinate_workers:
+                ranks = RankCoordinator(bus, settings, instance, engine_config(model, instance))
             try:
-                engine = await start_engine(settings, reporter, model)
+                engine = await start_engine(settings, reporter, model, ranks)
             except Gone as exc:
                 log.info("not starting: %s", exc)
                 return
@@ -110,15 +114,20 @@ async def run_engine(settings: Settings, stop: asyncio.Event, instance_id: str) 
             if isinstance(engine, AsyncEmbeddingEngine):
                 await serve_embeddings(settings, bus, reporter, engine, model, stop)
             else:
-                await serve(settings, bus, reporter, engine, model, stop)
+                await serve(settings, bus, reporter, engine, model, stop, ranks)
     finally:
         if engine is not None:
             engine.shutdown()
+        if ranks is not None:
+            await ranks.stop()
         await bus.close()
 
 
-async def start_engine(settings: Settings, reporter: InstanceReporter,
-                       model: ModelPublic) -> AsyncEngine | AsyncEmbeddingEngine:
+async def start_engine(settings: Settings, reporter: InstanceReporter, model: ModelPublic,
+                       ranks: RankCoordinator | None = None
+                       ) -> AsyncEngine | AsyncEmbeddingEngine:
+    """ranks: set for an instance whose stages span workers: rank 0 opens the rendezvous and
+    waits for the subordinate workers' ranks, naming one that ends before it completes."""
     loop = asyncio.get_running_loop()
     first = InstanceState.DOWNLOADING if can_transition(reporter.instance.state,
                                                         InstanceState.DOWNLOADING) \
@@ -142,11 +151,32 @@ async def start_engine(settings: Settings, reporter: InstanceReporter,
         if config.tensor_parallel_size * config.pipeline_parallel_size > 1:
             raise ShoalError("an embedding model runs as one rank: deploy it without tp / pp")
         return await asyncio.to_thread(AsyncEmbeddingEngine, config, model_dir)
-    return await asyncio.to_thread(AsyncEngine, config, model_dir=model_dir)
+    if ranks is None:
+        return await asyncio.to_thread(AsyncEngine, config, model_dir=model_dir)
+    await ranks.start()
+    await reporter.move(InstanceState.STARTING, f"waiting for the ranks of "
+                        f"{', '.join(w.worker_name for w in ranks.layout[1:])} at "
+                        f"{ranks.init_method}")
+    return await asyncio.to_thread(_multi_worker_engine, ranks, model_dir)
+
+
+def _multi_worker_engine(ranks: RankCoordinator, model_dir: Path) -> AsyncEngine:
+    from shoal.services.engine.distributed.executor import MultiprocExecutor
+    from shoal.services.engine.engine_core import EngineCore
+
+    executor = MultiprocExecutor(ranks.config, model_dir, local_ranks=ranks.local_ranks,
+                                 peer_failures=ranks.failures)
+    try:
+        core = EngineCore(ranks.config, runner=executor, model_dir=model_dir)
+    except BaseException:
+        executor.close(graceful=False)
+        raise
+    return AsyncEngine(core=core)
 
 
 async def serve(settings: Settings, bus: Bus, reporter: InstanceReporter, engine: AsyncEngine,
-                model: ModelPublic, stop: asyncio.Event) -> None:
+                model: ModelPublic, stop: asyncio.Event,
+                ranks: RankCoordinator | None = None) -> None:
     handlers = EngineHandlers(bus, engine, reporter.instance.id, model.name)
     core = engine.core
     handlers.metrics = metrics = EngineMetrics(model.name, reporter.instance.id,
@@ -163,7 +193,7 @@ async def serve(settings: Settings, bus: Bus, reporter: InstanceReporter, engine
     try:
         await reporter.move(InstanceState.RUNNING, None)
         log.info("serving %s as instance %s", model.name, reporter.instance.name)
-        failed = await _until_stop_or_failure(engine, stop)
+        failed = await _until_stop_or_failure(engine, stop, ranks)
         if failed is not None:  # e.g. a tensor / pipeline parallel rank died: restart them all
             await _report_error(reporter, f"engine failed: {failed}")
             raise SystemExit(1)
@@ -178,14 +208,18 @@ async def serve(settings: Settings, bus: Bus, reporter: InstanceReporter, engine
         await endpoint.stop()
 
 
-async def _until_stop_or_failure(engine: AsyncEngine, stop: asyncio.Event) -> str | None:
+async def _until_stop_or_failure(engine: AsyncEngine, stop: asyncio.Event,
+                                 ranks: RankCoordinator | None = None) -> str | None:
     """Wait for the stop signal; return the engine's error if its step loop fails first (the
     streams have had theirs already: the instance then goes to ERROR and the supervisor
-    restarts the engine, every rank with it)."""
+    restarts the engine, every rank with it), or a subordinate worker's rank ended (or the
+    worker went silent) while the engine was idle."""
     while not stop.is_set():
         if engine.error is not None:
             error = engine.error
             return error.message if isinstance(error, ShoalError) else repr(error)
+        if ranks is not None and (message := ranks.failure_message()) is not None:
+            return message
         try:
             await asyncio.wait_for(stop.wait(), FAILURE_POLL_S)
         except TimeoutError:

@@ -1,0 +1,173 @@
+"""The ranks this worker runs for instances whose lead is another worker (pipeline stages).
+
+The lead worker's engine (rank 0) publishes a RankPlan; for each instance that names this worker
+among its `subordinate_workers` and is starting or running, the agent asks for the plan and
+starts the ranks it gives this worker (rank_process.py, each on its share of the cores). A rank
+that ends on its own is reported on `rank_exits` (rank 0 names it in the instance's ERROR) and
+its siblings are stopped; every rank of an instance that left those states, or whose plan is of
+an earlier start of rank 0, is stopped. Ranks are children of the agent and exit with it (they
+are not adopted: rank 0 then fails and the instance restarts, all ranks with it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shoal.shared.bus.client import Bus
+from shoal.shared.config import Settings
+from shoal.shared.errors import ShoalError
+from shoal.shared.schemas.ranks import RankExit, RankPlan, RankPlanRequest
+from shoal.shared.schemas.registry import InstancePublic
+from shoal.shared.states import InstanceState
+
+log = logging.getLogger(__name__)
+STAGE_STATES = frozenset({InstanceState.DOWNLOADING, InstanceState.STARTING,
+                          InstanceState.RUNNING})
+"""The states in which a subordinate worker runs its ranks (rank 0's engine is up)."""
+PLAN_TIMEOUT_S = 2.0
+
+
+@dataclass
+class RankGroup:
+    """This worker's ranks of one start (generation) of an instance."""
+
+    instance: InstancePublic
+    plan: RankPlan
+    procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    log_paths: dict[int, Path] = field(default_factory=dict)
+    stopping: bool = False
+
+    def log_tail(self, rank: int, lines: int = 6) -> str:
+        try:
+            text = self.log_paths[rank].read_text(errors="replace")
+        except (OSError, KeyError):
+            return ""
+        return "\n".join(text.splitlines()[-lines:])[-1500:]
+
+
+def core_split(cores: list[int], n: int) -> list[list[int]]:
+    """n ranks' cores: an even split, or one core each round-robin when ranks outnumber them."""
+    if len(cores) < n:
+        return [[cores[i % len(cores)]] for i in range(n)]
+    per = len(cores) // n
+    return [cores[i * per:(i + 1) * per] for i in range(n)]
+
+
+class StageRanks:
+    def __init__(self, settings: Settings, bus: Bus, worker_id: str) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.worker_id = worker_id
+        self.groups: dict[str, RankGroup] = {}
+        self.spent: set[str] = set()
+        """Generations whose ranks ended here: never joined again (rank 0 of that start fails)."""
+        self._watchers: set[asyncio.Task[None]] = set()
+
+    async def reconcile(self, instances: dict[str, InstancePublic]) -> None:
+        """Bring this worker's ranks in line with the instances it is a subordinate of."""
+        for instance_id, group in list(self.groups.items()):
+            inst = instances.get(instance_id)
+            if inst is None or inst.state not in STAGE_STATES:
+                why = "is gone" if inst is None else f"is {inst.state.value}"
+                log.info("instance %s %s: stopping its ranks here", group.instance.name, why)
+                await self.stop(instance_id)
+        for instance_id, inst in instances.items():
+            if inst.state not in STAGE_STATES:
+                continue
+            group = self.groups.get(instance_id)
+            plan = await self._plan(inst)
+            if plan is None or plan.generation in self.spent:
+                continue
+            if group is not None and group.plan.generation == plan.generation:
+                continue
+            if group is not None:  # rank 0 started again: a new rendezvous
+                await self.stop(instance_id)
+            self.groups[instance_id] = self._start(inst, plan)
+
+    async def _plan(self, inst: InstancePublic) -> RankPlan | None:
+        try:
+            return await self.bus.request(self.bus.subjects.ranks(inst.id),
+                                          RankPlanRequest(worker_id=self.worker_id), RankPlan,
+                                          timeout=PLAN_TIMEOUT_S)
+        except ShoalError:  # rank 0 has not opened its rendezvous yet (or is gone)
+            return None
+
+    def _start(self, inst: InstancePublic, plan: RankPlan) -> RankGroup:
+        group = RankGroup(inst, plan)
+        ranks = plan.ranks_of(self.worker_id)
+        shares = core_split(sorted(os.sched_getaffinity(0)), len(ranks))
+        logs = self.settings.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for local, (rank, cores) in enumerate(zip(ranks, shares, strict=True)):
+            config = dict(plan.config, num_threads=plan.config.get("num_threads") or len(cores))
+            env = dict(os.environ, OMP_NUM_THREADS=str(config["num_threads"]))
+            if inst.subordinate_workers and config.get("device") != "cpu":
+                mine = [s for s in inst.subordinate_workers if s.worker_id == self.worker_id]
+                if mine and mine[0].gpu_indexes:
+                    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, mine[0].gpu_indexes))
+                    config["device"] = f"cuda:{local}"
+            cmd = [sys.executable, "-m", "shoal.services.engine.distributed.rank_process",
+                   "--rank", str(rank), "--init-method", plan.init_method,
+                   "--config", json.dumps(config), "--cores", ",".join(map(str, cores)),
+                   "--instance-id", inst.id, "--watch-parent"]
+            if self.settings.model_cache_dir is not None:
+                cmd += ["--cache-dir", str(self.settings.model_cache_dir)]
+            path = group.log_paths[rank] = logs / f"rank-{inst.name}-{rank}.log"
+            with open(path, "ab") as out:
+                group.procs[rank] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                                     env=env)
+            watcher = asyncio.create_task(self._watch(group, rank), name=f"rank-{rank}")
+            self._watchers.add(watcher)
+            watcher.add_done_callback(self._watchers.discard)
+        log.info("started ranks %s of %s (rendezvous %s, pids %s)", ranks, inst.name,
+                 plan.init_method, [p.pid for p in group.procs.values()])
+        return group
+
+    async def _watch(self, group: RankGroup, rank: int) -> None:
+        """Report a rank that ends unasked, and stop its siblings (the group cannot go on)."""
+        code = await asyncio.to_thread(group.procs[rank].wait)
+        if group.stopping:
+            return
+        self.spent.add(group.plan.generation)
+        worker = next(w.worker_name for w in group.plan.workers if w.worker_id == self.worker_id)
+        event = RankExit(instance_id=group.instance.id, generation=group.plan.generation,
+                         worker_id=self.worker_id, worker_name=worker, rank=rank, code=code,
+                         log_tail=group.log_tail(rank))
+        log.warning("%s", event.describe())
+        try:
+            await self.bus.publish(self.bus.subjects.rank_exits(group.instance.id), event)
+        except ShoalError as exc:
+            log.warning("could not report it: %s", exc.message)
+        if self.groups.get(group.instance.id) is group:
+            await self.stop(group.instance.id)
+
+    async def stop(self, instance_id: str) -> None:
+        group = self.groups.pop(instance_id, None)
+        if group is not None:
+            await asyncio.to_thread(stop_group, group)
+
+    def stop_all(self) -> None:
+        for instance_id in list(self.groups):
+            stop_group(self.groups.pop(instance_id))
+
+
+def stop_group(group: RankGroup, timeout: float = 5.0) -> None:
+    """SIGTERM every rank of the group, then SIGKILL what is still there after `timeout`."""
+    group.stopping = True
+    for proc in group.procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in group.procs.values():
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -83,6 +83,8 @@ class StageRanks:
             if inst.state not in STAGE_STATES:
                 continue
             group = self.groups.get(instance_id)
+            if group is not None and inst.state is InstanceState.RUNNING:
+                continue  # a new start of rank 0 passes through STARTING (and needs our ranks)
             plan = await self._plan(inst)
             if plan is None or plan.generation in self.spent:
                 continue

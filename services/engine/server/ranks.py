@@ -109,7 +109,7 @@ class RankCoordinator:
             asker = RankPlanRequest.model_validate_json(msg.data).worker_id
         except ValueError:
             asker = "?"
-        log.info("worker %s asked for the ranks of %s", asker, self.instance.name)
+        log.debug("worker %s asked for the ranks of %s", asker, self.instance.name)
 
     async def _on_exit(self, event: RankExit, _msg: Msg) -> None:
         if event.generation != self.plan.generation:

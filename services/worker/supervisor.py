@@ -238,6 +238,8 @@ class Supervisor:
         log_path = logs / f"engine-{instance.name}.log"
         env = dict(os.environ)
         env.update(SHOAL_NATS_URL=str(self.settings.nats_url), SHOAL_NAMESPACE=self.settings.ns)
+        if self.settings.distributed_host:  # rank 0's rendezvous address (multi-worker stages)
+            env["SHOAL_DISTRIBUTED_HOST"] = self.settings.distributed_host
         if instance.gpu_indexes:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, instance.gpu_indexes))
         with open(log_path, "ab") as out:  # not tied to this agent: it may outlive us

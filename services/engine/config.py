@@ -85,8 +85,9 @@ class EngineConfig:
     enforce_eager: bool = False
     """Disable CUDA graphs (CUDA path only)."""
     quantization: str | None = None
-    """vLLM's arg: "int8" = weight-only int8, one scale per output row, quantised at load (CPU
-    path); None runs the checkpoint's dtype."""
+    """vLLM's arg (CPU path): "int8" = int8 weights, one scale per output row; "int4" = 4-bit
+    weights in groups of 32 (both quantised at load); "gguf" = a .gguf model's own Q4_1 blocks run
+    as int4 (no dequantise + requantise); None runs the checkpoint's dtype."""
     tool_call_parser: str | None = None
     """How "auto" tool-choice answers are parsed for tool calls (vLLM's --tool-call-parser):
     "hermes" (<tool_call>{...}</tool_call>); None refuses tool_choice "auto"."""
@@ -134,6 +135,13 @@ class EngineConfig:
             refuse("tool_call_parser", f"one of {', '.join(TOOL_CALL_PARSERS)}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             refuse("quantization", f"one of {', '.join(QUANTIZATIONS)} or None")
+        if self.quantization == "gguf" and not str(self.model).endswith(".gguf"):
+            raise ConfigError('quantization "gguf" runs a .gguf file\'s own blocks: the model '
+                              f"must be a .gguf file, got {self.model!r}", param="quantization")
+        if self.quantization == "gguf" and (
+                self.tensor_parallel_size * self.pipeline_parallel_size > 1):
+            raise ConfigError('quantization "gguf" runs on one rank (tensor_parallel_size and '
+                              "pipeline_parallel_size 1)", param="quantization")
         ENGINE_DEFAULTS.dtype(self.dtype, "cpu")  # ConfigError for an unknown dtype
         if not self.enable_chunked_prefill and self.max_model_len is not None:
             if self.max_num_batched_tokens < self.max_model_len:

@@ -28,7 +28,7 @@ from shoal.services.engine.distributed.pipeline import run_stage
 from shoal.services.engine.gpu_memory import profiled_config
 from shoal.services.engine.input_batch import ModelInputs, build_model_inputs
 from shoal.services.engine.kv_cache import bind_kv_caches, num_kv_blocks
-from shoal.services.engine.layers.cpu_weights import prepare_cpu_weights
+from shoal.services.engine.layers.cpu_weights import gguf_source, prepare_cpu_weights
 from shoal.services.engine.loader import load_weights
 from shoal.services.engine.models.registry import model_class
 from shoal.services.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput, TokenLogprob
@@ -62,7 +62,8 @@ class ModelRunner:
             param.data = param.data.to(device=self.device, dtype=self.dtype)
         self.model.to(self.device).eval()
         if self.device.type == "cpu":
-            matmul = prepare_cpu_weights(self.model, config.quantization)
+            matmul = prepare_cpu_weights(self.model, config.quantization,
+                                         gguf_source(config.model))
             self.settings = (f"CPU: {torch.get_num_threads()} torch threads, "
                              f"{len(os.sched_getaffinity(0))} cores usable "
                              f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}), "

@@ -19,8 +19,10 @@ from shoal.shared.schemas.common import Wire
 from shoal.shared.schemas.infer import TOOL_CALL_PARSERS
 from shoal.shared.schemas.speculative import SpeculativeConfig
 
-QUANTIZATIONS = ("int8",)
-"""vLLM's `quantization` values the engine implements (weights quantised at load, CPU path)."""
+QUANTIZATIONS = ("int8", "int4", "gguf")
+"""`quantization` values the engine implements (CPU path): "int8" and "int4" quantise the
+checkpoint's weights at load, "gguf" runs a .gguf file's own Q4_1 blocks (vLLM's name for GGUF
+checkpoints); README's table says which is faster when."""
 
 
 class EngineArgs(Wire):
@@ -38,7 +40,7 @@ class EngineArgs(Wire):
     """torch intra-op threads on CPU (default: all usable cores but one)."""
     enforce_eager: bool | None = None
     quantization: str | None = None
-    """vLLM's --quantization: "int8" (weight-only, CPU)."""
+    """vLLM's --quantization: "int8", "int4" or "gguf" (CPU path)."""
     tool_call_parser: str | None = None
     """vLLM's --tool-call-parser: "hermes"."""
     chat_template: str | None = Field(default=None, min_length=1)

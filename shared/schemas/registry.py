@@ -180,6 +180,13 @@ class ModelSpec(Wire):
                              f"{self.max_model_len})")
         return self
 
+    @model_validator(mode="after")
+    def _gguf_blocks_need_a_gguf_source(self) -> ModelSpec:
+        if self.engine_args.quantization == "gguf" and not self.source.endswith(".gguf"):
+            raise ValueError('engine_args.quantization "gguf" runs a .gguf file\'s own blocks: '
+                             f"the source must be a .gguf file, got {self.source!r}")
+        return self
+
 
 class ModelCreate(ModelSpec):
     name: str = Field(pattern=NAME_PATTERN)

@@ -72,6 +72,10 @@ def test_unknown_args_and_cross_field_rules_are_refused() -> None:
     with pytest.raises(ConfigError):
         EngineConfig(model="m", max_model_len=4096, enable_chunked_prefill=False,
                      max_num_batched_tokens=2048)
+    body = {"name": "m", "source": "org/model", "engine_args": {"quantization": "gguf"}}
+    with pytest.raises(InvalidRequest, match="quantization"):  # a 400 at deploy
+        decode(json.dumps(body).encode(), ModelCreate)
+    assert ModelSpec(source="/m/x.gguf", engine_args=EngineArgs(quantization="gguf"))
 
 
 def test_speculative_config_travels_as_an_object_or_json_text() -> None:

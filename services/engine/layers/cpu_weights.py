@@ -1,19 +1,28 @@
 """Weights prepared once after loading for the CPU's fast matmul kernels.
 
-torch's `F.linear` on CPU calls MKL's sgemm, which on this project's AMD EPYC (AVX-512) runs at
-less than half of what oneDNN's JIT kernels reach for the same fp32 matmuls (about 110 against
-230-260 GFLOP/s on one core at 64-256 rows; docs/figures.md). So on CPU every Linear and the LM
-head get their weight reordered once into oneDNN's blocked layout and run through
+torch's `F.linear` on CPU calls MKL's sgemm, which runs at less than half of what oneDNN's JIT
+kernels reach for the same fp32 matmuls (docs/figures.md). So on CPU every Linear and the LM head
+get their weight reordered once into oneDNN's blocked layout and run through
 `torch.ops.mkldnn._linear_pointwise` (the op inductor's CPU freezing pass emits); the dense copy
-of a Linear's weight is released. `quantization="int8"` stores int8 weights with one scale per
-output row instead (weight-only, symmetric), through `torch._weight_int8pack_mm`; its CPU kernel
-is vectorised for bf16 activations only (fp32 ones take a scalar path 20-60x slower), so the
-activations enter the matmul in bf16 and leave in the model's dtype.
+of a Linear's weight is released.
+
+Quantised weights (`quantization=`), for batch 1, which reads every weight once per token:
+- "int8": int8 weights, one scale per output row. Few rows (decode of a few sequences) go
+  through `torch._weight_int8pack_mm` (bf16 activations: its fp32 path is scalar); from
+  `DYNAMIC_MIN_ROWS` rows on, the same int8 weights go through `torch._int_mm` with the
+  activations quantised per row (dynamic int8, VNNI/AMX GEMM), which beats oneDNN fp32 there while
+  the weight-only kernel is 2-3x slower than fp32 per FLOP.
+- "int4": 4-bit weights in groups of 32 along the input, a scale and a zero per group (affine:
+  w = scale * (q - 8) + zero), through `torch._weight_int4pack_mm_for_cpu` (bf16 activations; its
+  fp32 and fp16 paths are scalar). From `DYNAMIC_MIN_ROWS` rows on, an int8 per-row copy of the
+  same (dequantised) weights runs the dynamic int8 GEMM, where the int4 kernel is slow.
+- "gguf": the int4 layout filled from a GGUF file's own Q4_1 blocks (gguf_weights.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -37,44 +46,152 @@ class OneDNNLinear:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+DYNAMIC_MIN_ROWS = 8
+"""Rows (tokens in a step) from which quantised layers use the dynamic int8 GEMM: measured on
+the AVX-512/AMX Xeon of docs/figures.md, the weight-only kernels win below it."""
+
+
+def dynamic_int8_mm(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float @ (qweight [N, K] int8 * scale [N])^T, x quantised per row (symmetric)."""
+    xf = x.float()
+    step = xf.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+    xq = (xf / step).round_().to(torch.int8)
+    return torch._int_mm(xq, qweight.t()) * (step * scale)
+
+
+def _per_row_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 with one fp32 scale per output row: scale = max |w| / 127."""
+    w = w.detach().float()
+    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+    return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous(), scale
+
+
 class Int8Linear:
     """Weight-only int8: symmetric per output row, scale = max |w| / 127."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        w = weight.detach().float()
-        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # [out]
-        self.qweight = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
-        self.scale = scale.to(torch.bfloat16)
+        self.qweight, scale = _per_row_int8(weight)
+        self.scale = scale.to(torch.bfloat16)  # what _weight_int8pack_mm takes
+        self.scale_f32 = self.scale.float()  # the same values, for the dynamic GEMM
         self.bias = None if bias is None else bias.detach()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.qweight,
-                                        self.scale).to(x.dtype)
+        if x.shape[0] >= DYNAMIC_MIN_ROWS:
+            out = dynamic_int8_mm(x, self.qweight, self.scale_f32).to(x.dtype)
+        else:
+            out = torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.qweight,
+                                            self.scale).to(x.dtype)
         return out if self.bias is None else out + self.bias
 
     def dequantized(self) -> torch.Tensor:
         return self.qweight.float() * self.scale.float()[:, None]
 
 
-def prepare_cpu_weights(model: nn.Module, quantization: str | None) -> str:
-    """Give every Linear and the LM head its CPU kernel; returns what was used (for the log)."""
+INT4_GROUP = 32
+"""Input elements per int4 scale/zero: GGUF's Q4_0/Q4_1 block size, the smallest torch takes."""
+
+
+class Int4Linear:
+    """Weight-only int4, group-wise affine: w[n, k] = scale[n, g] * (q[n, k] - 8) + zero[n, g]
+    with q in 0..15 and g = k // 32 (torch's int4 CPU layout). Built from a float weight (min/max
+    per group) or from given codes, scales and zeros (`from_codes`: a GGUF's Q4_1 blocks)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        w = weight.detach().float()
+        out_f, in_f = w.shape
+        if in_f % INT4_GROUP:
+            raise ConfigError(f"int4 needs input sizes divisible by {INT4_GROUP}, got {in_f}",
+                              param="quantization")
+        groups = w.view(out_f, in_f // INT4_GROUP, INT4_GROUP)
+        low, high = groups.amin(dim=2), groups.amax(dim=2)
+        step = ((high - low) / 15.0).clamp(min=1e-12)
+        codes = ((groups - low[..., None]) / step[..., None]).round().clamp(0, 15)
+        self._build(codes.view(out_f, in_f).to(torch.int32), step, low, bias)
+
+    @classmethod
+    def from_codes(cls, codes: torch.Tensor, step: torch.Tensor, low: torch.Tensor,
+                   bias: torch.Tensor | None) -> Int4Linear:
+        """codes [N, K] in 0..15, step and low [N, K / 32]: w = step * code + low per group."""
+        layer = cls.__new__(cls)
+        layer._build(codes.to(torch.int32), step.float(), low.float(), bias)
+        return layer
+
+    def _build(self, codes: torch.Tensor, step: torch.Tensor, low: torch.Tensor,
+               bias: torch.Tensor | None) -> None:
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)
+        scale = step.to(torch.bfloat16)  # what the kernel takes: bf16 scales and zeros
+        zero = (low + 8.0 * step).to(torch.bfloat16)  # torch's kernel: scale * (q - 8) + zero
+        self.scales_and_zeros = torch.stack([scale.t(), zero.t()], dim=-1).contiguous()
+        self.bias = None if bias is None else bias.detach()
+        dense = int4_dequantize(codes, scale.float(), zero.float())  # the many-rows path's copy
+        self.qweight, self.scale = _per_row_int8(dense)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= DYNAMIC_MIN_ROWS:
+            out = dynamic_int8_mm(x, self.qweight, self.scale).to(x.dtype)
+        else:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x.to(torch.bfloat16).contiguous(), self.packed, INT4_GROUP,
+                self.scales_and_zeros).to(x.dtype)
+        return out if self.bias is None else out + self.bias
+
+
+def int4_dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """The reference: w = scale * (code - 8) + zero per group of 32; codes [N, K], scale and
+    zero [N, K / 32] -> [N, K] fp32."""
+    out_f, in_f = codes.shape
+    groups = codes.float().view(out_f, in_f // INT4_GROUP, INT4_GROUP)
+    return (scale.float()[..., None] * (groups - 8.0) + zero.float()[..., None]).view(out_f, in_f)
+
+
+def gguf_source(model: str) -> Path | None:
+    """The .gguf file a model source names (quantization "gguf" reads its blocks), else None."""
+    path = Path(model).expanduser()
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
+def prepare_cpu_weights(model: nn.Module, quantization: str | None,
+                        gguf: Path | None = None) -> str:
+    """Give every Linear and the LM head its CPU kernel; returns what was used (for the log).
+    `gguf`: the file the model was converted from (quantization "gguf" reads its blocks)."""
     from shoal.services.engine.layers.embedding import LMHead
     from shoal.services.engine.layers.linear import Linear
 
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ConfigError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}",
                           param="quantization")
-    make: Callable[[torch.Tensor, torch.Tensor | None], Callable[..., torch.Tensor]] | None
+    make: Callable[[torch.Tensor, torch.Tensor | None], Callable[..., torch.Tensor]]
+    head: Callable[[torch.Tensor, torch.Tensor | None], Callable[..., torch.Tensor]]
+    layers: dict[str, Int4Linear] = {}
     if quantization == "int8":
-        make, used = Int8Linear, "int8 weight-only (torch._weight_int8pack_mm, bf16 activations)"
+        make = head = Int8Linear
+        used = ("int8 weights (torch._weight_int8pack_mm below "
+                f"{DYNAMIC_MIN_ROWS} rows, dynamic int8 torch._int_mm from there)")
+    elif quantization == "int4":
+        make, head = Int4Linear, Int8Linear
+        used = (f"int4 weights, groups of {INT4_GROUP} (torch._weight_int4pack_mm_for_cpu below "
+                f"{DYNAMIC_MIN_ROWS} rows, dynamic int8 torch._int_mm from there), int8 LM head")
+    elif quantization == "gguf":
+        if gguf is None:
+            raise ConfigError('quantization "gguf" needs the model given as a .gguf file',
+                              param="quantization")
+        from shoal.services.engine.layers.gguf_weights import gguf_int4_layers
+
+        layers = gguf_int4_layers(model, gguf)
+        used = (f"the GGUF's own Q4_1 blocks as int4 ({len(layers)} layers; below "
+                f"{DYNAMIC_MIN_ROWS} rows torch._weight_int4pack_mm_for_cpu, from there dynamic "
+                "int8 torch._int_mm), int8 LM head")
+        make = head = Int8Linear  # a layer stored other than Q4_1: int8 from its weight
     elif onednn_available():
-        make, used = OneDNNLinear, "oneDNN packed weights"
+        make = head = OneDNNLinear
+        used = "oneDNN packed weights"
     else:
         return "torch F.linear"
-    for module in model.modules():
+    for name, module in model.named_modules():
         if isinstance(module, Linear):
-            module.kernel = make(module.weight, module.bias)
+            module.kernel = (layers[name] if quantization == "gguf" and name in layers
+                             else make(module.weight, module.bias))
             module.weight.data = torch.empty(0, dtype=module.weight.dtype)  # the kernel's copy
         elif isinstance(module, LMHead):  # tied: the embedding keeps the dense weight
-            module.kernel = make(module.weight, None)
+            module.kernel = head(module.weight, None)
     return used

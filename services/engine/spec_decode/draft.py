@@ -118,7 +118,7 @@ def load_draft_model(source: str, runner: ModelRunner) -> nn.Module:
     from transformers import AutoConfig
 
     from shoal.services.engine.kv_cache import bind_kv_caches
-    from shoal.services.engine.layers.cpu_weights import prepare_cpu_weights
+    from shoal.services.engine.layers.cpu_weights import gguf_source, prepare_cpu_weights
     from shoal.services.engine.loader import load_weights
     from shoal.services.engine.model_prep import prepare_model
     from shoal.services.engine.models.registry import model_class
@@ -136,6 +136,9 @@ def load_draft_model(source: str, runner: ModelRunner) -> nn.Module:
         param.data = param.data.to(device=runner.device, dtype=runner.dtype)
     model.to(runner.device).eval()
     if runner.device.type == "cpu":
-        prepare_cpu_weights(model, runner.config.quantization)
+        quantization, draft_gguf = runner.config.quantization, gguf_source(str(source))
+        if quantization == "gguf" and draft_gguf is None:  # a draft given as a folder
+            quantization = "int4"
+        prepare_cpu_weights(model, quantization, draft_gguf)
     bind_kv_caches(model, runner.num_kv_blocks, runner.block_size, runner.dtype, runner.device)
     return model

@@ -1,4 +1,5 @@
-"""CPU weight kernels: oneDNN-packed and int8 weight-only Linear against F.linear."""
+"""CPU weight kernels: oneDNN-packed, int8 and int4 Linear against F.linear of the weights they
+stand for (the reference dequantised matmul)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from shoal.services.engine.config import ConfigError
-from shoal.services.engine.layers.cpu_weights import (Int8Linear, OneDNNLinear, onednn_available,
-                                                      prepare_cpu_weights)
+from shoal.services.engine.layers.cpu_weights import (INT4_GROUP, Int4Linear, Int8Linear,
+                                                      OneDNNLinear, int4_dequantize,
+                                                      onednn_available, prepare_cpu_weights)
 from shoal.services.engine.layers.linear import Linear
 
 
@@ -44,3 +46,65 @@ def test_prepare_releases_dense_weights_and_refuses_unknown_quantization() -> No
     torch.testing.assert_close(model(x), expected, atol=1e-4, rtol=1e-4)
     with pytest.raises(ConfigError):
         prepare_cpu_weights(torch.nn.Sequential(Linear(4, 4)), "fp4")
+
+
+def _rows(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    return torch.randn(n, k, generator=gen)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16])  # 16: the dynamic int8 GEMM (DYNAMIC_MIN_ROWS)
+def test_int8_linear_both_kernels_match_the_dequantised_matmul(rows: int) -> None:
+    gen = torch.Generator().manual_seed(torch.seed())
+    w, b = torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen)
+    x = _rows(rows, 64, gen)
+    layer = Int8Linear(w, b)
+    ref = F.linear(x, layer.dequantized(), b)
+    # bf16 activations (< 8 rows) or int8 activations per row (>= 8): 2 % of the output's range
+    torch.testing.assert_close(layer(x), ref, atol=0.02 * ref.abs().max().item(), rtol=0.02)
+
+
+def test_int4_codes_scales_and_zeros_reproduce_the_weight_within_half_a_step() -> None:
+    gen = torch.Generator().manual_seed(torch.seed())
+    w = torch.randn(48, 96, generator=gen)
+    groups = w.view(48, 3, INT4_GROUP)
+    step = (groups.amax(2) - groups.amin(2)) / 15
+    codes = ((groups - groups.amin(2, keepdim=True)) / step[..., None]).round().view(48, 96)
+    dense = int4_dequantize(codes, step, groups.amin(2) + 8 * step)
+    # half a step of rounding, plus fp32 rounding
+    assert ((dense - w).abs().view(48, 3, INT4_GROUP) <= step[..., None] / 2 + 1e-5).all()
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16])  # 1, 5: the int4 kernel; 16: dynamic int8
+def test_int4_linear_matches_the_reference_dequantised_matmul(rows: int) -> None:
+    gen = torch.Generator().manual_seed(torch.seed())
+    out_f, in_f = 64, 128
+    codes = torch.randint(0, 16, (out_f, in_f), generator=gen)
+    step = torch.rand(out_f, in_f // INT4_GROUP, generator=gen) * 0.1 + 0.01
+    low = -torch.rand(out_f, in_f // INT4_GROUP, generator=gen)
+    b = torch.randn(out_f, generator=gen)
+    layer = Int4Linear.from_codes(codes, step, low, b)
+    x = _rows(rows, in_f, gen)
+    # the reference: w = step * code + low in fp32 (a Q4_1 block's formula)
+    ref = F.linear(x, step.repeat_interleave(INT4_GROUP, 1) * codes + low.repeat_interleave(
+        INT4_GROUP, 1), b)
+    # bf16 scales/zeros and bf16 (or per-row int8) activations: 2 % of the output's range
+    torch.testing.assert_close(layer(x), ref, atol=0.02 * ref.abs().max().item(), rtol=0.02)
+
+
+def test_int4_linear_quantises_a_float_weight_group_wise() -> None:
+    gen = torch.Generator().manual_seed(torch.seed())
+    w = torch.randn(64, 96, generator=gen)
+    layer = Int4Linear(w, None)
+    eye = torch.eye(96)
+    seen = torch.cat([layer(eye[k:k + 1]) for k in range(96)]).t()  # one row: the int4 kernel
+    groups = w.view(64, 3, INT4_GROUP)
+    half_step = ((groups.amax(2) - groups.amin(2)) / 30).repeat_interleave(INT4_GROUP, 1)
+    # within half a quantisation step of its group, plus bf16 rounding of scale, zero and output
+    assert ((seen - w).abs() <= half_step * 1.02 + 0.02).all()
+    with pytest.raises(ConfigError):
+        Int4Linear(torch.randn(8, 40), None)  # 40 is no multiple of 32
+
+
+def test_prepare_refuses_gguf_without_a_file() -> None:
+    with pytest.raises(ConfigError, match="gguf"):
+        prepare_cpu_weights(torch.nn.Sequential(Linear(32, 8)), "gguf")

@@ -1,0 +1,56 @@
+"""Quantised weights on the real SmolLM2-135M: the GGUF's Q4_1 blocks read as the gguf package
+reads them, and a greedy chat answer that is still sane with each `quantization` (the answers
+are not expected to equal fp32's token for token)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from shoal.services.engine.config import ConfigError, EngineConfig
+from shoal.services.engine.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_q4_1_blocks_are_the_gguf_packages_dequantisation_exactly(gguf) -> None:
+    import gguf as gguf_package
+
+    from shoal.services.engine.layers.gguf_weights import q4_1_blocks
+
+    reader = gguf_package.GGUFReader(gguf)
+    tensor = next(t for t in reader.tensors if t.name == "blk.0.ffn_gate.weight")
+    assert tensor.tensor_type == gguf_package.GGMLQuantizationType.Q4_1
+    cols, rows = (int(n) for n in tensor.shape[:2])
+    codes, d, m = q4_1_blocks(tensor.data, rows, cols)
+    assert codes.dtype == torch.uint8 and int(codes.max()) <= 15
+    ours = d.repeat_interleave(32, 1) * codes.float() + m.repeat_interleave(32, 1)
+    theirs = gguf_package.quants.dequantize(tensor.data, tensor.tensor_type)
+    np.testing.assert_array_equal(ours.numpy(), theirs.reshape(rows, cols).astype(np.float32))
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4", "gguf"])
+def test_greedy_chat_is_sane_with_each_quantization(gguf, quantization) -> None:
+    from shoal.services.engine.llm import LLM
+
+    llm = LLM(gguf, device="cpu", dtype="float32", num_kv_blocks=64, num_threads=1,
+              quantization=quantization)
+    if quantization == "gguf":  # every Linear of the 30 layers from the file's own blocks
+        assert "Q4_1 blocks as int4 (120 layers" in llm.engine.runner.settings
+    params = SamplingParams(temperature=0, max_tokens=16)
+    outs = llm.chat([QUESTION, [{"role": "user", "content": "List three colours."}]] * 2,
+                    params, use_tqdm=False)  # prefills of > 8 rows, decodes of 4: both kernels
+    assert all("Paris" in o.outputs[0].text for o in outs[::2])
+    assert all(len(o.outputs[0].text.split()) >= 3 for o in outs)
+
+
+def test_gguf_quantization_needs_a_gguf_file_on_one_rank(tmp_path) -> None:
+    with pytest.raises(ConfigError) as refused:
+        EngineConfig(model=str(tmp_path), quantization="gguf")
+    assert refused.value.param == "quantization"
+    with pytest.raises(ConfigError) as refused:
+        EngineConfig(model="m.gguf", quantization="gguf", tensor_parallel_size=2)
+    assert refused.value.param == "quantization"

@@ -46,6 +46,9 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                        help="only 'vllm': sampling defaults are the request's (OpenAI's)")
     serve.add_argument("--tool-call-parser", choices=["hermes"],
                        help='parse tool calls of tool_choice "auto" answers')
+    serve.add_argument("--quantization", "-q",
+                       help="CPU weights: int8, int4 (groups of 32) or gguf (a .gguf model's own "
+                            "Q4_1 blocks); README: which is faster when")
     serve.add_argument("--speculative-config",
                        help='speculative decoding as JSON, e.g. \'{"method": "ngram", '
                             '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\'')
@@ -77,7 +80,7 @@ def model_spec(args: argparse.Namespace) -> ModelCreate:
                    "enable_prefix_caching": args.enable_prefix_caching,
                    "enable_chunked_prefill": args.enable_chunked_prefill,
                    "enforce_eager": args.enforce_eager, "seed": args.seed,
-                   "tool_call_parser": args.tool_call_parser,
+                   "tool_call_parser": args.tool_call_parser, "quantization": args.quantization,
                    "chat_template": chat_template(args.chat_template),
                    "speculative_config": speculative_config(args.speculative_config)}
     spec = {"name": args.served_model_name or default_name, "source": source,

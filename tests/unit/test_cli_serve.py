@@ -39,13 +39,14 @@ def test_vllm_flags_become_the_models_settings(folder: Path, tmp_path: Path) -> 
              "--dtype", "half", "--gpu-memory-utilization", "0.5", "--max-num-seqs", "8",
              "--no-enable-prefix-caching", "--seed", "7", "--chat-template", str(template),
              "--max-num-batched-tokens", "1024", "--kv-cache-memory-bytes", "67108864",
-             "--tool-call-parser", "hermes", "--speculative-config",
+             "--tool-call-parser", "hermes", "--quantization", "int8", "--speculative-config",
              '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}')
     assert (s.name, s.source, s.max_model_len, s.dtype, s.gpu_memory_utilization) == \
         ("smol", str(folder), 4096, "float16", 0.5)
     assert s.engine_args.given() == {
         "max_num_seqs": 8, "max_num_batched_tokens": 1024, "kv_cache_memory": 67108864,
         "enable_prefix_caching": False, "seed": 7, "tool_call_parser": "hermes",
+        "quantization": "int8",
         "chat_template": template.read_text(),
         "speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
                                "prompt_lookup_min": 4, "prompt_lookup_max": 4}}
@@ -62,6 +63,10 @@ def test_bad_values_are_refused_by_the_deploy_rules(folder: Path) -> None:
         spec(str(folder), "--speculative-config", "{method: ngram}")
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         spec(str(folder), "--speculative-config", '{"method": "ngram"}')
+    with pytest.raises(ValueError, match="quantization must be one of int8, int4, gguf"):
+        spec(str(folder), "--quantization", "awq")
+    with pytest.raises(ValueError, match="must be a .gguf file"):
+        spec(str(folder), "--quantization", "gguf")
     with pytest.raises(InvalidRequest, match="generation-config"):
         spec(str(folder), "--generation-config", "auto")
     with pytest.raises(NotFound, match="neither a file nor a Jinja template"):
@@ -72,9 +77,9 @@ def test_bad_values_are_refused_by_the_deploy_rules(folder: Path) -> None:
 
 def test_unsupported_vllm_flags_are_refused_by_name(folder: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["serve", str(folder), "--quantization", "awq", "--enable-lora"]) == 1
+    assert main(["serve", str(folder), "--load-format", "dummy", "--enable-lora"]) == 1
     err = capsys.readouterr().err
-    assert "does not support --enable-lora, --quantization" in err
+    assert "does not support --enable-lora, --load-format" in err
     with pytest.raises(SystemExit):  # other commands keep argparse's own refusal
         main(["workers", "list", "--quantization", "awq"])
 

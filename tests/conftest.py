@@ -22,6 +22,10 @@ if not os.path.exists("/proc/driver/nvidia/version"):
     # No GPU: Triton kernels can only run in its CPU interpreter, and TRITON_INTERPRET must be
     # set before anything (torch, transformers) imports triton, so it is set here, first.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Engines default to every usable core; a test suite shares its machine with others (CI, other
+# suites), where OpenMP threads beyond the cores really free make steps many times slower. One
+# thread per engine unless the caller says otherwise (engines and spawned stacks inherit it).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @dataclass(frozen=True)

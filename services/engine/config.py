@@ -81,7 +81,8 @@ class EngineConfig:
     cache_dir: str | None = None
     """Where converted models (GGUF -> safetensors) are cached; default ~/.cache/shoal/models."""
     num_threads: int | None = None
-    """torch intra-op threads; None on CPU = all usable cores but one (vLLM-CPU's rule)."""
+    """torch intra-op threads; None on CPU = OMP_NUM_THREADS when set, else every usable core
+    (vLLM-CPU's rule; services/engine/cpu_threads.py)."""
     enforce_eager: bool = False
     """Disable CUDA graphs (CUDA path only)."""
     quantization: str | None = None

@@ -22,6 +22,7 @@ from transformers import AutoConfig
 
 from shoal.kernels import Workspace, select_ops
 from shoal.services.engine.config import ENGINE_DEFAULTS, ConfigError, EngineConfig
+from shoal.services.engine.cpu_threads import cpu_list, cpu_threads
 from shoal.services.engine.cuda_graphs import DecodeGraphs
 from shoal.services.engine.distributed.parallel_state import ParallelContext
 from shoal.services.engine.distributed.pipeline import run_stage
@@ -47,8 +48,10 @@ class ModelRunner:
         self.device = torch.device(
             ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto"
             else config.device)
+        threads_note = ""
         if config.num_threads or self.device.type == "cpu":
-            torch.set_num_threads(config.num_threads or default_cpu_threads())
+            threads, threads_note = cpu_threads(config.num_threads)
+            torch.set_num_threads(threads)
         self.dtype = getattr(torch, ENGINE_DEFAULTS.dtype(config.dtype, self.device.type))
         hf_config = AutoConfig.from_pretrained(model_dir)
         self.hf_config = hf_config
@@ -64,9 +67,9 @@ class ModelRunner:
         if self.device.type == "cpu":
             matmul = prepare_cpu_weights(self.model, config.quantization,
                                          gguf_source(config.model))
-            self.settings = (f"CPU: {torch.get_num_threads()} torch threads, "
-                             f"{len(os.sched_getaffinity(0))} cores usable "
-                             f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}), "
+            self.settings = (f"CPU: {torch.get_num_threads()} torch intra-op threads "
+                             f"({threads_note}), {torch.get_num_interop_threads()} inter-op, "
+                             f"affinity {cpu_list(os.sched_getaffinity(0))}, "
                              f"{self.dtype}, matmuls: {matmul}, attention: {ops.name} ops")
         elif config.quantization is not None:
             raise ConfigError("quantization is implemented on the CPU path only",
@@ -187,14 +190,6 @@ class ModelRunner:
                 state.pending_prompt_lp = torch.log_softmax(logits[first + end - a - 1], dim=-1)
             result[s.seq_id] = entries
         return result
-
-
-def default_cpu_threads() -> int:
-    """All usable cores but one (vLLM-CPU's rule), at least one. The spare core runs what is
-    not a matmul: the step loop's Python, detokenizing, and when serving the bus and the gateway.
-    On a 2-core machine that is one thread: two were 1.7x faster on a quiet machine but 10-40x
-    slower as soon as another process took a core (docs/figures.md, issue 13)."""
-    return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
 def _max_model_len(config: EngineConfig, hf_config: Any) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from shoal.services.engine.cpu_threads import cpu_threads
 from shoal.services.engine.config import ENGINE_DEFAULTS, ConfigError, EngineConfig
 from shoal.services.engine.embedding.bert import BertModel
 from shoal.services.engine.embedding.pooling import read_pooling
@@ -63,8 +63,8 @@ class EmbeddingEngine:
         self.device = torch.device(("cuda" if torch.cuda.is_available() else "cpu")
                                    if config.device == "auto" else config.device)
         if config.num_threads or self.device.type == "cpu":
-            # all usable cores but one, the generation engine's rule (model_runner.py)
-            torch.set_num_threads(config.num_threads or max(1, len(os.sched_getaffinity(0)) - 1))
+            # the generation engine's rule (model_runner.py)
+            torch.set_num_threads(cpu_threads(config.num_threads)[0])
         self.dtype = getattr(torch, ENGINE_DEFAULTS.dtype(config.dtype, self.device.type))
         self.pooling = read_pooling(self.model_dir)
         self.model, hf = _load_bert(self.model_dir, self.dtype, self.device)

@@ -97,6 +97,9 @@ class EngineCore:
         if not all(isinstance(t, int) and 0 <= t < bound for t in prompt_token_ids):
             raise InvalidRequest(f"prompt token ids must be integers in [0, {bound})",
                                  param="prompt")
+        if params.logit_bias and max(params.logit_bias) >= bound:
+            raise InvalidRequest(f"logit_bias keys must be token ids in [0, {bound}), got "
+                                 f"{max(params.logit_bias)}", param="logit_bias")
         self.scheduler.check_request(len(prompt_token_ids), params)
         if params.structured_outputs is not None:
             self.grammar_gate.check(params.structured_outputs)

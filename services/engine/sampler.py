@@ -1,5 +1,5 @@
-"""Sampling: grammar mask -> penalties -> min_tokens -> temperature -> top-k / top-p / min-p ->
-draw, and logprobs.
+"""Sampling: grammar mask -> penalties -> logit_bias -> min_tokens -> temperature -> top-k /
+top-p / min-p -> draw, and logprobs.
 
 Logprobs come from the logits' log_softmax before penalties (vLLM's raw logprobs; a grammar mask,
 applied first as in vLLM, shows as -inf). Every sampled sequence draws only from its own
@@ -97,7 +97,8 @@ def _apply_grammars(logits: torch.Tensor, states: list[SeqState], rows: list[int
 
 
 def apply_penalties(row: torch.Tensor, s: SeqState, eos_token_ids: frozenset[int]) -> None:
-    """row [vocab]: repetition (HF: prompt + output), presence/frequency (output), min_tokens."""
+    """row [vocab]: repetition (HF: prompt + output), presence/frequency (output), logit_bias,
+    min_tokens."""
     p = s.params
     if p.repetition_penalty != 1.0 and s.token_ids:
         ids = torch.tensor(sorted(set(s.token_ids)), dtype=torch.int64, device=row.device)
@@ -108,6 +109,9 @@ def apply_penalties(row: torch.Tensor, s: SeqState, eos_token_ids: frozenset[int
         output = torch.tensor(s.token_ids[s.prompt_len:], dtype=torch.int64, device=row.device)
         counts = torch.bincount(output, minlength=row.shape[0]).to(row.dtype)  # [vocab]
         row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+    if p.logit_bias:  # a masked (-inf) token stays masked whatever its bias
+        ids = torch.tensor(list(p.logit_bias), dtype=torch.int64, device=row.device)
+        row[ids] += torch.tensor(list(p.logit_bias.values()), dtype=row.dtype, device=row.device)
     if len(s.token_ids) - s.prompt_len < p.min_tokens:
         banned = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
         if banned:

@@ -118,6 +118,10 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | None = None
     """Constrain the output (guided decoding); None = free text."""
+    logit_bias: dict[int, float] | None = None
+    """OpenAI's logit_bias: token id -> bias in [-100, 100], added to the logits before sampling
+    (after penalties; logprobs stay the raw ones). The engine checks the ids against its
+    vocabulary."""
     compiled_grammar: Any = field(default=None, init=False, repr=False, compare=False)
     """Set by the engine (never by users, never on the wire): the compiled form of
     structured_outputs, from which the sampler makes each sequence's matcher."""
@@ -137,6 +141,8 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", list(self.stop_token_ids))
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
+        if isinstance(self.logit_bias, dict):
+            object.__setattr__(self, "logit_bias", _token_bias(self.logit_bias) or None)
         self.validate()
 
     @property
@@ -186,9 +192,25 @@ class SamplingParams:
             value = getattr(self, name)
             _check(value is None or (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS), name,
                    f"must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
+        _check(self.logit_bias is None or isinstance(self.logit_bias, dict), "logit_bias",
+               "must map token ids to biases in [-100, 100]")
         _check(self.structured_outputs is None
                or isinstance(self.structured_outputs, StructuredOutputsParams),
                "structured_outputs", "must be a StructuredOutputsParams or a dict of its fields")
+
+
+def _token_bias(bias: dict[Any, Any]) -> dict[int, float]:
+    """{token id (int, or its decimal string as JSON keys are): bias} checked: ids >= 0, biases
+    numbers in [-100, 100] (OpenAI's range)."""
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        token = key if isinstance(key, int) and not isinstance(key, bool) else (
+            int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else -1)
+        _check(token >= 0, "logit_bias", f"keys must be token ids, got {str(key)[:40]!r}")
+        _check(_is_number(value) and -100 <= value <= 100, "logit_bias",
+               f"values must be numbers in [-100, 100], got {value!r}")
+        out[token] = float(value)
+    return out
 
 
 def _is_number(value: object) -> bool:

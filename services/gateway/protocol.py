@@ -23,18 +23,19 @@ from shoal.shared.schemas.infer import (
 MAX_LOGPROBS = 20
 
 
-def check_logit_bias(bias: dict[str, float] | None) -> None:
-    """OpenAI's shape: keys are token ids (as strings), values in [-100, 100]."""
+def check_logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's shape: keys are token ids (as strings), values in [-100, 100]; the engine checks
+    the ids against its vocabulary (a 400 naming logit_bias too)."""
+    checked = {}
     for key, value in (bias or {}).items():
-        if not key.isdigit() or int(key) > MAX_INT32:
+        if not (key.isascii() and key.isdigit()) or int(key) > MAX_INT32:
             raise InvalidRequest(f"logit_bias keys must be token ids, got {key[:40]!r}",
                                  param="logit_bias")
         if not -100 <= value <= 100:
             raise InvalidRequest(f"logit_bias values must be in [-100, 100], got {value}",
                                  param="logit_bias")
-    if bias:
-        raise InvalidRequest("logit_bias is not supported by Shoal's engines yet",
-                             param="logit_bias", code="unsupported")
+        checked[int(key)] = value
+    return checked or None
 
 
 class StreamOptions(Body):
@@ -63,7 +64,8 @@ class _SamplingBody(StructuredFields):
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0, le=MAX_INT32)
     stop_token_ids: list[TokenId] | None = None
-    logit_bias: dict[str, float] | None = None  # checked: a 400, never silently ignored
+    logit_bias: dict[str, float] | None = None
+    """token id (a string, as JSON keys are) -> bias in [-100, 100]: check_logit_bias"""
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 
@@ -90,7 +92,7 @@ class _SamplingBody(StructuredFields):
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("stream_options is only allowed when stream is true",
                                  param="stream_options")
-        check_logit_bias(self.logit_bias)
+        logit_bias = check_logit_bias(self.logit_bias)
         if max_tokens is not None and self.min_tokens > max_tokens:
             raise InvalidRequest(f"min_tokens ({self.min_tokens}) must be <= max_tokens "
                                  f"({max_tokens})", param="min_tokens")
@@ -105,7 +107,7 @@ class _SamplingBody(StructuredFields):
             ignore_eos=self.ignore_eos, max_tokens=max_tokens, min_tokens=self.min_tokens,
             logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            structured_outputs=self.spec()[0],
+            structured_outputs=self.spec()[0], logit_bias=logit_bias,
         )
 
 

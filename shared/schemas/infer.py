@@ -54,6 +54,7 @@ class SamplingOptions(Wire):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsOptions | None = None
+    logit_bias: dict[int, float] | None = None
 
 
 TOOL_CALL_PARSERS = ("hermes",)

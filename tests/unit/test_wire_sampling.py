@@ -58,3 +58,10 @@ def test_wire_options_build_engine_params() -> None:
     assert (params.n, params.temperature, params.stop, params.logprobs, params.seed) == (2, 0.5,
                                                                                          ["\n"], 3,
                                                                                          7)
+
+
+def test_logit_bias_crosses_the_wire_with_int_ids() -> None:
+    options = SamplingOptions(logit_bias={50256: -100.0, 7: 2.5})
+    params = SamplingParams(**SamplingOptions.model_validate_json(options.model_dump_json())
+                            .model_dump())
+    assert params.logit_bias == {50256: -100.0, 7: 2.5}

@@ -41,4 +41,5 @@ def verify(logits: torch.Tensor, state: SeqState, draft: list[int],
 def _penalised(state: SeqState) -> bool:
     p = state.params
     return (p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
+            or bool(p.logit_bias)
             or len(state.token_ids) - state.prompt_len < p.min_tokens)

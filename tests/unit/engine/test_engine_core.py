@@ -146,6 +146,9 @@ def test_invalid_requests_are_refused_before_queueing():
     with pytest.raises(InvalidRequest) as err:
         core.add_request("r", [1, 2, 10_000], SamplingParams())
     assert err.value.param == "prompt"
+    with pytest.raises(InvalidRequest) as err:  # an id past the vocabulary
+        core.add_request("r", [1, 2], SamplingParams(logit_bias={core.vocab_bound: 1.0}))
+    assert err.value.param == "logit_bias"
     with pytest.raises(InvalidRequest):
         core.add_request("r", [1] * 600, SamplingParams())  # longer than max_model_len 512
     core.add_request("r", [1, 2], SamplingParams(max_tokens=2))

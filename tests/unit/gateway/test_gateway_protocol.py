@@ -68,7 +68,7 @@ def completion(**fields: object) -> bytes:
     (chat(logit_bias={"not-a-token": 5}), "logit_bias"),
     (chat(logit_bias={"50256": 1000}), "logit_bias"),
     (chat(logit_bias={"50256": "x"}), "logit_bias.50256"),
-    (chat(logit_bias={"50256": -100}), "logit_bias"),  # well formed, but no engine applies it
+    (chat(logit_bias={"\u0663": 5}), "logit_bias"),  # a digit, but not an ASCII one
 ])
 def test_bad_chat_requests(raw: bytes, param: str) -> None:
     with pytest.raises(InvalidRequest) as err:
@@ -167,6 +167,8 @@ def test_integral_ids_and_seeds_in_range_pass() -> None:
                       ChatCompletionRequest)
     assert body.generate("r").sampling.stop_token_ids == [0, 2**31 - 1]
     assert parse_body(chat(logit_bias={}), ChatCompletionRequest).logit_bias == {}
+    biased = parse_body(chat(logit_bias={"50256": -100, "7": 2.5}), ChatCompletionRequest)
+    assert biased.generate("r").sampling.logit_bias == {50256: -100.0, 7: 2.5}
 
 
 def test_lone_surrogates_are_a_400_not_an_encoding_error() -> None:

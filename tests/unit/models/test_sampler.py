@@ -10,6 +10,7 @@ from transformers.generation.logits_process import RepetitionPenaltyLogitsProces
 
 from shoal.services.engine.sampler import SeqState, mix_seed, sample
 from shoal.services.engine.sampling_params import SamplingParams
+from shoal.shared.errors import InvalidRequest
 
 VOCAB = 50
 EOS = frozenset({2})
@@ -123,3 +124,37 @@ def test_logprobs_come_from_the_raw_logits() -> None:
         n = states[i].params.logprobs
         top_ids = [t for t, _ in entry.top]
         assert top_ids == raw[i].topk(n).indices.tolist() if n else entry.top == []
+
+
+def test_logit_bias_is_added_before_sampling_greedy_and_random() -> None:
+    logits = _logits(3)
+    low = int(logits[0].argmin())
+    bias = {low: 100.0, int(logits[0].argmax()): -100.0}
+    rows = logits.clone()
+    states = [_state(temperature=0.0, logit_bias=bias), _state(temperature=0.0),
+              _state(seed=5, temperature=1.0, logit_bias={low: 100.0})]
+    tokens, _ = sample(rows, states, EOS)
+    expected = logits[0].clone()
+    expected[list(bias)] += torch.tensor(list(bias.values()))
+    torch.testing.assert_close(rows[0], expected)  # exactly the bias, on exactly these ids
+    assert tokens[0] == low and tokens[1] == int(logits[1].argmax())  # the other row untouched
+    assert tokens[2] == low  # +100 outweighs any logit of these rows (|x| < 20)
+
+
+def test_logit_bias_keeps_logprobs_raw_and_masks_masked() -> None:
+    logits = _logits(1)
+    logits[0, 4] = float("-inf")  # masked (a grammar would), whatever its bias
+    state = _state(temperature=0.0, logit_bias={4: 100.0, 9: 100.0}, logprobs=0)
+    raw = torch.log_softmax(logits[0], dim=-1)
+    tokens, lps = sample(logits.clone(), [state], EOS)
+    assert tokens == [9] and lps[0] is not None
+    assert lps[0].logprob == pytest.approx(float(raw[9]))
+
+
+def test_logit_bias_from_the_wire_and_its_checks() -> None:
+    assert SamplingParams(logit_bias={"12": -5, 3: 1.5}).logit_bias == {12: -5.0, 3: 1.5}
+    assert SamplingParams(logit_bias={}).logit_bias is None
+    for bad in ({"x": 1}, {"-1": 1}, {-2: 1}, {1: 101}, {1: "a"}, {1: float("nan")}, {True: 1}):
+        with pytest.raises(InvalidRequest) as err:
+            SamplingParams(logit_bias=bad)  # type: ignore[arg-type]
+        assert err.value.param == "logit_bias"

@@ -196,3 +196,18 @@ def test_scheduler_reserves_draft_slots_only_where_speculation_applies() -> None
                       SamplingParams(max_tokens=3)]) == [3, 0, 0, 1]
     assert step_spec([plain, plain], disable=2) == [0, 0]
     assert step_spec([plain], disable=2) == [3]
+
+
+def test_verify_greedy_applies_logit_bias() -> None:
+    """A biased greedy sequence verifies its drafts against the biased argmax, as an ordinary
+    step would pick it."""
+    from shoal.services.engine.sampler import SeqState
+    from shoal.services.engine.sampling_params import SamplingParams
+    from shoal.services.engine.spec_decode.verify import verify
+
+    logits = torch.tensor([[5.0, 0.0, 0.0], [5.0, 0.0, 0.0]])
+    state = SeqState(params=SamplingParams(temperature=0.0, logit_bias={2: 10.0}),
+                     token_ids=[0], prompt_len=1)
+    assert verify(logits.clone(), state, [2], frozenset()) == ([2], 2)
+    plain = SeqState(params=SamplingParams(temperature=0.0), token_ids=[0], prompt_len=1)
+    assert verify(logits.clone(), plain, [2], frozenset()) == ([], 0)

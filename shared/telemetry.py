@@ -11,8 +11,9 @@ request; `extract_context` reads it back on the receiving side.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -90,3 +91,16 @@ def inject_headers(headers: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def extract_context(headers: Mapping[str, str] | None) -> otel_context.Context:
     return _PROPAGATOR.extract(dict(headers or {}))
+
+
+@contextlib.contextmanager
+def event_span(subject: str, headers: Mapping[str, str] | None) -> Iterator[None]:
+    """A CONSUMER span around handling a message that carries a trace context (an event of a
+    traced call: the registry's outbox keeps it); nothing for the many messages that carry none
+    (engine loads, heartbeats)."""
+    if not headers or "traceparent" not in headers:
+        yield
+        return
+    with get_tracer("shoal.bus").start_as_current_span(
+            f"event {subject}", context=extract_context(headers), kind=trace.SpanKind.CONSUMER):
+        yield

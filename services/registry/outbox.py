@@ -5,6 +5,10 @@ events into `event_outbox`; the relay publishes those rows to JetStream in order
 them. A registry that dies between the commit and the publish leaves its rows, and the next
 relay (any registry's) publishes them; one that dies between the publish and the delete
 publishes them again under the same Nats-Msg-Id, which the stream drops as a duplicate.
+
+A row keeps the trace context of the call that wrote it (the registry's server span), and is
+published with it, so a trace from a management call continues into the events' consumers
+(`Bus.subscribe` / `Bus.consume` open a span under it), whenever the relay gets to the row.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from shoal.shared.bus.client import Bus, encode
 from shoal.shared.db.tables import OutboxRow
 from shoal.shared.errors import Conflict
+from shoal.shared.telemetry import inject_headers
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +70,8 @@ def add_event(subject: str, payload: BaseModel) -> None:
     session = _current.get()
     if session is None:
         raise RuntimeError("events are written inside a registry transaction")
-    session.add(OutboxRow(msg_id=uuid.uuid4().hex, subject=subject, payload=encode(payload)))
+    session.add(OutboxRow(msg_id=uuid.uuid4().hex, subject=subject, payload=encode(payload),
+                          headers=inject_headers() or None))
 
 
 class OutboxRelay:
@@ -88,7 +94,8 @@ class OutboxRelay:
                 .with_for_update(skip_locked=True)))
             for row in rows:
                 await self.bus.js.publish(row.subject, row.payload,
-                                          headers={"Nats-Msg-Id": row.msg_id})
+                                          headers={**(row.headers or {}),
+                                                   "Nats-Msg-Id": row.msg_id})
             if rows:
                 await session.execute(delete(OutboxRow).where(
                     OutboxRow.seq.in_([row.seq for row in rows])))

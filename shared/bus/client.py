@@ -29,7 +29,7 @@ from shoal.shared.errors import (
     InvalidRequest, PayloadTooLarge, ShoalError, Timeout, Unavailable
 )
 from shoal.shared.schemas.common import ErrorReply
-from shoal.shared.telemetry import inject_headers
+from shoal.shared.telemetry import event_span, inject_headers
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,8 @@ class Bus:
                 log.warning("dropping malformed message on %s: %s", msg.subject, exc.message)
                 return
             try:
-                await handler(payload, msg)
+                with event_span(msg.subject, msg.headers):
+                    await handler(payload, msg)
             except Exception:  # noqa: BLE001 - one bad message must not kill the subscription
                 log.exception("handler for %s failed", msg.subject)
 
@@ -222,7 +223,8 @@ class Bus:
                     raise
                 for msg in msgs:
                     try:
-                        await handler(msg)
+                        with event_span(msg.subject, msg.headers):
+                            await handler(msg)
                         await msg.ack()
                     except Exception:  # noqa: BLE001 - redelivered later, with a delay
                         log.exception("event handler failed for %s", msg.subject)

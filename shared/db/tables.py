@@ -119,4 +119,7 @@ class OutboxRow(Base):
     publishes it again, and the stream drops the duplicate."""
     subject: Mapped[str] = mapped_column(String(255), nullable=False)
     payload: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    headers: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)
+    """The trace context (traceparent, tracestate) of the call that made the change: the event
+    is published with it, so the consumers' spans continue that call's trace."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -95,8 +95,10 @@ def decide(spec: AutoscaleSpec, replicas: int, loads: Sequence[InstanceLoad], no
 
 class Autoscaler:
     """decide() over time for every autoscaled model: remembers when each last scaled, since
-    when it has been idle and since when below its band (one scheduler leader holds it; a new
-    leader starts afresh from the scale events the registry keeps)."""
+    when it has been idle and since when below its band. One scheduler leader holds it; a new
+    leader takes each model's last scale time from the scale events the registry keeps
+    (`resume`), so a failover does not cut a cool-down short; the idle and below-band windows it
+    observes afresh (a failover can only delay a scale-down, never hasten one)."""
 
     def __init__(self) -> None:
         self.last_scaled_at: dict[str, float] = {}
@@ -116,6 +118,11 @@ class Autoscaler:
             self.low_since.pop(model, None)
         return decide(spec, replicas, loads, now, self.last_scaled_at.get(model),
                       self.idle_since.get(model), self.low_since.get(model), demand)
+
+    def resume(self, model: str, seconds_ago: float, now: float) -> None:
+        """The model last scaled `seconds_ago` (its last scale event), unless this scaler knows
+        better (it scaled the model itself)."""
+        self.last_scaled_at.setdefault(model, now - max(0.0, seconds_ago))
 
     def scaled(self, model: str, now: float) -> None:
         """Called once a decision is written (a failed write is retried at the next step)."""

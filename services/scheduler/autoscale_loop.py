@@ -89,6 +89,9 @@ class AutoscaleLoop:
         now = self.clock()
         running = await self.registry.list_instances(InstanceFilter(state=InstanceState.RUNNING))
         for model in models:
+            if model.scale_events:  # a new leader: the cool-down runs from the last scale
+                age = (utcnow() - model.scale_events[-1].at).total_seconds()
+                self.scaler.resume(model.name, age, now)
             loads = []
             for inst in running:
                 seen = self.loads.get(inst.id)

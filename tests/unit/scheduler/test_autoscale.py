@@ -3,10 +3,16 @@ scale-down after a sustained low, bounds, scale to zero after idling and back on
 
 from __future__ import annotations
 
+from datetime import timedelta
+from types import SimpleNamespace
+
 import pytest
 
 from shoal.services.scheduler.autoscale import Autoscaler, InstanceLoad, band, decide
-from shoal.shared.schemas.registry import AutoscaleSpec
+from shoal.services.scheduler.autoscale_loop import AutoscaleLoop
+from shoal.shared.schemas.common import utcnow
+from shoal.shared.schemas.infer import EngineLoad
+from shoal.shared.schemas.registry import AutoscaleSpec, ScaleEvent
 
 
 def spec(**kw: object) -> AutoscaleSpec:
@@ -115,3 +121,42 @@ def test_spec_bounds_replicas_and_the_cli_flags() -> None:
     assert model.replicas == 3 and model.autoscaling.min_replicas == 1  # kept within bounds
     with pytest.raises(ValueError):
         ModelCreate(name="m", source="/x", autoscaling={"target": 1})  # max_replicas missing
+
+
+class _Registry:
+    """What the autoscale loop reads and writes, in memory: one autoscaled model with one
+    RUNNING instance; `updates` keeps the replica counts written."""
+
+    def __init__(self, model: SimpleNamespace) -> None:
+        self.model = model
+        self.updates: list[int] = []
+
+    async def list_models(self, _req: object) -> list[SimpleNamespace]:
+        return [self.model]
+
+    async def list_instances(self, _req: object) -> list[SimpleNamespace]:
+        return [SimpleNamespace(id="i1", model_id="m1")]
+
+    async def update_model(self, req: object) -> None:
+        self.updates.append(req.replicas)  # type: ignore[attr-defined]
+
+
+async def test_a_new_leader_keeps_the_cooldown_of_the_last_scale() -> None:
+    """The cool-down runs from the model's last scale event, not from the new leader's start:
+    a failover 10 s after a scale-up does not allow another one before scale_up_cooldown."""
+    last = ScaleEvent(at=utcnow() - timedelta(seconds=10), from_replicas=1, to_replicas=2,
+                      reason="scale up")
+    model = SimpleNamespace(id="m1", name="m", version=3, replicas=2, scale_events=[last],
+                            autoscaling=spec(max_replicas=8))
+    registry, clock = _Registry(model), [1000.0]
+    loop = AutoscaleLoop(registry, 1.0, kick=lambda: None,  # type: ignore[arg-type]
+                         clock=lambda: clock[0])
+    load = EngineLoad(instance_id="i1", model_name="m", num_running=4, num_waiting=12,
+                      kv_cache_usage=0.5, max_num_seqs=4, max_model_len=512)
+    await loop._on_load(load, None)  # type: ignore[arg-type]
+    await loop.step()
+    assert registry.updates == []  # 20 s of the 30 s cool-down left
+    clock[0] += 21
+    await loop._on_load(load, None)  # type: ignore[arg-type]
+    await loop.step()
+    assert registry.updates == [6]  # ceil(1 x 12 / 2), the cool-down over

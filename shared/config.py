@@ -112,6 +112,11 @@ class Settings(BaseSettings):
     """Seconds a verified API key is trusted before the registry is asked again: only a fallback,
     since every gateway drops a key from its cache when the registry's event for it arrives
     (revoked: refused at once) and empties its cache when it reconnects to NATS."""
+    gateway_key_stale_max: float = Field(default=600.0, ge=0.0)
+    """Seconds after its last verification a key is still served while the registry cannot
+    verify it (Postgres or the registry away: 503): chat with keys outlives a database outage of
+    up to this long. Revocation events still apply at once; a key never outlives its expiry; a
+    key not verified by this gateway before the outage is refused (503). 0: no stale serving."""
     gateway_max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     """The largest request body the gateway reads (README "The largest request"); larger is a
     413. It must stay under the NATS server's max_payload (8 MiB for the embedded server and in

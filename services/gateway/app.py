@@ -74,7 +74,7 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
         router = Router()
         table = InstanceTable(bus, registry, settings, router)
         admission = Admission(settings.gateway_max_outstanding)
-        keys = KeyCache(settings.gateway_key_cache_ttl)
+        keys = KeyCache(settings.gateway_key_cache_ttl, settings.gateway_key_stale_max)
         await watch_keys(bus, keys)
         app[STATE] = GatewayState(
             settings=settings, bus=bus, registry=registry, router=router, table=table,

@@ -7,12 +7,18 @@ Revocation (or any change of a key) is an event, not a wait: every gateway liste
 registry's key events and drops the key at once (`watch_keys`), and empties its cache when it
 reconnects to NATS (events may have been missed meanwhile); the TTL only bounds what a lost
 event could cost.
+
+While the registry cannot verify (Postgres or the registry away: a 503), a key verified within
+`gateway_key_stale_max` seconds is served from that last verification, so chat with keys
+outlives a database outage: revocation events still drop it at once, a key never outlives its
+own expiry, and a key this gateway never verified is still refused (the 503).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import time
 from collections import OrderedDict
 
@@ -23,7 +29,8 @@ from nats.aio.msg import Msg
 
 from shoal.services.gateway.quota import API_KEY
 from shoal.shared.bus.client import Bus
-from shoal.shared.errors import Forbidden, Unauthorized
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.errors import Forbidden, Timeout, Unauthorized, Unavailable
 from shoal.shared.schemas.events import ApiKeyEvent
 from shoal.shared.schemas.registry import ApiKeyScope, ApiKeyVerified
 
@@ -33,6 +40,7 @@ PUBLIC_PREFIXES = ("/ui/", "/docs/")
 """The dashboard's and the API docs' files: they hold no data (the pages call the API with the
 user's key), so a browser can load them and then ask for a key."""
 MAX_CACHED_KEYS = 10000
+log = logging.getLogger(__name__)
 
 
 FIXED_KEY = ApiKeyVerified(valid=True, name="--api-key", scope=ApiKeyScope.ADMIN)
@@ -42,22 +50,37 @@ ADMIN_PREFIXES = ("/api/v1/",)
 
 
 class KeyCache:
-    """secret hash -> (verification, until); bounded, so unknown keys cannot grow it without
-    limit. `generation` changes with every forget, so a verify answered before a revocation
-    event cannot put the key back afterwards."""
+    """secret hash -> (verification, fresh until, usable until); bounded, so unknown keys cannot
+    grow it without limit. `generation` changes with every forget, so a verify answered before a
+    revocation event cannot put the key back afterwards.
 
-    def __init__(self, ttl: float) -> None:
+    An entry is fresh for `ttl` seconds (served without asking); after that it is asked again,
+    and only while the registry cannot answer is it served stale, up to `stale_max` seconds
+    after its verification (never past the key's own expiry)."""
+
+    def __init__(self, ttl: float, stale_max: float = 0.0) -> None:
         self.ttl = ttl
+        self.stale_max = max(ttl, stale_max)
         self.generation = 0
-        self._entries: OrderedDict[str, tuple[ApiKeyVerified, float]] = OrderedDict()
+        self.stale_since: float | None = None
+        """When keys began to be served stale (the registry unable to verify), for the log."""
+        self._entries: OrderedDict[str, tuple[ApiKeyVerified, float, float]] = OrderedDict()
 
     @staticmethod
     def _key(secret: str) -> str:
         return hashlib.sha256(secret.encode()).hexdigest()
 
     def get(self, secret: str, now: float | None = None) -> ApiKeyVerified | None:
+        """The verification while it is fresh, else None (ask the registry)."""
         entry = self._entries.get(self._key(secret))
         if entry is None or entry[1] < (time.monotonic() if now is None else now):
+            return None
+        return entry[0]
+
+    def last_verified(self, secret: str, now: float | None = None) -> ApiKeyVerified | None:
+        """The last verification within `stale_max` (for when the registry cannot answer)."""
+        entry = self._entries.get(self._key(secret))
+        if entry is None or entry[2] < (time.monotonic() if now is None else now):
             return None
         return entry[0]
 
@@ -66,8 +89,10 @@ class KeyCache:
         if generation is not None and generation != self.generation:
             return  # a key event arrived while this was being verified: ask again next time
         key = self._key(secret)
-        ttl = self.ttl if verified.expires_in is None else min(self.ttl, verified.expires_in)
-        self._entries[key] = (verified, (time.monotonic() if now is None else now) + ttl)
+        now = time.monotonic() if now is None else now
+        lives = float("inf") if verified.expires_in is None else verified.expires_in
+        self._entries[key] = (verified, now + min(self.ttl, lives),
+                              now + min(self.stale_max, lives))
         self._entries.move_to_end(key)
         while len(self._entries) > MAX_CACHED_KEYS:
             self._entries.popitem(last=False)
@@ -81,6 +106,31 @@ class KeyCache:
     def clear(self) -> None:
         self.generation += 1
         self._entries.clear()
+
+
+async def verify(keys: KeyCache, registry: RegistryClient, secret: str) -> ApiKeyVerified:
+    """The key's verification: cached while fresh, else the registry's; while the registry
+    cannot answer (503), the last verification within the cache's `stale_max`."""
+    cached = keys.get(secret)
+    if cached is not None:
+        return cached
+    generation = keys.generation
+    try:
+        verified = await registry.verify_key(secret)
+    except (Unavailable, Timeout) as exc:
+        stale = keys.last_verified(secret)
+        if stale is None:
+            raise
+        if keys.stale_since is None:
+            keys.stale_since = time.monotonic()
+            log.warning("cannot verify API keys now (%s): serving keys verified in the last "
+                        "%.0fs from their last verification", exc.message, keys.stale_max)
+        return stale
+    if keys.stale_since is not None:
+        log.info("API keys are verified again (after %.0fs)", time.monotonic() - keys.stale_since)
+        keys.stale_since = None
+    keys.put(secret, verified, generation=generation)
+    return verified
 
 
 async def watch_keys(bus: Bus, keys: KeyCache) -> object:
@@ -122,12 +172,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if fixed and hmac.compare_digest(secret.encode(), fixed.encode()):
         verified = FIXED_KEY
     else:
-        cached = st.keys.get(secret)
-        if cached is None:
-            generation = st.keys.generation
-            cached = await st.registry.verify_key(secret)
-            st.keys.put(secret, cached, generation=generation)
-        verified = cached
+        verified = await verify(st.keys, st.registry, secret)
     if not verified.valid:
         raise Unauthorized("invalid, expired or revoked API key")
     if request.path.startswith(ADMIN_PREFIXES) and verified.scope is not ApiKeyScope.ADMIN:

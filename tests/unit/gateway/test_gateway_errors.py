@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from aiohttp import web
 
-from shoal.services.gateway.auth import KeyCache, bearer
+from shoal.services.gateway.auth import KeyCache, bearer, verify
 from shoal.shared.schemas.registry import ApiKeyVerified
 from shoal.services.gateway.errors import error_body
 from shoal.shared.errors import (
@@ -89,3 +89,45 @@ def test_key_cache_keeps_a_key_no_longer_than_it_is_valid() -> None:
     cache = KeyCache(ttl=10)
     cache.put("sk-soon", ApiKeyVerified(valid=True, key_id="s", expires_in=2.0), now=0)
     assert cache.get("sk-soon", now=1.5) is not None and cache.get("sk-soon", now=2.5) is None
+
+
+def test_key_cache_serves_the_last_verification_only_within_its_bound() -> None:
+    cache = KeyCache(ttl=10, stale_max=600)
+    key = ApiKeyVerified(valid=True, key_id="a")
+    cache.put("sk-a", key, now=0)
+    assert cache.get("sk-a", now=11) is None  # stale: ask the registry first...
+    assert cache.last_verified("sk-a", now=11) is key  # ...and use this only if it cannot answer
+    assert cache.last_verified("sk-a", now=601) is None
+    assert cache.last_verified("sk-unknown", now=1) is None
+    cache.put("sk-soon", ApiKeyVerified(valid=True, key_id="s", expires_in=30.0), now=0)
+    assert cache.last_verified("sk-soon", now=29) is not None
+    assert cache.last_verified("sk-soon", now=31) is None  # never past the key's expiry
+    cache.forget("a")  # a revocation event applies to stale entries too
+    assert cache.last_verified("sk-a", now=11) is None
+    assert KeyCache(ttl=10, stale_max=0).stale_max == 10  # 0: no more than the TTL
+
+
+class _Registry:
+    """Answers verify_key with `answer` (or raises it)."""
+
+    def __init__(self, answer: ApiKeyVerified | Exception) -> None:
+        self.answer = answer
+
+    async def verify_key(self, secret: str) -> ApiKeyVerified:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+async def test_verify_falls_back_to_the_last_verification_only_on_a_503() -> None:
+    cache = KeyCache(ttl=0.0, stale_max=600)
+    key = ApiKeyVerified(valid=True, key_id="a")
+    assert await verify(cache, _Registry(key), "sk-a") is key  # type: ignore[arg-type]
+    for away in (Unavailable("database away"), Timeout("no answer")):
+        assert await verify(cache, _Registry(away), "sk-a") is key  # type: ignore[arg-type]
+        with pytest.raises(type(away)):  # a key never verified here is still refused
+            await verify(cache, _Registry(away), "sk-new")  # type: ignore[arg-type]
+    revoked = ApiKeyVerified(valid=False)
+    assert await verify(cache, _Registry(revoked), "sk-a") is revoked  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest):  # other errors are not papered over
+        await verify(cache, _Registry(InvalidRequest("bad")), "sk-b")  # type: ignore[arg-type]

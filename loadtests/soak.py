@@ -43,17 +43,26 @@ class Window:
 
 
 def stack_processes(data_dir: Path) -> dict[str, psutil.Process]:
-    """`shoal up` (its pid in stack.json) and every process it started, by a readable name."""
+    """`shoal up` (its pid in stack.json) and every process it started, by a readable name;
+    engines also from the worker's records (<data_dir>/engines): an engine adopted by a
+    restarted agent is no longer under `shoal up`."""
     stack = json.loads((data_dir / "stack.json").read_text())
     root = psutil.Process(int(stack["pid"]))
     found = {"shoal up": root}
-    for proc in root.children(recursive=True):
+    candidates = list(root.children(recursive=True))
+    for record in sorted((data_dir / "engines").glob("*.json")):
+        try:
+            candidates.append(psutil.Process(int(json.loads(record.read_text())["pid"])))
+        except (OSError, ValueError, KeyError, psutil.Error):
+            continue
+    for proc in candidates:
         try:
             argv = proc.cmdline()
+            parent = proc.parent()
         except psutil.Error:
             continue
         exe = Path(argv[0]).name if argv else proc.name()
-        if exe in ("nats-server", "postgres") and proc.parent() and proc.parent().pid == root.pid:
+        if exe in ("nats-server", "postgres") and parent and parent.pid == root.pid:
             name = exe
         elif "-m" in argv and "shoal" in argv:
             rest = argv[argv.index("shoal") + 1:]
@@ -99,6 +108,7 @@ async def one_stream(client: openai.AsyncOpenAI, model: str, max_tokens: int,
 async def soak(args: argparse.Namespace) -> dict[str, object]:
     procs = stack_processes(args.data_dir)
     memory_start = rss_mib(procs)
+    pids_start = {name: proc.pid for name, proc in procs.items()}
     client = openai.AsyncOpenAI(base_url=f"{args.base_url}/v1", api_key=args.api_key,
                                 max_retries=0, timeout=120)
     windows = [Window(time.monotonic())]
@@ -116,6 +126,7 @@ async def soak(args: argparse.Namespace) -> dict[str, object]:
         await asyncio.sleep(min(args.window, max(0.0, deadline - time.monotonic())))
         done = windows[-1]
         windows.append(Window(time.monotonic()))
+        procs = stack_processes(args.data_dir)  # a restarted process is found again
         memory = rss_mib(procs)
         row = {"t": round(time.monotonic() - windows[0].started), "requests": len(done.latencies),
                "errors": dict(done.errors), "p50_s": done.quantile(0.5),
@@ -127,7 +138,11 @@ async def soak(args: argparse.Namespace) -> dict[str, object]:
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
     await client.close()
+    procs = stack_processes(args.data_dir)
     memory_end = rss_mib(procs)
+    restarted = sorted(name for name, pid in pids_start.items()
+                       if name in procs and procs[name].pid != pid)
+    gone = sorted(set(pids_start) - set(procs))
     first, last = report[0], report[-1]
     errors: Counter[str] = Counter()
     for row in report:
@@ -136,7 +151,8 @@ async def soak(args: argparse.Namespace) -> dict[str, object]:
             "requests": sum(int(r["requests"]) for r in report), "errors": dict(errors),
             "p99_first_window_s": first["p99_s"], "p99_last_window_s": last["p99_s"],
             "p99_drift": last["p99_s"] / first["p99_s"] if first["p99_s"] else None,
-            "memory_start_mib": memory_start, "memory_end_mib": memory_end, "windows": report}
+            "memory_start_mib": memory_start, "memory_end_mib": memory_end,
+            "restarted": restarted, "gone": gone, "windows": report}
 
 
 def main() -> None:
@@ -153,13 +169,16 @@ def main() -> None:
     args = parser.parse_args()
     result = asyncio.run(soak(args))
     print("\nprocess            RSS start MiB   RSS end MiB")
-    for name, start in result["memory_start_mib"].items():  # type: ignore[union-attr]
-        end = result["memory_end_mib"].get(name, float("nan"))  # type: ignore[union-attr]
-        print(f"{name:<18} {start:>13.0f} {end:>13.0f}")
+    start, end = result["memory_start_mib"], result["memory_end_mib"]
+    for name in sorted(set(start) | set(end)):  # type: ignore[arg-type]
+        note = (" (restarted)" if name in result["restarted"]  # type: ignore[operator]
+                else " (gone)" if name in result["gone"] else "")  # type: ignore[operator]
+        print(f"{name:<18} {start.get(name, float('nan')):>13.0f} "  # type: ignore[union-attr]
+              f"{end.get(name, float('nan')):>13.0f}{note}")  # type: ignore[union-attr]
     drift = result["p99_drift"]
     print(f"requests {result['requests']}, errors {result['errors'] or 'none'}, p99 "
           f"{result['p99_first_window_s']:.2f}s -> {result['p99_last_window_s']:.2f}s "
-          f"(drift {drift:.2f}x)" if drift else "")
+          + (f"(drift {drift:.2f}x)" if drift else "(no drift: too few requests)"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(f"written to {args.out}")

@@ -7,14 +7,16 @@ timed, is loadtests/autoscale_step.py (docs/figures.md)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 
 import aiohttp
+import openai
 import pytest
 
 from loadtests.autoscale_step import load_step, wait_running
-from shoal.services.engine.model_prep import minilm_path
+from shoal.services.engine.model_prep import minilm_path, smollm2_gguf_path
 from shoal.services.gateway.service import run_gateway
 from shoal.services.scheduler.replica import run_scheduler
 from shoal.services.worker.agent import run_worker
@@ -103,3 +105,52 @@ async def test_scale_to_zero_then_from_zero_then_up(stack) -> None:
     assert m.replicas == 2
     print(f"load step -> decision {result.decided_s:.1f}s, RUNNING {result.running_s:.1f}s, "
           f"serving {result.serving_s:.1f}s")
+
+
+async def test_kv_cache_usage_target_scales_up(stack) -> None:
+    """The kv_cache_usage metric on the real stack: SmolLM2 with a small KV cache, long streamed
+    chats fill it past the target, and the leader scales the model up saying so (the new
+    replica's start is not waited for: the load step above times one)."""
+    url, client, tag = stack
+    name = f"smol-kv-{tag}"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/api/v1/models", json={
+                "name": name, "source": str(smollm2_gguf_path()), "device": "cpu",
+                "max_model_len": 256, "worker_selector": {"stack": tag},
+                "autoscaling": {"min_replicas": 1, "max_replicas": 2,
+                                "metric": "kv_cache_usage", "target": 0.2,
+                                "scale_up_cooldown": 0, "scale_down_cooldown": 600},
+                "engine_args": {"max_num_seqs": 4, "kv_cache_memory": 16 * 2**20}}) as r:
+            assert r.status == 201, await r.text()
+            model = await r.json()
+    await wait_running(client, model["id"], 1)
+    api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+    stop = asyncio.Event()
+
+    async def chat() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(openai.APIError):
+                stream = await api.chat.completions.create(
+                    model=name, stream=True, max_tokens=150, temperature=0.8, messages=[
+                        {"role": "user", "content": "Write a long story about the sea."}])
+                async for _chunk in stream:
+                    pass
+
+    users = [asyncio.create_task(chat()) for _ in range(3)]
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            m = await client.get_model(name=name)
+            if m.replicas == 2:
+                break
+            await asyncio.sleep(0.5)
+        else:
+            raise AssertionError(f"not scaled up on KV-cache use: {m.scale_events}")
+    finally:
+        stop.set()
+        await asyncio.gather(*users, return_exceptions=True)
+        await api.close()
+        await client.delete_model(DeleteRequest(id=model["id"]))
+    reason = m.scale_events[-1].reason
+    assert reason.startswith("scale up: KV-cache use") and "(target 20%)" in reason, reason
+    assert (m.scale_events[-1].from_replicas, m.scale_events[-1].to_replicas) == (1, 2)

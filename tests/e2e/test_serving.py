@@ -336,6 +336,31 @@ async def test_n_stop_and_logprobs(stack) -> None:
     assert (await api.models.retrieve(model.name)).id == model.name
 
 
+async def test_logit_bias_through_the_sdk(stack) -> None:
+    """logit_bias reaches the (speculating) engine's sampler: +100 on one token makes every
+    output token that one, greedy or sampled, for every choice of n; an id past the vocabulary
+    is a 400 naming logit_bias."""
+    settings, client, model, inst, url = stack
+    api = async_api(url)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/tokenize", json={"model": model.name, "prompt": " blue"}) as r:
+            blue = (await r.json())["tokens"][-1]
+    plain = await api.chat.completions.create(model=model.name, messages=FRANCE, temperature=0,
+                                              max_tokens=5)
+    assert "blue" not in plain.choices[0].message.content
+    for extra in ({"temperature": 0}, {"temperature": 1.0, "n": 2, "seed": 3}):
+        forced = await api.chat.completions.create(
+            model=model.name, messages=FRANCE, max_tokens=5, logit_bias={str(blue): 100},
+            **extra)
+        assert len(forced.choices) == extra.get("n", 1)
+        for choice in forced.choices:
+            assert choice.message.content.replace(" ", "") == "blue" * 5, choice.message.content
+    with pytest.raises(openai.BadRequestError) as refused:
+        await api.chat.completions.create(model=model.name, messages=FRANCE, max_tokens=2,
+                                          logit_bias={"10000000": 5})
+    assert refused.value.body["param"] == "logit_bias"
+
+
 async def test_cached_tokens_tokenize_and_refusals(stack) -> None:
     settings, client, model, inst, url = stack
     api = async_api(url)

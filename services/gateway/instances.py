@@ -3,7 +3,9 @@ events) joined with the engines' load messages.
 
 An instance whose loads stop for `gateway_engine_dead_after` seconds is dead: its in-flight streams
 are told (`EngineGone`) and the router skips it until it publishes again. Leaving RUNNING in the
-registry (crash, restart, delete) fails its streams the same way.
+registry (crash, restart, delete) fails its streams the same way, and so does a lost NATS
+connection: an engine's replies published meanwhile may never arrive, and a stream waiting for
+them would hang.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class InstanceTable:
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
+        self.bus.on_disconnect.append(self.bus_lost)
         names = self.bus.subjects
         self._subs.append(await self.bus.subscribe(names.load_all, EngineLoad, self._on_load))
         self._subs.append(await self.bus.subscribe(names.events_of("instances"), InstanceEvent,
@@ -151,6 +154,13 @@ class InstanceTable:
         if inst is not None:
             self.router.affinity.forget(instance_id)
             self._fail(inst, reason)
+
+    def bus_lost(self) -> None:
+        """NATS is gone: every stream in flight ends with an error now (its remaining replies
+        may be lost across the reconnect) instead of waiting for them forever."""
+        for inst in self.instances.values():
+            self._fail(inst, "the gateway lost its connection to the message bus (NATS); "
+                             "retry the request")
 
     def _fail(self, inst: LiveInstance, reason: str) -> None:
         for queue in list(inst.streams):

@@ -90,6 +90,8 @@ class Bus:
         self.closing = False
         self.on_reconnect: list[Callable[[], None]] = []
         """Called after every reconnection (what a caller caches from events may be stale)."""
+        self.on_disconnect: list[Callable[[], None]] = []
+        """Called when the connection is lost (messages in flight may be lost with it)."""
         self.js: JetStreamContext = nc.jetstream()
         self.settings = settings
         self.subjects = Subjects(settings.ns)
@@ -107,7 +109,7 @@ class Bus:
                 nc = await nats.connect(
                     servers, name=name, connect_timeout=2, allow_reconnect=True,
                     max_reconnect_attempts=-1, reconnect_time_wait=1, error_cb=_log_error,
-                    disconnected_cb=_log_event(holder, "disconnected from NATS"),
+                    disconnected_cb=_on_disconnected(holder),
                     reconnected_cb=_on_reconnected(holder),
                 )
                 holder.append(cls(nc, settings))
@@ -273,6 +275,22 @@ def _log_event(holder: list[Bus], text: str) -> Callable[[], Awaitable[None]]:
     async def callback() -> None:
         if not (holder and holder[0].closing):
             log.warning(text)
+
+    return callback
+
+
+def _on_disconnected(holder: list[Bus]) -> Callable[[], Awaitable[None]]:
+    log_it = _log_event(holder, "disconnected from NATS")
+
+    async def callback() -> None:
+        await log_it()
+        if not holder or holder[0].closing:
+            return
+        for hook in holder[0].on_disconnect:
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - one hook must not stop the others
+                log.exception("disconnect hook failed")
 
     return callback
 

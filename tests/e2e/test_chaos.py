@@ -57,7 +57,7 @@ class Log:
     answers: list[tuple[str, int, bool]] = field(default_factory=list)
     """(phase, status, Retry-After present) of every HTTP answer."""
     stream_errors: list[tuple[str, str]] = field(default_factory=list)
-    """(phase, message) of every stream that ended with an error event."""
+    """(phase it ended in, message) of every stream that ended with an error event."""
     hung: list[str] = field(default_factory=list)
     created: list[str] = field(default_factory=list)
     """Every model whose create was answered 201."""
@@ -86,10 +86,11 @@ async def _chat_loop(client: openai.AsyncOpenAI, log: Log, stop: asyncio.Event) 
             log.hung.append(f"{phase}: a stream still open after {STREAM_BOUND_S}s")
         except openai.APIConnectionError as exc:
             log.answers.append((phase, 0, False))  # the gateway refused the connection
-            log.stream_errors.append((phase, f"connection: {exc}"))
+            log.stream_errors.append((log.phase, f"(begun in {phase}) connection: {exc}"))
             await asyncio.sleep(0.2)
         except openai.APIError as exc:  # an error event ended the stream
-            log.stream_errors.append((phase, str(exc)))
+            # the phase it ended in: a kill cuts the streams in flight, begun before it or not
+            log.stream_errors.append((log.phase, f"(begun in {phase}) {exc}"))
         if time.monotonic() - started > STREAM_BOUND_S:
             log.hung.append(f"{phase}: a stream took {time.monotonic() - started:.1f}s")
 

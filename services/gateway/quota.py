@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -23,7 +25,11 @@ from shoal.shared.schemas.registry import ApiKeyVerified, QuotaAcquire, UsageRec
 log = logging.getLogger(__name__)
 API_KEY: web.RequestKey[ApiKeyVerified] = web.RequestKey("shoal_api_key", ApiKeyVerified)
 RATELIMIT_HEADERS: web.RequestKey[dict[str, str]] = web.RequestKey("shoal_ratelimit", dict)
-RECORD_ATTEMPTS = 5
+RECORD_RETRY_S = 600.0
+"""How long a usage record is retried while the registry cannot take it: as long as a key is
+served from its last verification through a Postgres outage (SHOAL_GATEWAY_KEY_STALE_MAX's
+default), so the chats of that outage are counted once it is back."""
+RECORD_BACKOFF_MAX_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +41,12 @@ class Ticket:
 
 
 class Quota:
-    def __init__(self, registry: RegistryClient) -> None:
+    def __init__(self, registry: RegistryClient, retry_s: float = RECORD_RETRY_S,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.registry = registry
+        self.retry_s = retry_s
+        self.clock, self.sleep = clock, sleep
         self._pending: set[asyncio.Task[None]] = set()
 
     async def admit(self, request: web.Request, model: str) -> Ticket | None:
@@ -69,14 +79,21 @@ class Quota:
         task.add_done_callback(self._pending.discard)
 
     async def _send(self, record: UsageRecord) -> None:
-        for attempt in range(RECORD_ATTEMPTS):
+        """Retried with back-off (0.5 s doubling to 10 s) for up to `retry_s`: one warning when
+        the first attempt fails, one error if the record is lost."""
+        deadline, delay = self.clock() + self.retry_s, 0.5
+        while True:
             try:
                 await self.registry.record_usage(record)
                 return
             except ShoalError as exc:
-                log.warning("recording usage of key %s failed (%s); attempt %d of %d",
-                            record.key_id, exc.message, attempt + 1, RECORD_ATTEMPTS)
-                await asyncio.sleep(0.5 * 2 ** attempt)
+                if delay == 0.5:
+                    log.warning("recording usage of key %s failed (%s); retrying for up to "
+                                "%.0fs", record.key_id, exc.message, self.retry_s)
+                if self.clock() + delay > deadline:
+                    break
+                await self.sleep(delay)
+                delay = min(2 * delay, RECORD_BACKOFF_MAX_S)
         log.error("usage of key %s lost: %s", record.key_id, record.model_dump_json())
 
     async def drain(self, timeout: float = 30.0) -> None:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 
 def default_cpu_threads() -> int:
@@ -34,3 +39,71 @@ def cpu_list(cores: set[int]) -> str:
         else:
             runs.append([core])
     return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def runnable_threads() -> int:
+    """Threads runnable on the whole machine right now (/proc/loadavg's 4th field, "2/345"),
+    this one included; 0 where the file is missing (not Linux)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class ContentionGuard:
+    """Gives up intra-op threads while other processes keep the engine's cores busy, and takes
+    them back when they stop; only for the default thread count (an explicit `num_threads` or
+    OMP_NUM_THREADS is obeyed as given).
+
+    Why: OpenMP's barriers wait for every thread of a parallel region, so one thread descheduled
+    by another process stalls each of the ~120 matmuls of a step; on the 2-core build machine
+    under load two threads decoded over 10x slower than one (docs/figures.md, issue 13), while on
+    a quiet machine they are about 1.7x faster. Before every step the runner samples how many
+    threads are runnable machine-wide besides its own (its OpenMP threads sleep between steps);
+    over each `window` steps that mean is what other processes occupy, and the engine keeps the
+    cores it leaves (rounded; at least one, at most the default)."""
+
+    def __init__(self, max_threads: int, cores: int, window: int = 16, window_s: float = 1.0,
+                 sample: Callable[[], int] = runnable_threads,
+                 set_threads: Callable[[int], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_threads = max_threads
+        self.cores = cores
+        self.window = window
+        self.window_s = window_s
+        self.sample = sample
+        self.set_threads = set_threads or _set_torch_threads
+        self.clock = clock
+        self.threads = max_threads
+        self._others: list[int] = []
+        self._since = 0.0
+
+    def before_step(self) -> int | None:
+        """Sample once; at the end of a window (`window` steps, or two once `window_s` has
+        passed: a contended step can take seconds) return the new thread count if it changed."""
+        now = self.clock()
+        if not self._others:
+            self._since = now
+        self._others.append(max(0, self.sample() - 1))  # all but the caller (between steps,
+        # the engine's other OpenMP threads have gone to sleep)
+        if len(self._others) < self.window and (len(self._others) < 2
+                                                or now - self._since < self.window_s):
+            return None
+        busy = sum(self._others) / len(self._others)
+        self._others.clear()
+        target = max(1, min(self.max_threads, self.cores - int(busy + 0.5)))
+        if target == self.threads:
+            return None
+        log.info("CPU contention: %.1f runnable threads of other processes on average over %.1f "
+                 "s; torch intra-op threads %d -> %d", busy, now - self._since, self.threads,
+                 target)
+        self.threads = target
+        self.set_threads(target)
+        return target
+
+
+def _set_torch_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)

@@ -22,7 +22,7 @@ from transformers import AutoConfig
 
 from shoal.kernels import Workspace, select_ops
 from shoal.services.engine.config import ENGINE_DEFAULTS, ConfigError, EngineConfig
-from shoal.services.engine.cpu_threads import cpu_list, cpu_threads
+from shoal.services.engine.cpu_threads import ContentionGuard, cpu_list, cpu_threads
 from shoal.services.engine.cuda_graphs import DecodeGraphs
 from shoal.services.engine.distributed.parallel_state import ParallelContext
 from shoal.services.engine.distributed.pipeline import run_stage
@@ -49,9 +49,13 @@ class ModelRunner:
             ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto"
             else config.device)
         threads_note = ""
+        self.contention: ContentionGuard | None = None
         if config.num_threads or self.device.type == "cpu":
             threads, threads_note = cpu_threads(config.num_threads)
             torch.set_num_threads(threads)
+            if threads_note.startswith("default") and threads > 1:
+                self.contention = ContentionGuard(threads, len(os.sched_getaffinity(0)))
+                threads_note += ", fewer while other processes keep cores busy"
         self.dtype = getattr(torch, ENGINE_DEFAULTS.dtype(config.dtype, self.device.type))
         hf_config = AutoConfig.from_pretrained(model_dir)
         self.hf_config = hf_config
@@ -106,6 +110,8 @@ class ModelRunner:
             self.states.pop(seq_id, None)
         if out.is_empty:
             return RunnerOutput(sampled_token_ids={})
+        if self.contention is not None:  # here, on the stepping thread: OpenMP's thread count
+            self.contention.before_step()  # belongs to the thread that sets it
         states = [self._update_state(s) for s in out.scheduled]
         drafts = self.spec.propose(out.scheduled, states) if self.spec else None
         if drafts is not None:  # feed each sequence's drafts after its token

@@ -44,6 +44,13 @@ def mix_seed(seed: int, offset: int) -> int:
     return (seed * 6364136223846793005 + offset * 1442695040888963407 + 1) % (1 << 63)
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """[rows, vocab] -> [rows] int64: argmax, the first index on ties as argmax gives it. On CPU
+    `max(dim)`'s kernel is 1.6x faster than `argmax`'s over a 49k vocabulary (128 rows: 66 vs 106
+    ms on a loaded core, same run; docs/figures.md, issue 13)."""
+    return logits.max(dim=-1).indices
+
+
 def sample(logits: torch.Tensor, states: list[SeqState], eos_token_ids: frozenset[int]
            ) -> tuple[list[int], list[TokenLogprob | None]]:
     """logits [num_seqs, vocab] float32 (modified in place) -> (token per seq, logprob per seq)."""
@@ -63,13 +70,13 @@ def sample(logits: torch.Tensor, states: list[SeqState], eos_token_ids: frozense
             logits[i] = masked[k]
     greedy = [s.params.temperature == 0.0 for s in states]
     if all(greedy):
-        tokens = logits.argmax(dim=-1)
+        tokens = greedy_tokens(logits)
     else:
         tokens = torch.empty(len(states), dtype=torch.int64, device=logits.device)
         g_rows = [i for i, g in enumerate(greedy) if g]
         r_rows = [i for i, g in enumerate(greedy) if not g]
         if g_rows:
-            tokens[g_rows] = logits[g_rows].argmax(dim=-1)
+            tokens[g_rows] = greedy_tokens(logits[g_rows])
         tokens[r_rows] = _sample_random(logits[r_rows], [states[i] for i in r_rows])
     token_list: list[int] = tokens.tolist()
     logprobs: list[TokenLogprob | None] = [None] * len(states)

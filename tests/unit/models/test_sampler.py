@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
-from shoal.services.engine.sampler import SeqState, mix_seed, sample
+from shoal.services.engine.sampler import SeqState, greedy_tokens, mix_seed, sample
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest
 
@@ -158,3 +158,12 @@ def test_logit_bias_from_the_wire_and_its_checks() -> None:
         with pytest.raises(InvalidRequest) as err:
             SamplingParams(logit_bias=bad)  # type: ignore[arg-type]
         assert err.value.param == "logit_bias"
+
+
+def test_greedy_tokens_is_argmax_with_the_first_index_on_ties() -> None:
+    logits = torch.randn(64, 49152)
+    logits[3, 10] = logits[3, 20] = logits[3].max() + 1  # a tie: the first one wins
+    logits[5, :] = 0.0  # all equal: index 0
+    logits[7, 100] = float("inf")
+    assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))
+    assert greedy_tokens(logits)[[3, 5, 7]].tolist() == [10, 0, 100]

@@ -41,12 +41,27 @@ def cpu_list(cores: set[int]) -> str:
     return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
-def runnable_threads() -> int:
-    """Threads runnable on the whole machine right now (/proc/loadavg's 4th field, "2/345"),
-    this one included; 0 where the file is missing (not Linux)."""
+def own_runnable_threads() -> int:
+    """This process's threads in state R (running or waiting for a core), the caller included."""
+    own = 0
+    for task in os.scandir("/proc/self/task"):
+        try:
+            with open(os.path.join(task.path, "stat"), "rb") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        own += stat[stat.rindex(b")") + 2:][:1] == b"R"
+    return own
+
+
+def other_runnable_threads() -> int:
+    """Threads of other processes runnable right now: the machine's (/proc/loadavg's 4th field,
+    "3/345") less this process's own, so the engine's event loop and OpenMP threads never count
+    as contention; 0 where /proc is missing."""
     try:
         with open("/proc/loadavg") as f:
-            return int(f.read().split()[3].split("/")[0])
+            machine = int(f.read().split()[3].split("/")[0])
+        return max(0, machine - own_runnable_threads())
     except (OSError, IndexError, ValueError):
         return 0
 
@@ -60,12 +75,12 @@ class ContentionGuard:
     by another process stalls each of the ~120 matmuls of a step; on the 2-core build machine
     under load two threads decoded over 10x slower than one (docs/figures.md, issue 13), while on
     a quiet machine they are about 1.7x faster. Before every step the runner samples how many
-    threads are runnable machine-wide besides its own (its OpenMP threads sleep between steps);
-    over each `window` steps that mean is what other processes occupy, and the engine keeps the
+    threads of other processes are runnable; over each `window` steps (or `window_s` seconds)
+    that mean is what they occupy, and the engine keeps the
     cores it leaves (rounded; at least one, at most the default)."""
 
     def __init__(self, max_threads: int, cores: int, window: int = 16, window_s: float = 1.0,
-                 sample: Callable[[], int] = runnable_threads,
+                 sample: Callable[[], int] = other_runnable_threads,
                  set_threads: Callable[[int], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.max_threads = max_threads
@@ -85,8 +100,7 @@ class ContentionGuard:
         now = self.clock()
         if not self._others:
             self._since = now
-        self._others.append(max(0, self.sample() - 1))  # all but the caller (between steps,
-        # the engine's other OpenMP threads have gone to sleep)
+        self._others.append(self.sample())
         if len(self._others) < self.window and (len(self._others) < 2
                                                 or now - self._since < self.window_s):
             return None

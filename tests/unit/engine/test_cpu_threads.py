@@ -7,7 +7,8 @@ import os
 import pytest
 
 from shoal.services.engine.cpu_threads import (
-    ContentionGuard, cpu_list, cpu_threads, default_cpu_threads
+    ContentionGuard, cpu_list, cpu_threads, default_cpu_threads, other_runnable_threads,
+    own_runnable_threads,
 )
 
 
@@ -35,21 +36,21 @@ def test_cpu_list_prints_ranges() -> None:
 
 def guard(samples: list[int], max_threads: int = 2, cores: int = 2,
           window: int = 4) -> tuple[ContentionGuard, list[int]]:
-    """A guard fed `samples` (runnable threads machine-wide, the caller included) that records
-    the counts it sets instead of changing torch's."""
+    """A guard fed `samples` (runnable threads of other processes) that records the counts it
+    sets instead of changing torch's."""
     feed, set_to = iter(samples), []
     return ContentionGuard(max_threads, cores, window, sample=lambda: next(feed),
                            set_threads=set_to.append, clock=lambda: 0.0), set_to
 
 
 def test_guard_keeps_every_core_on_a_quiet_machine() -> None:
-    g, set_to = guard([1, 1, 2, 1] * 4)  # now and then one other runnable thread: mean 0.25
+    g, set_to = guard([0, 0, 1, 0] * 4)  # now and then one other runnable thread: mean 0.25
     assert [g.before_step() for _ in range(16)].count(None) == 16
     assert g.threads == 2 and set_to == []
 
 
 def test_guard_gives_a_core_up_under_load_and_takes_it_back() -> None:
-    busy, quiet = [14, 13, 15, 14], [1, 1, 1, 2]
+    busy, quiet = [13, 12, 14, 13], [0, 0, 0, 1]
     g, set_to = guard(busy + busy + quiet + quiet)
     changes = [g.before_step() for _ in range(16)]
     assert changes[3] == 1 and changes[11] == 2, changes  # ends of the first and third windows
@@ -57,7 +58,7 @@ def test_guard_gives_a_core_up_under_load_and_takes_it_back() -> None:
 
 
 def test_guard_leaves_what_the_others_do_not_use() -> None:
-    g, set_to = guard([4, 4, 4, 4], max_threads=8, cores=8)  # 3 other threads: 5 cores left
+    g, set_to = guard([3, 3, 3, 3], max_threads=8, cores=8)  # 3 other threads: 5 cores left
     assert [g.before_step() for _ in range(4)][-1] == 5
     g, set_to = guard([40] * 4, max_threads=8, cores=8)
     assert [g.before_step() for _ in range(4)][-1] == 1  # never fewer than one
@@ -65,7 +66,7 @@ def test_guard_leaves_what_the_others_do_not_use() -> None:
 
 def test_guard_decides_after_two_slow_steps() -> None:
     """A step on a contended core can take seconds: a window also ends after window_s."""
-    feed, set_to, now = iter([14, 14, 1, 1, 1]), [], [0.0]
+    feed, set_to, now = iter([13, 13, 0, 0, 0]), [], [0.0]
     g = ContentionGuard(2, 2, window=16, window_s=1.0, sample=lambda: next(feed),
                         set_threads=set_to.append, clock=lambda: now[0])
     assert g.before_step() is None  # one sample is not enough, whatever the time
@@ -74,3 +75,28 @@ def test_guard_decides_after_two_slow_steps() -> None:
     for t in (9.1, 9.2, 9.3):  # quiet again, but fast steps: the step count decides
         now[0] = t
         assert g.before_step() is None
+
+
+def test_own_threads_are_counted_as_own() -> None:
+    """Threads of this process busy on (or waiting for) a core are in state R and are left out
+    of the contention count."""
+    import threading
+
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    idle = own_runnable_threads()
+    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(3)]
+    for t in spinners:
+        t.start()
+    try:
+        assert own_runnable_threads() >= 4  # the three spinners and this thread
+        assert other_runnable_threads() >= 0
+    finally:
+        stop.set()
+        for t in spinners:
+            t.join()
+    assert idle >= 1

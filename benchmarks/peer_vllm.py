@@ -216,8 +216,11 @@ def main() -> None:
                     run = engine.run(job, logs[engine.label])
                     run["tokens_per_s"] = run["output_tokens"] / run["seconds"]
                     result["runs"].setdefault(name, {}).setdefault(engine.label, []).append(run)
+                    threads = (f", ended on {run['torch_threads']} threads"
+                               if "torch_threads" in run else "")
                     print(f"round {rnd + 1} {name:9s} {engine.label:10s} "
-                          f"{run['tokens_per_s']:7.1f} tok/s ({run['seconds']:.1f} s)", flush=True)
+                          f"{run['tokens_per_s']:7.1f} tok/s ({run['seconds']:.1f} s{threads})",
+                          flush=True)
     finally:
         for engine in engines:
             engine.stop()

@@ -43,8 +43,13 @@ def run(llm: Any, make_params: Any, kind: str, job: dict[str, Any]) -> dict[str,
     seconds = time.perf_counter() - start
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     first = list(outputs[0].outputs[0].token_ids)
-    return {"seconds": seconds, "output_tokens": out_tokens,
-            "prompt_tokens": sum(len(p) for p in prompts), "first_tokens": first[:16]}
+    result = {"seconds": seconds, "output_tokens": out_tokens,
+              "prompt_tokens": sum(len(p) for p in prompts), "first_tokens": first[:16]}
+    if kind == "shoal":  # its steps run in this process: the threads they ended on (the
+        import torch  # contention guard may have given some up; its log says when)
+
+        result["torch_threads"] = torch.get_num_threads()
+    return result
 
 
 def main() -> None:
@@ -54,6 +59,10 @@ def main() -> None:
     parser.add_argument("--engine-args", default="{}", help="JSON: extra LLM(...) arguments")
     parser.add_argument("--result-fd", type=int, required=True)
     args = parser.parse_args()
+    if args.kind == "shoal":  # its settings line and any contention guard change, in its log
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     results = os.fdopen(args.result_fd, "w", buffering=1)
     start = time.perf_counter()
     llm, make_params = load(args.kind, args.model, json.loads(args.engine_args))

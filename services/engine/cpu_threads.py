@@ -96,14 +96,15 @@ class ContentionGuard:
 
     def before_step(self) -> int | None:
         """Sample once; at the end of a window (`window` steps, or two once `window_s` has
-        passed: a contended step can take seconds) return the new thread count if it changed."""
+        passed: a contended step can take seconds; or at once when other processes' runnable
+        threads alone fill every core) return the new thread count if it changed."""
         now = self.clock()
         if not self._others:
             self._since = now
         self._others.append(self.sample())
-        if len(self._others) < self.window and (len(self._others) < 2
-                                                or now - self._since < self.window_s):
-            return None
+        if (len(self._others) < self.window and self._others[-1] < self.cores
+                and (len(self._others) < 2 or now - self._since < self.window_s)):
+            return None  # (a sample with every core taken by others ends the window at once)
         busy = sum(self._others) / len(self._others)
         self._others.clear()
         target = max(1, min(self.max_threads, self.cores - int(busy + 0.5)))

@@ -50,7 +50,7 @@ def test_guard_keeps_every_core_on_a_quiet_machine() -> None:
 
 
 def test_guard_gives_a_core_up_under_load_and_takes_it_back() -> None:
-    busy, quiet = [13, 12, 14, 13], [0, 0, 0, 1]
+    busy, quiet = [1, 1, 1, 1], [0, 0, 0, 1]  # busy: one core taken, all the time
     g, set_to = guard(busy + busy + quiet + quiet)
     changes = [g.before_step() for _ in range(16)]
     assert changes[3] == 1 and changes[11] == 2, changes  # ends of the first and third windows
@@ -61,12 +61,12 @@ def test_guard_leaves_what_the_others_do_not_use() -> None:
     g, set_to = guard([3, 3, 3, 3], max_threads=8, cores=8)  # 3 other threads: 5 cores left
     assert [g.before_step() for _ in range(4)][-1] == 5
     g, set_to = guard([40] * 4, max_threads=8, cores=8)
-    assert [g.before_step() for _ in range(4)][-1] == 1  # never fewer than one
+    assert g.before_step() == 1  # never fewer than one
 
 
 def test_guard_decides_after_two_slow_steps() -> None:
     """A step on a contended core can take seconds: a window also ends after window_s."""
-    feed, set_to, now = iter([13, 13, 0, 0, 0]), [], [0.0]
+    feed, set_to, now = iter([1, 1, 0, 0, 0, 5]), [], [0.0]
     g = ContentionGuard(2, 2, window=16, window_s=1.0, sample=lambda: next(feed),
                         set_threads=set_to.append, clock=lambda: now[0])
     assert g.before_step() is None  # one sample is not enough, whatever the time
@@ -100,3 +100,9 @@ def test_own_threads_are_counted_as_own() -> None:
         for t in spinners:
             t.join()
     assert idle >= 1
+
+
+def test_guard_gives_up_at_once_when_others_fill_every_core() -> None:
+    g, set_to = guard([12, 0, 0, 0, 0], window=4)
+    assert g.before_step() == 1 and set_to == [1]  # the first sample: a collapsed step is slow
+    assert [g.before_step() for _ in range(4)] == [None, None, None, 2]

@@ -1,10 +1,13 @@
 """PP=2 across two worker agents vs PP=2 in one worker, in one run, through the gateway.
 
-Starts `shoal up --no-model` on a fresh data dir and a second agent (`shoal worker --name
-second`), deploys SmolLM2 twice for CPU with `--pp 2`: once with the default binpack (both
-stages on one worker: rank 1 a child of rank 0's engine) and once with `--placement spread`
-(one stage on each worker: rank 1 started by the other agent from the plan rank 0 publishes on
-NATS). Then alternates rounds of the same workload against each (N greedy completions,
+Starts `shoal up --no-model` on a fresh data dir (its worker labelled role=solo, on every core)
+and two more agents labelled role=stage, each on one core (SHOAL_WORKER_CPUS, so the agents'
+engines do not oversubscribe the cores: a first run without it had rank 0 and rank 1 each run 2
+threads on 2 cores, 4x slower). SmolLM2 is deployed twice for CPU with `--pp 2`: on the solo
+worker (both stages there: rank 1 a child of rank 0's engine, one core each) and on the stage
+workers, where neither alone has a core per stage, so the scheduler puts one stage on each
+(rank 1 started by the other agent from the plan rank 0 publishes on NATS). Then alternates
+rounds of the same workload against each (N greedy completions,
 ignore_eos, fixed lengths, a concurrency cap) and reports output tokens/s per round and the
 median ratio across/one. Both agents run on this machine, so the stage hand-off is loopback TCP
 either way: the figure is the cost of the control plane and of the rank living under another
@@ -91,9 +94,10 @@ def main() -> None:
     env.update(SHOAL_DATA_DIR=str(data_dir), SHOAL_GATEWAY_PORT=str(port),
                SHOAL_HEARTBEAT_INTERVAL="1", SHOAL_DISTRIBUTED_HOST="127.0.0.1")
     base_url = f"http://127.0.0.1:{port}"
-    up = subprocess.Popen([sys.executable, "-m", "shoal", "up", "--no-model"], env=env,
+    up = subprocess.Popen([sys.executable, "-m", "shoal", "up", "--no-model"],
+                          env=dict(env, SHOAL_WORKER_LABELS='{"role": "solo"}'),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    second = None
+    agents: list[subprocess.Popen[bytes]] = []
     try:
         assert up.stdout is not None
         for line in up.stdout:
@@ -101,19 +105,24 @@ def main() -> None:
                 break
         else:
             raise SystemExit("shoal up did not get ready")
-        second = subprocess.Popen([sys.executable, "-m", "shoal", "worker", "--name", "second"],
-                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
+        for core in (0, 1):
+            agents.append(subprocess.Popen(
+                [sys.executable, "-m", "shoal", "worker", "--name", f"stage{core}", "--label",
+                 "role=stage"], env=dict(env, SHOAL_WORKER_CPUS=f"[{core}]"),
+                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 90
         while len([w for w in json.loads(shoal(env, "workers", "list", "--json"))
-                   if w["state"] == "READY"]) < 2:
+                   if w["state"] == "READY"]) < 3:
             if time.monotonic() > deadline:
-                raise SystemExit("the second worker did not get READY")
+                raise SystemExit("the stage workers did not get READY")
             time.sleep(1)
         gguf = str(smollm2_gguf_path())
         common = ["--source", gguf, "--device", "cpu", "--pp", "2", "--max-model-len", "1024",
                   "--engine-arg", "kv_cache_memory=67108864", "--wait"]
-        shoal(env, "models", "deploy", "pp-one-worker", *common)
-        shoal(env, "models", "deploy", "pp-two-workers", *common, "--placement", "spread")
+        shoal(env, "models", "deploy", "pp-one-worker", *common, "--worker-selector",
+              "role=solo")
+        shoal(env, "models", "deploy", "pp-two-workers", *common, "--worker-selector",
+              "role=stage")
         instances = json.loads(shoal(env, "instances", "list", "--json"))
         placement = {i["model_name"]: [i["worker_name"]]
                      + [s["worker_name"] for s in i["subordinate_workers"]] for i in instances}
@@ -145,8 +154,8 @@ def main() -> None:
         out.write_text(json.dumps(report, indent=2))
         print(f"wrote {out}")
     finally:
-        for proc in (second, up):
-            if proc is not None and proc.poll() is None:
+        for proc in (*agents, up):
+            if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
                 try:
                     proc.wait(60)

@@ -66,6 +66,10 @@ class Settings(BaseSettings):
     worker_name: str | None = None
     """Defaults to the host name."""
     worker_labels: dict[str, str] = Field(default_factory=dict)
+    worker_cpus: list[int] | None = None
+    """The CPU cores this worker's engines and ranks run on (SHOAL_WORKER_CPUS='[1]'); the worker
+    reports that many cores. Default: every core the agent may use. Two agents on one machine
+    split its cores this way, so their engines do not oversubscribe them."""
     distributed_host: str | None = None
     """The address other workers reach this worker by for the rendezvous of an instance whose
     pipeline stages span workers (rank 0's TCPStore, then gloo/NCCL); default this machine's

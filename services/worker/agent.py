@@ -60,6 +60,8 @@ class WorkerAgent:
             status = parse_simulated(self.settings.simulate_devices)
         else:
             status = detect_devices()
+            if self.settings.worker_cpus:
+                status.cpu_cores = len(self.settings.worker_cpus)
         self.last_status = status
         return status
 

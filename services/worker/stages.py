@@ -105,7 +105,8 @@ class StageRanks:
     def _start(self, inst: InstancePublic, plan: RankPlan) -> RankGroup:
         group = RankGroup(inst, plan)
         ranks = plan.ranks_of(self.worker_id)
-        shares = core_split(sorted(os.sched_getaffinity(0)), len(ranks))
+        cores = self.settings.worker_cpus or sorted(os.sched_getaffinity(0))
+        shares = core_split(sorted(cores), len(ranks))
         logs = self.settings.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         for local, (rank, cores) in enumerate(zip(ranks, shares, strict=True)):

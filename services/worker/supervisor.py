@@ -246,6 +246,8 @@ class Supervisor:
             process = subprocess.Popen(
                 [sys.executable, "-m", "shoal", "engine", "--instance-id", instance.id],
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        if self.settings.worker_cpus:  # before its ranks start: they inherit it
+            os.sched_setaffinity(process.pid, self.settings.worker_cpus)
         log.info("started engine for %s (pid %d, log %s)", instance.name, process.pid, log_path)
         return EngineProcess(instance.id, process, log_path, time.monotonic())
 

@@ -48,3 +48,14 @@ def test_core_split_and_exit_wording() -> None:
     event = RankExit(instance_id="i1", generation="g", worker_id="w0", worker_name="s0", rank=1,
                      code=-9)
     assert event.describe() == "rank 1 on worker s0 exited with code -9"
+
+
+def test_worker_cpus_is_what_the_worker_reports() -> None:
+    from types import SimpleNamespace
+
+    from shoal.services.worker.agent import WorkerAgent
+    from shoal.shared.config import Settings
+
+    bus = SimpleNamespace(subjects=SimpleNamespace(registry=None))  # devices() needs no bus
+    agent = WorkerAgent(Settings(worker_cpus=[1]), bus=bus)  # type: ignore[arg-type]
+    assert agent.devices().cpu_cores == 1

@@ -33,6 +33,7 @@ STAGE_STATES = frozenset({InstanceState.DOWNLOADING, InstanceState.STARTING,
                           InstanceState.RUNNING})
 """The states in which a subordinate worker runs its ranks (rank 0's engine is up)."""
 PLAN_TIMEOUT_S = 2.0
+WATCH_EVERY_S = 0.2
 
 
 @dataclass
@@ -136,7 +137,10 @@ class StageRanks:
 
     async def _watch(self, group: RankGroup, rank: int) -> None:
         """Report a rank that ends unasked, and stop its siblings (the group cannot go on)."""
-        code = await asyncio.to_thread(group.procs[rank].wait)
+        proc = group.procs[rank]
+        # polled: a thread per rank blocked in wait() would drain the default pool
+        while (code := proc.poll()) is None:  # noqa: ASYNC110 - a process, not an event
+            await asyncio.sleep(WATCH_EVERY_S)
         if group.stopping:
             return
         self.spent.add(group.plan.generation)

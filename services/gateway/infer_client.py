@@ -63,18 +63,22 @@ class InferClient:
         return self.router.choose(self.table.candidates(model), hashes, exclude=tried)
 
     async def _first_pick(self, model: str, hashes: Sequence[bytes]) -> str | None:
-        """An instance for a new request; for an autoscaled model with none running (scaled to
-        zero, or its first instance still starting), ask the scheduler for one and wait for it
-        up to `gateway_cold_start_timeout`, then 503."""
+        """An instance for a new request. With none in the table, the registry is asked for the
+        model's RUNNING instances (one may be RUNNING there before its event arrives here); for
+        an autoscaled model with none running (scaled to zero, or its first instance still
+        starting), ask the scheduler for one and wait for it up to
+        `gateway_cold_start_timeout`, then 503."""
         instance_id = self._pick(model, hashes, [])
         if instance_id is not None:
             return instance_id
         try:
-            spec = (await self.registry.get_model(name=model)).autoscaling
+            record = await self.registry.get_model(name=model)
         except NotFound:
             return None  # 404 from no_instance()
-        if spec is None:
-            return None
+        await self.table.catch_up(record.id)
+        instance_id = self._pick(model, hashes, [])
+        if instance_id is not None or record.autoscaling is None:
+            return instance_id
         timeout = self.settings.gateway_cold_start_timeout
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout

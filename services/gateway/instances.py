@@ -1,5 +1,7 @@
 """The live instance table: RUNNING instances from the registry (a periodic list plus instance
-events) joined with the engines' load messages.
+events) joined with the engines' load messages. A request for a model with no instance here asks
+the registry first (`catch_up`): the RUNNING event reaches this table a moment after the commit
+that a client may already have seen, so "RUNNING" means "send now", never a 503 in between.
 
 An instance whose loads stop for `gateway_engine_dead_after` seconds is dead: its in-flight streams
 are told (`EngineGone`) and the router skips it until it publishes again. Leaving RUNNING in the
@@ -14,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
@@ -29,6 +32,9 @@ from shoal.shared.schemas.registry import InstanceFilter, InstancePublic
 from shoal.shared.states import InstanceState
 
 log = logging.getLogger(__name__)
+MAX_LEFT = 4096
+"""How many instances that left RUNNING are remembered (with the version they left at), so that
+a registry answer older than their event does not bring them back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +66,8 @@ class InstanceTable:
         self.settings = settings
         self.router = router
         self.instances: dict[str, LiveInstance] = {}
+        self._left: OrderedDict[str, int] = OrderedDict()
+        self._catching_up: dict[str, asyncio.Future[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[object] = []
 
@@ -97,6 +105,21 @@ class InstanceTable:
         for inst in list(self.instances.values()):
             if inst.id not in seen and inst.joined_at < started:
                 self._remove(inst.id, "no longer RUNNING in the registry")
+
+    async def catch_up(self, model_id: str) -> None:
+        """Add the model's instances that the registry has RUNNING and no event has brought
+        yet. Concurrent calls for one model share one registry call."""
+        pending = self._catching_up.get(model_id)
+        if pending is None:
+            pending = asyncio.ensure_future(self._catch_up(model_id))
+            self._catching_up[model_id] = pending
+            pending.add_done_callback(lambda _f: self._catching_up.pop(model_id, None))
+        await asyncio.shield(pending)
+
+    async def _catch_up(self, model_id: str) -> None:
+        for inst in await self.registry.list_instances(
+                InstanceFilter(model_id=model_id, state=InstanceState.RUNNING)):
+            self._upsert(inst)
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -138,18 +161,27 @@ class InstanceTable:
         if event.kind is not EventKind.DELETED and event.data.state is InstanceState.RUNNING:
             self._upsert(event.data)
         else:
-            self._remove(event.id, f"instance {event.id} left RUNNING ({event.data.state.value})")
+            self._remove(event.id, f"instance {event.id} left RUNNING ({event.data.state.value})",
+                         event.version)
 
     def _upsert(self, data: InstancePublic) -> None:
         known = self.instances.get(data.id)
         if known is None:
+            if data.version <= self._left.get(data.id, -1):
+                return  # an answer older than the event that took it away
             self.instances[data.id] = LiveInstance(data.id, data.model_name, data.version,
                                                    time.monotonic())
-        elif data.version > known.version:
-            known.version = data.version
-            known.joined_at = time.monotonic()
+        elif data.version > known.version:  # RUNNING again (its events in between missed):
+            known.version = data.version    # a new engine, given the grace period of a new one
+            known.joined_at = known.last_seen = time.monotonic()
+            known.is_dead = False
 
-    def _remove(self, instance_id: str, reason: str) -> None:
+    def _remove(self, instance_id: str, reason: str, version: int | None = None) -> None:
+        if version is not None:
+            self._left[instance_id] = max(version, self._left.get(instance_id, -1))
+            self._left.move_to_end(instance_id)
+            while len(self._left) > MAX_LEFT:
+                self._left.popitem(last=False)
         inst = self.instances.pop(instance_id, None)
         if inst is not None:
             self.router.affinity.forget(instance_id)

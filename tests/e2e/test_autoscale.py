@@ -17,15 +17,10 @@ import pytest
 
 from loadtests.autoscale_step import load_step, wait_running
 from shoal.services.engine.model_prep import minilm_path, smollm2_gguf_path
-from shoal.services.gateway.service import run_gateway
-from shoal.services.scheduler.replica import run_scheduler
-from shoal.services.worker.agent import run_worker
-from shoal.shared.bus.client import Bus
-from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.embedded import free_port
 from shoal.shared.schemas.registry import DeleteRequest, InstanceFilter
 from tests.e2e.test_embeddings_serving import async_api
-from tests.integration.conftest import make_settings, running_registry
+from tests.integration.conftest import make_settings, running_services
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 AUTOSCALING = {"min_replicas": 0, "max_replicas": 2, "target": 1.0, "scale_to_zero_after": 3,
@@ -39,27 +34,14 @@ async def stack(servers, tmp_path_factory):
                              gateway_port=free_port(None), scheduler_interval=1.0,
                              scheduler_autoscale_interval=0.5, gateway_cold_start_timeout=120.0)
     tag = uuid.uuid4().hex[:6]
-    async with running_registry(settings):
-        bus = await Bus.connect(settings, name="autoscale-e2e")
-        client = RegistryClient(bus)
-        for leftover in await client.list_models():
-            await client.delete_model(DeleteRequest(id=leftover.id))
-        stop = asyncio.Event()
-        tasks = []
-        worker = {"worker_name": f"real-{tag}", "worker_labels": {"stack": tag}}
-        for run, extra in ((run_scheduler, {}), (run_worker, worker), (run_gateway, {})):
-            ready = asyncio.Event()
-            tasks.append(asyncio.create_task(run(settings.model_copy(update=extra), stop, ready)))
-            await asyncio.wait_for(ready.wait(), 30)
-        url = f"http://127.0.0.1:{settings.gateway_port}"
+    worker = {"worker_name": f"real-{tag}", "worker_labels": {"stack": tag}}
+    async with running_services(settings, worker=worker, gateway={}, name="autoscale-e2e",
+                                clean=True) as stack:
         try:
-            yield url, client, tag
+            yield stack.url, stack.client, tag
         finally:
-            for leftover in await client.list_models():
-                await client.delete_model(DeleteRequest(id=leftover.id))
-            stop.set()
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
-            await bus.close()
+            for leftover in await stack.client.list_models():
+                await stack.client.delete_model(DeleteRequest(id=leftover.id))
 
 
 async def test_scale_to_zero_then_from_zero_then_up(stack) -> None:

@@ -24,14 +24,9 @@ import aiohttp
 import pytest
 
 from shoal.services.engine import smollm2_gguf_path
-from shoal.services.gateway.service import run_gateway
-from shoal.services.scheduler.replica import run_scheduler
-from shoal.services.worker.agent import run_worker
-from shoal.shared.bus.client import Bus
-from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.embedded import free_port
 from shoal.shared.schemas.registry import ApiKeyCreate, ApiKeyScope
-from tests.integration.conftest import make_settings, running_registry
+from tests.integration.conftest import make_settings, running_services
 from tests.integration.sched_helpers import delete_models
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -71,26 +66,16 @@ async def stack(servers, tmp_path_factory):
                              require_api_key=True, gateway_key_cache_ttl=0.2,
                              gateway_engine_dead_after=10.0)  # tolerant of a loaded machine
     worker = f"ui-{tag}"
-    async with running_registry(settings):
-        bus = await Bus.connect(settings, name="dashboard-e2e")
-        client = RegistryClient(bus)
-        stop = asyncio.Event()
-        tasks = []
-        for run, extra in ((run_scheduler, {}),
-                           (run_worker, {"worker_name": worker, "worker_labels": {"ui": tag}}),
-                           (run_gateway, {})):
-            ready = asyncio.Event()
-            tasks.append(asyncio.create_task(run(settings.model_copy(update=extra), stop, ready)))
-            await asyncio.wait_for(ready.wait(), 30)
+    async with running_services(settings, worker={"worker_name": worker,
+                                                  "worker_labels": {"ui": tag}},
+                                gateway={}, name="dashboard-e2e") as stack:
+        client = stack.client
         admin = await client.create_key(ApiKeyCreate(name=f"admin-{tag}",
                                                      scope=ApiKeyScope.ADMIN))
         try:
-            yield f"http://127.0.0.1:{settings.gateway_port}", admin.secret, worker, client
+            yield stack.url, admin.secret, worker, client
         finally:  # a failed run must not leave its models to the next modules' schedulers
             await delete_models(client, tag)
-            stop.set()
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
-            await bus.close()
 
 
 @pytest.fixture(scope="module")

@@ -16,17 +16,13 @@ import pytest
 
 from shoal.services.engine.model_prep import minilm_path
 from shoal.services.gateway.embeddings import BATCH_INPUTS
-from shoal.services.gateway.service import run_gateway
-from shoal.services.scheduler.replica import run_scheduler
-from shoal.services.worker.agent import run_worker
-from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.embedded import free_port
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate, ApiKeyScope, DeleteRequest, KeyLimit, UsageQuery
+    ApiKeyCreate, ApiKeyScope, KeyLimit, UsageQuery
 )
 from tests.e2e.test_serving import running_instance
-from tests.integration.conftest import make_settings, running_registry
+from tests.integration.conftest import make_settings, running_services
 from tests.integration.test_gateway import running_gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -43,19 +39,10 @@ async def stack(servers, tmp_path_factory):
                              gateway_engine_dead_after=5.0,
                              gateway_port=free_port(None), scheduler_interval=1.0)
     tag = uuid.uuid4().hex[:6]
-    async with running_registry(settings):
-        bus = await Bus.connect(settings, name="embeddings-e2e")
-        client = RegistryClient(bus)
-        for leftover in await client.list_models():
-            await client.delete_model(DeleteRequest(id=leftover.id))
-        stop = asyncio.Event()
-        tasks = []
-        worker = {"worker_name": f"real-{tag}", "worker_labels": {"stack": tag}}
-        for run, extra in ((run_scheduler, {}), (run_worker, worker), (run_gateway, {})):
-            ready = asyncio.Event()
-            tasks.append(asyncio.create_task(run(settings.model_copy(update=extra), stop, ready)))
-            await asyncio.wait_for(ready.wait(), 30)
-        url = f"http://127.0.0.1:{settings.gateway_port}"
+    worker = {"worker_name": f"real-{tag}", "worker_labels": {"stack": tag}}
+    async with running_services(settings, worker=worker, gateway={}, name="embeddings-e2e",
+                                clean=True) as stack:
+        client, url = stack.client, stack.url
         name = f"minilm-{tag}"
         async with aiohttp.ClientSession() as http:
             async with http.post(f"{url}/api/v1/models", json={
@@ -65,12 +52,7 @@ async def stack(servers, tmp_path_factory):
                 assert r.status == 201, await r.text()
                 model_id = (await r.json())["id"]
         await running_instance(client, model_id)
-        try:
-            yield url, name, settings, client
-        finally:
-            stop.set()
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
-            await bus.close()
+        yield url, name, settings, client
 
 
 _REFERENCE: list[object] = []

@@ -13,7 +13,6 @@ import uuid
 import psutil
 import pytest
 
-from shoal.services.worker.agent import run_worker
 from shoal.services.engine.model_prep import smollm2_gguf_path
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
@@ -27,7 +26,7 @@ from shoal.shared.schemas.registry import (
     DeleteRequest, InstanceCreate, InstanceTransition, ModelCreate, Placement,
 )
 from shoal.shared.states import InstanceState
-from tests.integration.conftest import make_settings, running_registry
+from tests.integration.conftest import make_settings, running_services
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 READY_TIMEOUT = 300
@@ -82,14 +81,10 @@ async def latest_load(bus: Bus, instance_id: str) -> EngineLoad:
 async def stack(servers, tmp_path_factory):
     settings = make_settings(servers, tmp_path_factory.mktemp("engine-e2e"), drain_timeout=5.0,
                              engine_restart_max_backoff=2.0)
-    async with running_registry(settings):
-        bus = await Bus.connect(settings, name="engine-e2e")
-        stop, ready = asyncio.Event(), asyncio.Event()
-        worker_name = f"real-{uuid.uuid4().hex[:6]}"
-        worker_settings = settings.model_copy(update={"worker_name": worker_name})
-        worker_task = asyncio.create_task(run_worker(worker_settings, stop, ready))
-        await asyncio.wait_for(ready.wait(), 20)
-        client = RegistryClient(bus)
+    worker_name = f"real-{uuid.uuid4().hex[:6]}"
+    async with running_services(settings, scheduler=False, worker={"worker_name": worker_name},
+                                name="engine-e2e") as stack:
+        bus, client = stack.bus, stack.client
         worker = next(w for w in await client.list_workers() if w.name == worker_name)
         model = await client.create_model(ModelCreate(
             name=f"smol-{uuid.uuid4().hex[:6]}", source=str(smollm2_gguf_path()), device="cpu",
@@ -99,12 +94,7 @@ async def stack(servers, tmp_path_factory):
             id=inst.id, version=inst.version, state=InstanceState.SCHEDULED,
             placement=Placement(worker_id=worker.id)))
         inst = await wait_state(client, inst.id, InstanceState.RUNNING, READY_TIMEOUT)
-        try:
-            yield bus, client, model, inst
-        finally:
-            stop.set()
-            await asyncio.wait_for(worker_task, 60)
-            await bus.close()
+        yield bus, client, model, inst
 
 
 def engine_pids(instance_id: str) -> list[int]:

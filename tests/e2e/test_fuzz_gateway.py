@@ -25,15 +25,12 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
 from shoal.services.engine.model_prep import smollm2_gguf_path
-from shoal.services.gateway.service import run_gateway
-from shoal.services.scheduler.replica import run_scheduler
-from shoal.services.worker.agent import run_worker
 from shoal.shared.bus.client import Bus
-from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.config import Settings
 from shoal.shared.embedded import free_port
 from shoal.shared.schemas.registry import ModelCreate
 from tests.e2e.test_serving import ENGINE_ARGS, running_instance
-from tests.integration.conftest import make_settings, running_registry
+from tests.integration.conftest import make_settings, running_services
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 API_KEY = "sk-fuzz-" + uuid.uuid4().hex
@@ -46,33 +43,31 @@ CHANGES_THE_CLUSTER = {("DELETE", "/api/v1/models/{id}"), ("DELETE", "/api/v1/in
 """Run against made-up ids only (a 404), so the model under test stays deployed."""
 
 
+async def server_max_payload(settings: Settings) -> int:
+    """The NATS server's max_payload, as a client learns it when it connects."""
+    bus = await Bus.connect(settings, name="fuzz-e2e-probe")
+    try:
+        return bus.nc.max_payload
+    finally:
+        await bus.close()
+
+
 @pytest.fixture(scope="module")
 async def stack(servers, tmp_path_factory):
     settings = make_settings(servers, tmp_path_factory.mktemp("fuzz"), heartbeat_timeout=10.0,
                              gateway_port=free_port(None), scheduler_interval=1.0,
                              api_key=API_KEY)
-    async with running_registry(settings):
-        bus = await Bus.connect(settings, name="fuzz-e2e")
-        stop = asyncio.Event()
-        tasks = []
-        max_payload = bus.nc.max_payload  # the body limit at the bus' own: answers may not fit
-        for run, extra in ((run_scheduler, {}),
-                           (run_worker, {"worker_name": f"fuzz-{uuid.uuid4().hex[:6]}"}),
-                           (run_gateway, {"gateway_max_body_bytes": max_payload})):
-            ready = asyncio.Event()
-            tasks.append(asyncio.create_task(run(settings.model_copy(update=extra), stop, ready)))
-            await asyncio.wait_for(ready.wait(), 30)
-        client = RegistryClient(bus)
+    # the gateway's body limit at the bus' own (answers may not fit): the server's max_payload
+    max_payload = await server_max_payload(settings)
+    async with running_services(settings, worker={"worker_name": f"fuzz-{uuid.uuid4().hex[:6]}"},
+                                gateway={"gateway_max_body_bytes": max_payload},
+                                name="fuzz-e2e") as stack:
+        client = stack.client
         model = await client.create_model(ModelCreate(
             name=f"fuzz-{uuid.uuid4().hex[:6]}", source=str(smollm2_gguf_path()), device="cpu",
             max_model_len=256, engine_args=ENGINE_ARGS))
         await running_instance(client, model.id)
-        try:
-            yield f"http://127.0.0.1:{settings.gateway_port}", model.name, max_payload
-        finally:
-            stop.set()
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
-            await bus.close()
+        yield stack.url, model.name, max_payload
 
 
 def bounded(case: Any, model: str, use_model: bool) -> None:

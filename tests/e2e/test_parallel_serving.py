@@ -17,16 +17,11 @@ import psutil
 import pytest
 
 from shoal.services.engine.model_prep import smollm2_gguf_path
-from shoal.services.gateway.service import run_gateway
-from shoal.services.scheduler.replica import run_scheduler
-from shoal.services.worker.agent import run_worker
-from shoal.shared.bus.client import Bus
-from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.embedded import free_port
 from shoal.shared.schemas.registry import DeleteRequest, ModelCreate
 from shoal.shared.states import InstanceState
 from tests.e2e.test_serving import FRANCE, async_api, engine_pids, running_instance
-from tests.integration.conftest import make_settings, running_registry
+from tests.integration.conftest import make_settings, running_services
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -52,74 +47,53 @@ async def test_pipeline_parallel_instance_serves_fails_by_rank_and_comes_back(
                              heartbeat_timeout=10.0, engine_restart_max_backoff=2.0,
                              gateway_engine_dead_after=2.0, gateway_port=free_port(None),
                              scheduler_interval=1.0)
-    async with running_registry(settings):
-        bus = await Bus.connect(settings, name="pp-e2e")
-        stop = asyncio.Event()
-        tasks = []
-        for run, extra in ((run_scheduler, {}), (run_worker, {"worker_name": "pp-worker"}),
-                           (run_gateway, {})):
-            ready = asyncio.Event()
-            tasks.append(asyncio.create_task(run(settings.model_copy(update=extra), stop, ready)))
-            await asyncio.wait_for(ready.wait(), 30)
-        client = RegistryClient(bus)
-        try:
-            model = await client.create_model(ModelCreate(
-                name=f"smol-pp-{uuid.uuid4().hex[:6]}", source=str(smollm2_gguf_path()),
-                device="cpu", pp=2, max_model_len=512,
-                engine_args={"max_num_seqs": 4, "kv_cache_memory": 32 * 2**20}))
-            inst = await running_instance(client, model.id)
-            assert (inst.tp, inst.pp) == (1, 2)
-            [engine] = engine_pids(inst.id)
-            ranks = rank_pids(engine)
-            assert len(ranks) == 1  # rank 0 is the engine process itself
-            api = async_api(f"http://127.0.0.1:{settings.gateway_port}")
-            answer = await api.chat.completions.create(model=model.name, messages=FRANCE,
-                                                       temperature=0, max_tokens=20)
-            assert "Paris" in answer.choices[0].message.content
+    async with running_services(settings, worker={"worker_name": "pp-worker"}, gateway={},
+                                name="pp-e2e") as stack:
+        client = stack.client
+        model = await client.create_model(ModelCreate(
+            name=f"smol-pp-{uuid.uuid4().hex[:6]}", source=str(smollm2_gguf_path()),
+            device="cpu", pp=2, max_model_len=512,
+            engine_args={"max_num_seqs": 4, "kv_cache_memory": 32 * 2**20}))
+        inst = await running_instance(client, model.id)
+        assert (inst.tp, inst.pp) == (1, 2)
+        [engine] = engine_pids(inst.id)
+        ranks = rank_pids(engine)
+        assert len(ranks) == 1  # rank 0 is the engine process itself
+        api = async_api(f"http://127.0.0.1:{settings.gateway_port}")
+        answer = await api.chat.completions.create(model=model.name, messages=FRANCE,
+                                                   temperature=0, max_tokens=20)
+        assert "Paris" in answer.choices[0].message.content
 
-            stream = await api.completions.create(
-                model=model.name, prompt="Count to one thousand:", max_tokens=300, temperature=0,
-                stream=True, extra_body={"ignore_eos": True})
-            received, started = 0, time.monotonic()
-            with pytest.raises(openai.APIError):
-                async for _ in stream:
-                    received += 1
-                    if received == 3:
-                        os.kill(ranks[0], signal.SIGKILL)
-            assert time.monotonic() - started < 60
+        stream = await api.completions.create(
+            model=model.name, prompt="Count to one thousand:", max_tokens=300, temperature=0,
+            stream=True, extra_body={"ignore_eos": True})
+        received, started = 0, time.monotonic()
+        with pytest.raises(openai.APIError):
+            async for _ in stream:
+                received += 1
+                if received == 3:
+                    os.kill(ranks[0], signal.SIGKILL)
+        assert time.monotonic() - started < 60
 
-            async def errored():  # type: ignore[no-untyped-def]
-                i = await client.get_instance(inst.id)
-                return i if i.state is InstanceState.ERROR else None
+        async def errored():  # type: ignore[no-untyped-def]
+            i = await client.get_instance(inst.id)
+            return i if i.state is InstanceState.ERROR else None
 
-            failed = await until(errored, what="ERROR")
-            assert "rank 1 exited with code -9" in (failed.state_message or "")
-            back = await running_instance(client, model.id)
-            [engine2] = engine_pids(back.id)
-            assert engine2 != engine and len(rank_pids(engine2)) == 1
-            # RUNNING in the registry comes a moment before the gateway hears the new engine's
-            # first load message: a 503 (retry later) in between is the contract
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    again = await api.chat.completions.create(
-                        model=model.name, messages=FRANCE, temperature=0, max_tokens=20)
-                    break
-                except openai.APIStatusError:
-                    if time.monotonic() > deadline:
-                        raise
-                    await asyncio.sleep(1)
-            assert "Paris" in again.choices[0].message.content
+        failed = await until(errored, what="ERROR")
+        assert "rank 1 exited with code -9" in (failed.state_message or "")
+        back = await running_instance(client, model.id)
+        [engine2] = engine_pids(back.id)
+        assert engine2 != engine and len(rank_pids(engine2)) == 1
+        # RUNNING in the registry: the gateway routes to the new engine at once, no 503
+        again = await api.chat.completions.create(model=model.name, messages=FRANCE,
+                                                  temperature=0, max_tokens=20)
+        assert "Paris" in again.choices[0].message.content
 
-            survivors = [engine2, *rank_pids(engine2)]
-            await client.delete_model(DeleteRequest(id=model.id))
+        survivors = [engine2, *rank_pids(engine2)]
+        await client.delete_model(DeleteRequest(id=model.id))
 
-            async def all_gone():  # type: ignore[no-untyped-def]
-                return not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
-                               for p in survivors)
+        async def all_gone():  # type: ignore[no-untyped-def]
+            return not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                           for p in survivors)
 
-            await until(all_gone, 60, "every rank to stop")
-        finally:
-            stop.set()
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
-            await bus.close()
+        await until(all_gone, 60, "every rank to stop")

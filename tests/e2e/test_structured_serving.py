@@ -15,16 +15,11 @@ import openai
 import pydantic
 import pytest
 
-from shoal.services.gateway.service import run_gateway
-from shoal.services.scheduler.replica import run_scheduler
-from shoal.services.worker.agent import run_worker
 from shoal.services.engine.model_prep import smollm2_gguf_path
-from shoal.shared.bus.client import Bus
-from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.embedded import free_port
-from shoal.shared.schemas.registry import DeleteRequest, ModelCreate
+from shoal.shared.schemas.registry import ModelCreate
 from tests.e2e.test_serving import ENGINE_ARGS, async_api, running_instance, sync_api
-from tests.integration.conftest import make_settings, running_registry
+from tests.integration.conftest import make_settings, running_services
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -39,18 +34,10 @@ async def stack(servers, tmp_path_factory):
                              engine_restart_max_backoff=2.0, gateway_engine_dead_after=2.0,
                              gateway_port=free_port(None), scheduler_interval=1.0)
     tag = uuid.uuid4().hex[:6]
-    async with running_registry(settings):
-        bus = await Bus.connect(settings, name="structured-e2e")
-        client = RegistryClient(bus)
-        for leftover in await client.list_models():
-            await client.delete_model(DeleteRequest(id=leftover.id))
-        stop = asyncio.Event()
-        tasks = []
-        worker = {"worker_name": f"real-{tag}", "worker_labels": {"stack": tag}}
-        for run, extra in ((run_scheduler, {}), (run_worker, worker), (run_gateway, {})):
-            ready = asyncio.Event()
-            tasks.append(asyncio.create_task(run(settings.model_copy(update=extra), stop, ready)))
-            await asyncio.wait_for(ready.wait(), 30)
+    worker = {"worker_name": f"real-{tag}", "worker_labels": {"stack": tag}}
+    async with running_services(settings, worker=worker, gateway={}, name="structured-e2e",
+                                clean=True) as stack:
+        client = stack.client
         models = []
         for name, args in ((f"smol-{tag}", ENGINE_ARGS),
                            (f"smol-hermes-{tag}", {**ENGINE_ARGS, "tool_call_parser": "hermes"})):
@@ -59,12 +46,7 @@ async def stack(servers, tmp_path_factory):
                 worker_selector={"stack": tag}, engine_args=args)))
         for model in models:
             await running_instance(client, model.id)
-        try:
-            yield settings, models[0], models[1], f"http://127.0.0.1:{settings.gateway_port}"
-        finally:
-            stop.set()
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
-            await bus.close()
+        yield settings, models[0], models[1], stack.url
 
 
 WEATHER_ARGS = {"type": "object", "properties": {

@@ -1,18 +1,25 @@
-"""Integration fixtures: Settings with short timeouts, and a registry running in-process."""
+"""Integration fixtures: Settings with short timeouts, a registry running in-process, and a whole
+stack (registry, scheduler, worker, gateway) for the end-to-end modules (`running_services`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from shoal.services.gateway.service import run_gateway
 from shoal.services.registry.service import run_registry
+from shoal.services.scheduler.replica import run_scheduler
+from shoal.services.worker.agent import run_worker
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
+from shoal.shared.schemas.registry import DeleteRequest
 
 ServiceMain = Callable[[Settings, asyncio.Event, asyncio.Event], Awaitable[None]]
 
@@ -39,12 +46,7 @@ async def running_service(main: ServiceMain,
     error, if any) on exit."""
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(main(settings, stop, ready))
-    waiter = asyncio.create_task(ready.wait())
-    done, _ = await asyncio.wait({task, waiter}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-    if task in done:
-        waiter.cancel()
-        task.result()
-    assert ready.is_set(), f"{getattr(main, '__name__', main)} did not become ready"
+    await _until_ready(task, ready, getattr(main, "__name__", str(main)))
     try:
         yield task
     finally:
@@ -52,9 +54,69 @@ async def running_service(main: ServiceMain,
         await asyncio.wait_for(task, 15)
 
 
+async def _until_ready(task: asyncio.Task[None], ready: asyncio.Event, what: str,
+                       timeout: float = 30) -> None:
+    """Wait for `ready`; a service that fails first raises its own error, not a timeout."""
+    waiter = asyncio.create_task(ready.wait())
+    done, _ = await asyncio.wait({task, waiter}, timeout=timeout,
+                                 return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if task in done:
+        task.result()
+    assert ready.is_set(), f"{what} did not become ready within {timeout:g} s"
+
+
 def running_registry(settings: Settings
                      ) -> contextlib.AbstractAsyncContextManager[asyncio.Task[None]]:
     return running_service(run_registry, settings)
+
+
+@dataclass(frozen=True)
+class Stack:
+    """What `running_services` started: its settings, a bus of the tests' own and a registry
+    client on it, and the gateway's base URL (None without a gateway)."""
+
+    settings: Settings
+    bus: Bus
+    client: RegistryClient
+    url: str | None
+
+
+@contextlib.asynccontextmanager
+async def running_services(settings: Settings, *, scheduler: bool = True,
+                           worker: dict[str, Any] | None = None,
+                           gateway: dict[str, Any] | None = None,
+                           name: str = "shoal-tests", clean: bool = False
+                           ) -> AsyncIterator[Stack]:
+    """A registry, then the scheduler, a worker and a gateway in this process, each started once
+    the one before is ready; `worker` / `gateway` are their settings overrides (None: not run).
+    `clean` first deletes the models earlier modules left (they share the database), so this
+    scheduler never places on their workers. On exit every service is stopped at once (a worker
+    drains its engines) and awaited."""
+    async with running_registry(settings):
+        bus = await Bus.connect(settings, name=name)
+        if clean:
+            client = RegistryClient(bus)
+            for leftover in await client.list_models():
+                await client.delete_model(DeleteRequest(id=leftover.id))
+        stop = asyncio.Event()
+        tasks: list[asyncio.Task[None]] = []
+        started = [(main, extra) for main, extra, wanted in (
+            (run_scheduler, {}, scheduler), (run_worker, worker or {}, worker is not None),
+            (run_gateway, gateway or {}, gateway is not None)) if wanted]
+        try:
+            for main, extra in started:
+                ready = asyncio.Event()
+                tasks.append(asyncio.create_task(main(settings.model_copy(update=extra), stop,
+                                                      ready)))
+                await _until_ready(tasks[-1], ready, main.__name__)
+            port = settings.model_copy(update=gateway or {}).gateway_port
+            url = f"http://127.0.0.1:{port}" if gateway is not None else None
+            yield Stack(settings, bus, RegistryClient(bus), url)
+        finally:
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
+            await bus.close()
 
 
 class RegistryHandle:

@@ -112,6 +112,11 @@ class Settings(BaseSettings):
     """Instances tried for a request that has not started yet."""
     gateway_instance_refresh: float = 10.0
     """Seconds between full reloads of the RUNNING instances from the registry (events fill in)."""
+    gateway_usage_flush_interval: float = Field(default=1.0, gt=0)
+    gateway_usage_flush_requests: int = Field(default=64, ge=1)
+    """Usage of keys without limits is summed per key and model and sent to the registry every
+    `interval` seconds or `requests` requests, and when the gateway stops; a key with limits has
+    each request's usage sent at once (its next admission counts it)."""
     gateway_key_cache_ttl: float = 10.0
     """Seconds a verified API key is trusted before the registry is asked again: only a fallback,
     since every gateway drops a key from its cache when the registry's event for it arrives

@@ -80,7 +80,8 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
             settings=settings, bus=bus, registry=registry, router=router, table=table,
             client=InferClient(bus, registry, table, router, settings), admission=admission,
             metrics=GatewayMetrics(lambda: admission.num_requests),
-            keys=keys, quota=Quota(registry),
+            keys=keys, quota=Quota(registry, flush_interval=settings.gateway_usage_flush_interval,
+                                   flush_requests=settings.gateway_usage_flush_requests),
         )
         host = advertised_host(settings.gateway_host, settings.metrics_advertise_host)
         await answer_discovery(bus, MetricsTarget(service="gateway",

@@ -2,13 +2,17 @@
 with limits), record its tokens after (every key), and add OpenAI's x-ratelimit-* headers.
 
 The counters live in Postgres behind the registry (services/registry/repo/quota.py says why), so
-every gateway replica counts against the same limits and a gateway keeps nothing that a restart
-could lose: a record still being sent when the gateway stops is awaited before it exits.
+every gateway replica counts against the same limits. Usage of a key with limits is sent after
+each request (its token limits and budget are read at its next admission); that of keys without
+limits, which nothing reads back at once, is summed per key and model and sent in batches
+(`gateway_usage_flush_interval` / `_requests`): one registry call for many requests. A gateway
+keeps nothing that a stop could lose: it flushes the batch and awaits what is in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -38,16 +42,42 @@ class Ticket:
 
     key_id: str
     model: str
+    has_limits: bool = False
+
+
+class UsageBatch:
+    """Usage summed per (key, model) until it is sent (pure: no I/O)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[str, str], UsageRecord] = {}
+        self.num_requests = 0
+
+    def add(self, record: UsageRecord) -> None:
+        key = (record.key_id, record.model)
+        known = self._rows.get(key)
+        self._rows[key] = record if known is None else known.model_copy(update={
+            name: getattr(known, name) + getattr(record, name)
+            for name in ("requests", "prompt_tokens", "cached_tokens", "output_tokens")})
+        self.num_requests += record.requests
+
+    def take(self) -> list[UsageRecord]:
+        rows, self._rows, self.num_requests = list(self._rows.values()), {}, 0
+        return rows
 
 
 class Quota:
     def __init__(self, registry: RegistryClient, retry_s: float = RECORD_RETRY_S,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 flush_interval: float = 1.0, flush_requests: int = 64) -> None:
         self.registry = registry
         self.retry_s = retry_s
         self.clock, self.sleep = clock, sleep
+        self.flush_interval = flush_interval
+        self.flush_requests = flush_requests
+        self._batch = UsageBatch()
         self._pending: set[asyncio.Task[None]] = set()
+        self._flusher: asyncio.Task[None] | None = None
 
     async def admit(self, request: web.Request, model: str) -> Ticket | None:
         """Count the request against its key's limits (429 when over one); None without a key
@@ -64,7 +94,7 @@ class Quota:
             request[RATELIMIT_HEADERS] = ratelimit_headers(grant)
             if not grant.allowed:
                 raise refusal(grant)
-        return Ticket(key.key_id, model)
+        return Ticket(key.key_id, model, key.has_limits)
 
     def record(self, ticket: Ticket | None, usage: Usage | None) -> None:
         """Record the request's tokens in the background (the answer does not wait for it)."""
@@ -74,9 +104,32 @@ class Quota:
         record = UsageRecord(key_id=ticket.key_id, model=ticket.model,
                              prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
                              output_tokens=usage.completion_tokens)
-        task = asyncio.create_task(self._send(record))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        if ticket.has_limits:
+            self._send_soon([record])
+            return
+        self._batch.add(record)
+        if self._batch.num_requests >= self.flush_requests:
+            self.flush()
+        elif self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_later())
+
+    def flush(self) -> None:
+        """Send the batch now (in the background)."""
+        if self._flusher is not None and self._flusher is not asyncio.current_task():
+            self._flusher.cancel()
+        self._flusher = None
+        self._send_soon(self._batch.take())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self.flush_interval)
+        self._flusher = None
+        self.flush()
+
+    def _send_soon(self, records: list[UsageRecord]) -> None:
+        for record in records:
+            task = asyncio.create_task(self._send(record))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
 
     async def _send(self, record: UsageRecord) -> None:
         """Retried with back-off (0.5 s doubling to 10 s) for up to `retry_s`: one warning when
@@ -97,7 +150,12 @@ class Quota:
         log.error("usage of key %s lost: %s", record.key_id, record.model_dump_json())
 
     async def drain(self, timeout: float = 30.0) -> None:
-        """On stop: let the records in flight reach the registry."""
+        """On stop: send the batch and let the records in flight reach the registry."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+        self.flush()
         if self._pending:
             await asyncio.wait(list(self._pending), timeout=timeout)
 

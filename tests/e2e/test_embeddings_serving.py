@@ -167,6 +167,32 @@ async def test_token_budget_holds_through_two_gateways_and_a_restart(stack) -> N
             assert r.headers["x-ratelimit-remaining-tokens"] == "0"
 
 
+async def test_usage_of_keys_without_limits_is_batched_and_kept_at_a_stop(stack) -> None:
+    """A key without limits: its usage waits in the gateway's batch (an hour here) and reaches
+    the registry in one record when the gateway stops, nothing lost; with a batch of two
+    requests, it is sent after the second without a stop."""
+    url, name, settings, client = stack
+    ids = [101, 7592, 2088, 102]  # 4 tokens a request
+    key = await client.create_key(ApiKeyCreate(name=f"free-{uuid.uuid4().hex[:6]}",
+                                               scope=ApiKeyScope.INFERENCE))
+    hourly = settings.model_copy(update={"require_api_key": True,
+                                         "gateway_usage_flush_interval": 3600.0,
+                                         "gateway_usage_flush_requests": 1000})
+    async with running_gateway(hourly) as url_a:
+        for _ in range(3):
+            await async_api(url_a, key.secret).embeddings.create(model=name, input=ids)
+        assert (await client.usage(UsageQuery(key_id=key.id))).rows == []  # still batched
+    rows = (await client.usage(UsageQuery(key_id=key.id))).rows
+    assert [(r.model, r.requests, r.prompt_tokens) for r in rows] == [(name, 3, 12)]
+    async with running_gateway(hourly.model_copy(
+            update={"gateway_usage_flush_requests": 2})) as url_b:
+        for _ in range(2):
+            await async_api(url_b, key.secret).embeddings.create(model=name, input=ids)
+        await wait_for_usage(client, key.id, 12 + 8)
+    rows = (await client.usage(UsageQuery(key_id=key.id))).rows
+    assert [(r.requests, r.prompt_tokens) for r in rows] == [(5, 20)]
+
+
 async def wait_for_usage(client: RegistryClient, key_id: str, tokens: int) -> None:
     """Usage is recorded just after each answer: wait until the registry has it."""
     for _ in range(100):

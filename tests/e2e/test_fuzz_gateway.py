@@ -65,7 +65,7 @@ async def stack(servers, tmp_path_factory):
         client = stack.client
         model = await client.create_model(ModelCreate(
             name=f"fuzz-{uuid.uuid4().hex[:6]}", source=str(smollm2_gguf_path()), device="cpu",
-            max_model_len=256, engine_args=ENGINE_ARGS))
+            max_model_len=256, engine_args=ENGINE_ARGS, worker_selector=stack.selector))
         await running_instance(client, model.id)
         yield stack.url, model.name, max_payload
 

@@ -48,11 +48,11 @@ async def test_pipeline_parallel_instance_serves_fails_by_rank_and_comes_back(
                              gateway_engine_dead_after=2.0, gateway_port=free_port(None),
                              scheduler_interval=1.0)
     async with running_services(settings, worker={"worker_name": "pp-worker"}, gateway={},
-                                name="pp-e2e") as stack:
+                                name="pp-e2e", clean=True) as stack:
         client = stack.client
         model = await client.create_model(ModelCreate(
             name=f"smol-pp-{uuid.uuid4().hex[:6]}", source=str(smollm2_gguf_path()),
-            device="cpu", pp=2, max_model_len=512,
+            device="cpu", pp=2, max_model_len=512, worker_selector=stack.selector,
             engine_args={"max_num_seqs": 4, "kv_cache_memory": 32 * 2**20}))
         inst = await running_instance(client, model.id)
         assert (inst.tp, inst.pp) == (1, 2)

@@ -110,7 +110,7 @@ async def stack(servers, tmp_path_factory, engine_traces):
         client = stack.client
         model = await client.create_model(ModelCreate(
             name=f"smol-{uuid.uuid4().hex[:6]}", source=str(smollm2_gguf_path()), device="cpu",
-            max_model_len=512, engine_args=ENGINE_ARGS))
+            max_model_len=512, engine_args=ENGINE_ARGS, worker_selector=stack.selector))
         inst = await running_instance(client, model.id)
         yield settings, client, model, inst, stack.url
 

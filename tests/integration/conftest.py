@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,12 +75,14 @@ def running_registry(settings: Settings
 @dataclass(frozen=True)
 class Stack:
     """What `running_services` started: its settings, a bus of the tests' own and a registry
-    client on it, and the gateway's base URL (None without a gateway)."""
+    client on it, the gateway's base URL (None without a gateway), and the worker selector that
+    places a model on this stack's worker only."""
 
     settings: Settings
     bus: Bus
     client: RegistryClient
     url: str | None
+    selector: dict[str, str]
 
 
 @contextlib.asynccontextmanager
@@ -90,9 +93,14 @@ async def running_services(settings: Settings, *, scheduler: bool = True,
                            ) -> AsyncIterator[Stack]:
     """A registry, then the scheduler, a worker and a gateway in this process, each started once
     the one before is ready; `worker` / `gateway` are their settings overrides (None: not run).
-    `clean` first deletes the models earlier modules left (they share the database), so this
-    scheduler never places on their workers. On exit every service is stopped at once (a worker
-    drains its engines) and awaited."""
+    The worker is labelled `stack=<tag>` (unless given one) and `Stack.selector` selects it:
+    modules share the database, and a worker of an earlier module is READY for a while after it
+    stopped (until its heartbeats are missed), so a model placed by labels never lands there.
+    `clean` first deletes the models earlier modules left. On exit every service is stopped at
+    once (a worker drains its engines) and awaited."""
+    labels = {"stack": uuid.uuid4().hex[:6], **(worker or {}).get("worker_labels", {})}
+    if worker is not None:
+        worker = {**worker, "worker_labels": labels}
     async with running_registry(settings):
         bus = await Bus.connect(settings, name=name)
         if clean:
@@ -112,7 +120,7 @@ async def running_services(settings: Settings, *, scheduler: bool = True,
                 await _until_ready(tasks[-1], ready, main.__name__)
             port = settings.model_copy(update=gateway or {}).gateway_port
             url = f"http://127.0.0.1:{port}" if gateway is not None else None
-            yield Stack(settings, bus, RegistryClient(bus), url)
+            yield Stack(settings, bus, RegistryClient(bus), url, {"stack": labels["stack"]})
         finally:
             stop.set()
             await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)

@@ -1,5 +1,5 @@
 """The NATS adapter of an embedding engine: shoal.infer.<id> answers EmbedRequest (one reply
-each) and tokenize; load goes out on shoal.load.<id> as a generation engine's does, so the
+each) and tokenize; its intake and load messages are a generation engine's (intake.py), so the
 gateway's instance table and router treat both kinds alike.
 
 Kept apart from handlers.py (generation): no streams, no sampling, no chat templates.
@@ -13,12 +13,11 @@ import logging
 from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 
 from shoal.services.engine.embedding.async_engine import AsyncEmbeddingEngine
-from shoal.shared.bus.client import Bus, decode, encode
+from shoal.services.engine.server.intake import Intake
+from shoal.shared.bus.client import decode, encode
 from shoal.shared.errors import InvalidRequest, ShoalError
-from shoal.shared.loops import run_every
 from shoal.shared.schemas.common import ErrorBody
 from shoal.shared.schemas.infer import (
     EmbedReply, EmbedRequest, EngineLoad, GenerateRequest, InferError, InferReplyEnvelope,
@@ -26,30 +25,12 @@ from shoal.shared.schemas.infer import (
 )
 
 log = logging.getLogger(__name__)
-LOAD_INTERVAL_S = 0.25
 
 
-@dataclass
-class EmbedHandlers:
-    bus: Bus
+@dataclass(kw_only=True)
+class EmbedHandlers(Intake):
     engine: AsyncEmbeddingEngine
-    instance_id: str
-    model_name: str
-    subs: list[Subscription] = field(default_factory=list)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    draining: bool = False
-
-    async def start(self) -> None:
-        self.subs = [await self.bus.nc.subscribe(self.bus.subjects.infer(self.instance_id),
-                                                 cb=self.on_request)]
-        await self.bus.nc.flush()
-
-    async def stop_intake(self) -> None:
-        self.draining = True
-        for sub in self.subs:
-            await sub.unsubscribe()
-        self.subs = []
-        await self.publish_load()
 
     async def wait_in_flight(self, timeout: float) -> None:
         if self.tasks:
@@ -118,10 +99,3 @@ class EmbedHandlers:
                           kv_cache_usage=0.0, max_num_seqs=self.engine.engine.config.max_num_seqs,
                           max_model_len=self.engine.engine.max_model_len,
                           prompt_tokens=s.prompt_tokens, draining=self.draining)
-
-    async def publish_load(self) -> None:
-        await self.bus.publish(self.bus.subjects.load(self.instance_id), self.load())
-
-    async def publish_load_forever(self, stop: asyncio.Event) -> None:
-        await run_every(LOAD_INTERVAL_S, stop, self.publish_load, "publishing load", log,
-                        expected=())

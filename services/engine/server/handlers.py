@@ -1,4 +1,5 @@
-"""The NATS adapter of one engine: shoal.infer.<id>, aborts, load.
+"""The NATS adapter of one engine: shoal.infer.<id>, aborts, load (the intake and load it
+shares with the embedding engine's adapter are intake.py's).
 
 It only translates: a GenerateRequest becomes an AsyncEngine stream, each RequestOutput delta an
 InferChunk (seq 0 = accepted, then 1, 2, ...), the end an InferEnd with usage, an error an
@@ -15,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.errors import MaxPayloadError
 from opentelemetry.trace import Span
 
@@ -26,11 +26,11 @@ from shoal.services.engine.engine_core import load_tokenizer
 from shoal.services.engine.outputs import TokenLogprob
 from shoal.services.engine.request_output import RequestOutput
 from shoal.services.engine.sampling_params import SamplingParams
+from shoal.services.engine.server.intake import Intake
 from shoal.services.engine.server.metrics import EngineMetrics
 from shoal.services.engine.server.tracing import generate_span, record_finished
-from shoal.shared.bus.client import Bus, decode, encode, too_large
+from shoal.shared.bus.client import decode, encode, too_large
 from shoal.shared.errors import InvalidRequest, ShoalError
-from shoal.shared.loops import run_every
 from shoal.shared.schemas.common import ErrorBody
 from shoal.shared.schemas.infer import (
     AbortRequest, ChoiceDelta, DetokenizeReply, DetokenizeRequest, EmbedRequest, EngineLoad,
@@ -40,18 +40,12 @@ from shoal.shared.schemas.infer import (
 )
 
 log = logging.getLogger(__name__)
-LOAD_INTERVAL_S = 0.25
 
 
-@dataclass
-class EngineHandlers:
-    bus: Bus
+@dataclass(kw_only=True)
+class EngineHandlers(Intake):
     engine: AsyncEngine
-    instance_id: str
-    model_name: str
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
-    subs: list[Subscription] = field(default_factory=list)
-    draining: bool = False
     tokenizer: Any = None
     metrics: EngineMetrics | None = None
     max_token_bytes: int | None = None
@@ -68,20 +62,11 @@ class EngineHandlers:
         self.tokenizer = load_tokenizer(self.engine.core.model_dir)
         pieces = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
         self.max_token_bytes = max(len(p.encode()) for p in pieces if p)
-        nc = self.bus.nc
-        self.subs = [await nc.subscribe(self.bus.subjects.infer(self.instance_id),
-                                        cb=self.on_request)]
-        # Aborts stay subscribed while draining: in-flight requests may still be cancelled.
-        await nc.subscribe(self.bus.subjects.abort(self.instance_id), cb=self.on_abort)
-        await nc.flush()
+        await super().start()
 
-    async def stop_intake(self) -> None:
-        """Drain step 1: no new requests reach this engine (in-flight ones go on)."""
-        self.draining = True
-        for sub in self.subs:
-            await sub.unsubscribe()
-        self.subs = []
-        await self.publish_load()
+    async def subscribe_more(self) -> None:
+        # Aborts stay subscribed while draining: in-flight requests may still be cancelled.
+        await self.bus.nc.subscribe(self.bus.subjects.abort(self.instance_id), cb=self.on_abort)
 
     async def wait_in_flight(self, timeout: float) -> None:
         """Drain step 2: let running requests finish, then abort what is left."""
@@ -293,13 +278,6 @@ class EngineHandlers:
             prompt_tokens=s.prompt_tokens, generation_tokens=s.generation_tokens,
             draining=self.draining,
         )
-
-    async def publish_load(self) -> None:
-        await self.bus.publish(self.bus.subjects.load(self.instance_id), self.load())
-
-    async def publish_load_forever(self, stop: asyncio.Event) -> None:
-        await run_every(LOAD_INTERVAL_S, stop, self.publish_load, "publishing load", log,
-                        expected=())
 
 def _error(request_id: str, seq: int, exc: ShoalError, status: int) -> InferError:
     return InferError(request_id=request_id, seq=seq, error=ErrorBody(**exc.to_dict()),

@@ -24,57 +24,22 @@ from shoal.services.engine.embedding.pooling import is_embedding_model
 from shoal.services.engine.model_prep import prepare_model
 from shoal.services.engine.server.embed_service import serve_embeddings
 from shoal.services.engine.server.handlers import EngineHandlers
+from shoal.services.engine.server.lifecycle import (
+    Gone, InstanceReporter, report_error, serve_instance
+)
 from shoal.services.engine.server.metrics import EngineMetrics, cache_info
 from shoal.services.engine.server.ranks import RankCoordinator
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
-from shoal.shared.errors import Conflict, NotFound, ShoalError
+from shoal.shared.errors import ShoalError
 from shoal.shared.logging import log_context
-from shoal.shared.metrics_endpoint import MetricsEndpoint
 from shoal.shared.progress import progress_message
-from shoal.shared.schemas.registry import InstancePublic, InstanceTransition, ModelPublic
+from shoal.shared.schemas.registry import InstancePublic, ModelPublic
 from shoal.shared.states import InstanceState, can_transition
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 2.0
-FAILURE_POLL_S = 0.5
-
-
-class Gone(Exception):
-    """The instance was deleted or moved away: this engine has nothing to serve."""
-
-
-class InstanceReporter:
-    """Moves the instance through its states, re-reading on a stale version."""
-
-    def __init__(self, registry: RegistryClient, instance: InstancePublic) -> None:
-        self.registry = registry
-        self.instance = instance
-        self.worker_id = instance.worker_id
-
-    async def move(self, state: InstanceState, message: str | None = None) -> None:
-        for _ in range(5):
-            current = self.instance.state
-            if current is not state and not can_transition(current, state):
-                raise Gone(f"instance is {current.value}; cannot move to {state.value}")
-            try:
-                self.instance = await self.registry.transition_instance(InstanceTransition(
-                    id=self.instance.id, version=self.instance.version, state=state,
-                    state_message=message))
-                return
-            except Conflict:
-                await self.refresh()
-        raise Gone(f"could not move the instance to {state.value}: it keeps changing")
-
-    async def refresh(self) -> None:
-        try:
-            self.instance = await self.registry.get_instance(self.instance.id)
-        except NotFound:
-            raise Gone("the instance was deleted") from None
-        instance = self.instance
-        if instance.worker_id != self.worker_id or instance.state is InstanceState.PENDING:
-            raise Gone("the instance was moved to another worker")
 
 
 def engine_config(model: ModelPublic, instance: InstancePublic) -> EngineConfig:
@@ -109,7 +74,7 @@ async def run_engine(settings: Settings, stop: asyncio.Event, instance_id: str) 
                 log.exception("engine failed to start")
                 message = (exc.message if isinstance(exc, ShoalError)
                            else f"{type(exc).__name__}: {exc}")
-                await _report_error(reporter, f"engine failed to start: {message}")
+                await report_error(reporter, f"engine failed to start: {message}")
                 raise SystemExit(1) from None
             if isinstance(engine, AsyncEmbeddingEngine):
                 await serve_embeddings(settings, bus, reporter, engine, model, stop)
@@ -177,54 +142,25 @@ def _multi_worker_engine(ranks: RankCoordinator, model_dir: Path) -> AsyncEngine
 async def serve(settings: Settings, bus: Bus, reporter: InstanceReporter, engine: AsyncEngine,
                 model: ModelPublic, stop: asyncio.Event,
                 ranks: RankCoordinator | None = None) -> None:
-    handlers = EngineHandlers(bus, engine, reporter.instance.id, model.name)
+    handlers = EngineHandlers(bus=bus, engine=engine, instance_id=reporter.instance.id,
+                              model_name=model.name)
     core = engine.core
     handlers.metrics = metrics = EngineMetrics(model.name, reporter.instance.id,
                                                core.max_model_len, handlers.load,
                                                cache_info(core.config, core.runner.num_kv_blocks),
                                                lambda: engine.stats().spec_decode)
     core.on_step_tokens = metrics.iteration_tokens.observe  # prometheus is thread-safe
-    await handlers.start()
-    endpoint = MetricsEndpoint(metrics.registry, "engine", settings, port=0, labels={
-        "instance": reporter.instance.name, "model_name": model.name})
-    await endpoint.start(bus)
-    load_stop = asyncio.Event()
-    loads = asyncio.create_task(handlers.publish_load_forever(load_stop))
-    try:
-        await reporter.move(InstanceState.RUNNING, None)
-        log.info("serving %s as instance %s", model.name, reporter.instance.name)
-        failed = await _until_stop_or_failure(engine, stop, ranks)
-        if failed is not None:  # e.g. a tensor / pipeline parallel rank died: restart them all
-            await _report_error(reporter, f"engine failed: {failed}")
-            raise SystemExit(1)
-        log.info("draining (up to %.0fs)", settings.drain_timeout)
-        await handlers.stop_intake()
-        await handlers.wait_in_flight(settings.drain_timeout)
-    except Gone as exc:
-        log.info("stopping: %s", exc)
-    finally:
-        load_stop.set()
-        await loads
-        await endpoint.stop()
+    await serve_instance(settings, bus, reporter, handlers, metrics.registry, stop,
+                         lambda: engine_failure(engine, ranks))
 
 
-async def _until_stop_or_failure(engine: AsyncEngine, stop: asyncio.Event,
-                                 ranks: RankCoordinator | None = None) -> str | None:
-    """Wait for the stop signal; return the engine's error if its step loop fails first (the
-    streams have had theirs already: the instance then goes to ERROR and the supervisor
-    restarts the engine, every rank with it), or a subordinate worker's rank ended (or the
-    worker went silent) while the engine was idle."""
-    while not stop.is_set():
-        if engine.error is not None:
-            error = engine.error
-            return error.message if isinstance(error, ShoalError) else repr(error)
-        if ranks is not None and (message := ranks.failure_message()) is not None:
-            return message
-        try:
-            await asyncio.wait_for(stop.wait(), FAILURE_POLL_S)
-        except TimeoutError:
-            pass
-    return None
+def engine_failure(engine: AsyncEngine, ranks: RankCoordinator | None = None) -> str | None:
+    """The error that ended the engine's step loop, if it did, or a subordinate worker's rank
+    that ended (or the worker that went silent) while the engine was idle."""
+    if engine.error is not None:
+        error = engine.error
+        return error.message if isinstance(error, ShoalError) else repr(error)
+    return ranks.failure_message() if ranks is not None else None
 
 
 async def _message(reporter: InstanceReporter, message: str) -> None:
@@ -232,11 +168,3 @@ async def _message(reporter: InstanceReporter, message: str) -> None:
         await reporter.move(reporter.instance.state, message)
     except (ShoalError, Gone):
         pass
-
-
-async def _report_error(reporter: InstanceReporter, message: str) -> None:
-    try:
-        await reporter.refresh()
-        await reporter.move(InstanceState.ERROR, message[:2000])
-    except (ShoalError, Gone):
-        log.warning("could not report the error on the instance")

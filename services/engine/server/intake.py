@@ -1,0 +1,67 @@
+"""What the NATS adapter of every engine instance shares, generation (handlers.py) or embeddings
+(embed_handlers.py): its requests arrive on shoal.infer.<id> until it drains, and its load goes
+out on shoal.load.<id> every LOAD_INTERVAL_S (draining included), so the gateway's instance table
+and router treat both kinds alike. Subclasses answer the requests and say their load."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from shoal.shared.bus.client import Bus
+from shoal.shared.loops import run_every
+from shoal.shared.schemas.infer import EngineLoad
+
+log = logging.getLogger(__name__)
+LOAD_INTERVAL_S = 0.25
+
+
+@dataclass
+class Intake:
+    bus: Bus
+    instance_id: str
+    model_name: str
+    subs: list[Subscription] = field(default_factory=list)
+    draining: bool = False
+
+    async def start(self) -> None:
+        """Take requests (and whatever else `subscribe_more` adds), flushed: once this returns
+        the server routes them here."""
+        nc = self.bus.nc
+        self.subs = [await nc.subscribe(self.bus.subjects.infer(self.instance_id),
+                                        cb=self.on_request)]
+        await self.subscribe_more()
+        await nc.flush()
+
+    async def subscribe_more(self) -> None:
+        """Subjects besides the requests' (kept while draining)."""
+
+    async def on_request(self, msg: Msg) -> None:
+        raise NotImplementedError
+
+    async def stop_intake(self) -> None:
+        """Drain step 1: no new requests reach this engine (in-flight ones go on); the load says
+        it drains, so gateways stop routing here at once."""
+        self.draining = True
+        for sub in self.subs:
+            await sub.unsubscribe()
+        self.subs = []
+        await self.publish_load()
+
+    async def wait_in_flight(self, timeout: float) -> None:
+        """Drain step 2: let the requests in flight finish (up to `timeout`)."""
+        raise NotImplementedError
+
+    def load(self) -> EngineLoad:
+        raise NotImplementedError
+
+    async def publish_load(self) -> None:
+        await self.bus.publish(self.bus.subjects.load(self.instance_id), self.load())
+
+    async def publish_load_forever(self, stop: asyncio.Event) -> None:
+        await run_every(LOAD_INTERVAL_S, stop, self.publish_load, "publishing load", log,
+                        expected=())

@@ -7,10 +7,8 @@ again with both ranks; deleting the model leaves no rank process on either worke
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import time
 import uuid
 
 import openai
@@ -18,17 +16,12 @@ import psutil
 import pytest
 
 from shoal.services.engine.model_prep import smollm2_gguf_path
-from shoal.services.gateway.service import run_gateway
-from shoal.services.scheduler.replica import run_scheduler
-from shoal.services.worker.agent import run_worker
-from shoal.shared.bus.client import Bus
-from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.embedded import free_port
 from shoal.shared.schemas.registry import DeleteRequest, ModelCreate
 from shoal.shared.states import InstanceState
 from tests.e2e.test_parallel_serving import until
 from tests.e2e.test_serving import FRANCE, async_api, running_instance
-from tests.integration.conftest import make_settings, running_registry
+from tests.integration.conftest import make_settings, running_services
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -56,73 +49,55 @@ async def test_pipeline_stages_on_two_workers_serve_fail_by_rank_and_come_back(
                              engine_restart_max_backoff=2.0, gateway_engine_dead_after=2.0,
                              gateway_port=free_port(None), scheduler_interval=1.0,
                              distributed_host="127.0.0.1")
-    async with running_registry(settings):
-        bus = await Bus.connect(settings, name="pp-workers")
-        stop = asyncio.Event()
-        tasks = []
-        services = [(run_scheduler, {}), (run_gateway, {})] + [
-            (run_worker, {"worker_name": name}) for name in ("wa", "wb")]
-        for run, extra in services:
-            ready = asyncio.Event()
-            tasks.append(asyncio.create_task(run(settings.model_copy(update=extra), stop, ready)))
-            await asyncio.wait_for(ready.wait(), 30)
-        client = RegistryClient(bus)
-        try:
-            model = await client.create_model(ModelCreate(
-                name=f"smol-pp2w-{uuid.uuid4().hex[:6]}", source=str(smollm2_gguf_path()),
-                device="cpu", pp=2, placement_strategy="spread", max_model_len=512,
-                engine_args={"max_num_seqs": 4, "kv_cache_memory": 32 * 2**20}))
-            inst = await running_instance(client, model.id)
-            [sub] = inst.subordinate_workers
-            assert (inst.tp, inst.pp) == (1, 2) and {inst.worker_name, sub.worker_name} == {
-                "wa", "wb"}
-            rank1 = subordinate_rank(inst.id)
-            assert rank1 is not None, processes_of(inst.id)
-            api = async_api(f"http://127.0.0.1:{settings.gateway_port}")
-            answer = await api.chat.completions.create(model=model.name, messages=FRANCE,
-                                                       temperature=0, max_tokens=20)
-            assert "Paris" in answer.choices[0].message.content
+    workers = [{"worker_name": name} for name in ("wa", "wb")]
+    async with running_services(settings, worker=workers,
+                                gateway={}, name="pp-workers", clean=True) as stack:
+        client = stack.client
+        model = await client.create_model(ModelCreate(
+            name=f"smol-pp2w-{uuid.uuid4().hex[:6]}", source=str(smollm2_gguf_path()),
+            device="cpu", pp=2, placement_strategy="spread", max_model_len=512,
+            worker_selector=stack.selector,
+            engine_args={"max_num_seqs": 4, "kv_cache_memory": 32 * 2**20}))
+        inst = await running_instance(client, model.id)
+        [sub] = inst.subordinate_workers
+        assert (inst.tp, inst.pp) == (1, 2) and {inst.worker_name, sub.worker_name} == {
+            "wa", "wb"}
+        rank1 = subordinate_rank(inst.id)
+        assert rank1 is not None, processes_of(inst.id)
+        api = async_api(f"http://127.0.0.1:{settings.gateway_port}")
+        answer = await api.chat.completions.create(model=model.name, messages=FRANCE,
+                                                   temperature=0, max_tokens=20)
+        assert "Paris" in answer.choices[0].message.content
 
-            stream = await api.completions.create(
-                model=model.name, prompt="Count to one thousand:", max_tokens=300, temperature=0,
-                stream=True, extra_body={"ignore_eos": True})
-            received = 0
-            with pytest.raises(openai.APIError):
-                async for _ in stream:
-                    received += 1
-                    if received == 3:
-                        os.kill(rank1, signal.SIGKILL)
+        stream = await api.completions.create(
+            model=model.name, prompt="Count to one thousand:", max_tokens=300, temperature=0,
+            stream=True, extra_body={"ignore_eos": True})
+        received = 0
+        with pytest.raises(openai.APIError):
+            async for _ in stream:
+                received += 1
+                if received == 3:
+                    os.kill(rank1, signal.SIGKILL)
 
-            async def errored():  # type: ignore[no-untyped-def]
-                i = await client.get_instance(inst.id)
-                return i if i.state is InstanceState.ERROR else None
+        async def errored():  # type: ignore[no-untyped-def]
+            i = await client.get_instance(inst.id)
+            return i if i.state is InstanceState.ERROR else None
 
-            failed = await until(errored, what="ERROR")
-            assert f"rank 1 on worker {sub.worker_name} exited with code -9" in (
-                failed.state_message or ""), failed.state_message
-            back = await running_instance(client, model.id)
-            again_rank1 = subordinate_rank(back.id)
-            assert again_rank1 is not None and again_rank1 != rank1
-            deadline = time.monotonic() + 60  # a 503 until the gateway hears the new engine
-            while True:
-                try:
-                    again = await api.chat.completions.create(
-                        model=model.name, messages=FRANCE, temperature=0, max_tokens=20)
-                    break
-                except openai.APIStatusError:
-                    if time.monotonic() > deadline:
-                        raise
-                    await asyncio.sleep(1)
-            assert "Paris" in again.choices[0].message.content
+        failed = await until(errored, what="ERROR")
+        assert f"rank 1 on worker {sub.worker_name} exited with code -9" in (
+            failed.state_message or ""), failed.state_message
+        back = await running_instance(client, model.id)
+        again_rank1 = subordinate_rank(back.id)
+        assert again_rank1 is not None and again_rank1 != rank1
+        # RUNNING in the registry: the gateway routes to the new engine at once, no 503
+        again = await api.chat.completions.create(model=model.name, messages=FRANCE,
+                                                  temperature=0, max_tokens=20)
+        assert "Paris" in again.choices[0].message.content
 
-            assert len(processes_of(inst.id)) == 2  # rank 0's engine on one worker, rank 1
-            await client.delete_model(DeleteRequest(id=model.id))
+        assert len(processes_of(inst.id)) == 2  # rank 0's engine on one worker, rank 1
+        await client.delete_model(DeleteRequest(id=model.id))
 
-            async def all_gone():  # type: ignore[no-untyped-def]
-                return not processes_of(inst.id)
+        async def all_gone():  # type: ignore[no-untyped-def]
+            return not processes_of(inst.id)
 
-            await until(all_gone, 60, "every rank on both workers to stop")
-        finally:
-            stop.set()
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
-            await bus.close()
+        await until(all_gone, 60, "every rank on both workers to stop")

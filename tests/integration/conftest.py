@@ -87,20 +87,23 @@ class Stack:
 
 @contextlib.asynccontextmanager
 async def running_services(settings: Settings, *, scheduler: bool = True,
-                           worker: dict[str, Any] | None = None,
+                           worker: dict[str, Any] | list[dict[str, Any]] | None = None,
                            gateway: dict[str, Any] | None = None,
                            name: str = "shoal-tests", clean: bool = False
                            ) -> AsyncIterator[Stack]:
     """A registry, then the scheduler, a worker and a gateway in this process, each started once
-    the one before is ready; `worker` / `gateway` are their settings overrides (None: not run).
-    The worker is labelled `stack=<tag>` (unless given one) and `Stack.selector` selects it:
+    the one before is ready; `worker` / `gateway` are their settings overrides (None: not run; a
+    list of overrides: one worker each). Workers are labelled `stack=<tag>` (unless given one)
+    and `Stack.selector` selects them:
     modules share the database, and a worker of an earlier module is READY for a while after it
     stopped (until its heartbeats are missed), so a model placed by labels never lands there.
     `clean` first deletes the models earlier modules left. On exit every service is stopped at
     once (a worker drains its engines) and awaited."""
-    labels = {"stack": uuid.uuid4().hex[:6], **(worker or {}).get("worker_labels", {})}
-    if worker is not None:
-        worker = {**worker, "worker_labels": labels}
+    workers = [] if worker is None else [worker] if isinstance(worker, dict) else worker
+    tag = uuid.uuid4().hex[:6]
+    workers = [{**w, "worker_labels": {"stack": tag, **w.get("worker_labels", {})}}
+               for w in workers]
+    selector = {"stack": workers[0]["worker_labels"]["stack"] if workers else tag}
     async with running_registry(settings):
         bus = await Bus.connect(settings, name=name)
         if clean:
@@ -109,9 +112,9 @@ async def running_services(settings: Settings, *, scheduler: bool = True,
                 await client.delete_model(DeleteRequest(id=leftover.id))
         stop = asyncio.Event()
         tasks: list[asyncio.Task[None]] = []
-        started = [(main, extra) for main, extra, wanted in (
-            (run_scheduler, {}, scheduler), (run_worker, worker or {}, worker is not None),
-            (run_gateway, gateway or {}, gateway is not None)) if wanted]
+        started = ([(run_scheduler, {})] if scheduler else []) + \
+            [(run_worker, w) for w in workers] + \
+            ([(run_gateway, gateway)] if gateway is not None else [])
         try:
             for main, extra in started:
                 ready = asyncio.Event()
@@ -120,7 +123,7 @@ async def running_services(settings: Settings, *, scheduler: bool = True,
                 await _until_ready(tasks[-1], ready, main.__name__)
             port = settings.model_copy(update=gateway or {}).gateway_port
             url = f"http://127.0.0.1:{port}" if gateway is not None else None
-            yield Stack(settings, bus, RegistryClient(bus), url, {"stack": labels["stack"]})
+            yield Stack(settings, bus, RegistryClient(bus), url, selector)
         finally:
             stop.set()
             await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)

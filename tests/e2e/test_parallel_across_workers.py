@@ -7,11 +7,8 @@ again with both ranks; deleting the model leaves no rank process on either worke
 
 from __future__ import annotations
 
-import os
-import signal
 import uuid
 
-import openai
 import psutil
 import pytest
 
@@ -19,7 +16,7 @@ from shoal.services.engine.model_prep import smollm2_gguf_path
 from shoal.shared.embedded import free_port
 from shoal.shared.schemas.registry import DeleteRequest, ModelCreate
 from shoal.shared.states import InstanceState
-from tests.e2e.test_parallel_serving import until
+from tests.e2e.test_parallel_serving import kill_mid_stream, until
 from tests.e2e.test_serving import FRANCE, async_api, running_instance
 from tests.integration.conftest import make_settings, running_services
 
@@ -69,15 +66,7 @@ async def test_pipeline_stages_on_two_workers_serve_fail_by_rank_and_come_back(
                                                    temperature=0, max_tokens=20)
         assert "Paris" in answer.choices[0].message.content
 
-        stream = await api.completions.create(
-            model=model.name, prompt="Count to one thousand:", max_tokens=300, temperature=0,
-            stream=True, extra_body={"ignore_eos": True})
-        received = 0
-        with pytest.raises(openai.APIError):
-            async for _ in stream:
-                received += 1
-                if received == 3:
-                    os.kill(rank1, signal.SIGKILL)
+        await kill_mid_stream(api, model.name, rank1)
 
         async def errored():  # type: ignore[no-untyped-def]
             i = await client.get_instance(inst.id)

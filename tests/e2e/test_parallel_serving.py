@@ -41,6 +41,21 @@ async def until(check, timeout: float = 120.0, what: str = ""):  # type: ignore[
     raise AssertionError(f"timed out waiting for {what}")
 
 
+async def kill_mid_stream(api: openai.AsyncOpenAI, model: str, pid: int) -> float:
+    """SIGKILL `pid` at the third chunk of a long stream, which must end with an error; the
+    seconds the stream took."""
+    stream = await api.completions.create(
+        model=model, prompt="Count to one thousand:", max_tokens=300, temperature=0,
+        stream=True, extra_body={"ignore_eos": True})
+    received, started = 0, time.monotonic()
+    with pytest.raises(openai.APIError):
+        async for _ in stream:
+            received += 1
+            if received == 3:
+                os.kill(pid, signal.SIGKILL)
+    return time.monotonic() - started
+
+
 async def test_pipeline_parallel_instance_serves_fails_by_rank_and_comes_back(
         servers, tmp_path_factory) -> None:
     settings = make_settings(servers, tmp_path_factory.mktemp("pp-e2e"), drain_timeout=5.0,
@@ -64,16 +79,7 @@ async def test_pipeline_parallel_instance_serves_fails_by_rank_and_comes_back(
                                                    temperature=0, max_tokens=20)
         assert "Paris" in answer.choices[0].message.content
 
-        stream = await api.completions.create(
-            model=model.name, prompt="Count to one thousand:", max_tokens=300, temperature=0,
-            stream=True, extra_body={"ignore_eos": True})
-        received, started = 0, time.monotonic()
-        with pytest.raises(openai.APIError):
-            async for _ in stream:
-                received += 1
-                if received == 3:
-                    os.kill(ranks[0], signal.SIGKILL)
-        assert time.monotonic() - started < 60
+        assert await kill_mid_stream(api, model.name, ranks[0]) < 60
 
         async def errored():  # type: ignore[no-untyped-def]
             i = await client.get_instance(inst.id)

@@ -40,12 +40,14 @@ async def test_keys_chat_through_a_postgres_outage(servers, tmp_path: Path) -> N
         async with running_services(settings, worker={"worker_name": "ko"}, gateway={},
                                     name="key-outage") as stack:
             client, url = stack.client, stack.url
+            # the keys first: a key event that reaches the gateway while it verifies a key
+            # keeps that verification out of its cache (auth.py), so none may be in flight
+            key = (await client.create_key(ApiKeyCreate(name="chatter"))).secret
+            never_used = (await client.create_key(ApiKeyCreate(name="idle"))).secret
             model = await client.create_model(ModelCreate(
                 name="smol", source=str(smollm2_gguf_path()), device="cpu", max_model_len=256,
                 engine_args={"max_num_seqs": 2, "kv_cache_memory": 16 * 2**20}))
             await running_instance(client, model.id)
-            key = (await client.create_key(ApiKeyCreate(name="chatter"))).secret
-            never_used = (await client.create_key(ApiKeyCreate(name="idle"))).secret
             # RUNNING: the gateway serves it at once
             await sdk(url, key).chat.completions.create(model="smol", messages=HI, max_tokens=2)
             with pytest.raises(openai.AuthenticationError):

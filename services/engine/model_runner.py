@@ -53,7 +53,8 @@ class ModelRunner:
         if config.num_threads or self.device.type == "cpu":
             threads, threads_note = cpu_threads(config.num_threads)
             torch.set_num_threads(threads)
-            if threads_note.startswith("default") and threads > 1:
+            if (threads_note.startswith("default") and threads > 1
+                    and self.parallel.world_size == 1):  # (ranks step in lockstep: no guard)
                 self.contention = ContentionGuard(threads, len(os.sched_getaffinity(0)))
                 threads_note += ", fewer while other processes keep cores busy"
         self.dtype = getattr(torch, ENGINE_DEFAULTS.dtype(config.dtype, self.device.type))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,31 @@ def test_guard_gives_up_at_once_when_others_fill_every_core() -> None:
     g, set_to = guard([12, 0, 0, 0, 0], window=4)
     assert g.before_step() == 1 and set_to == [1]  # the first sample: a collapsed step is slow
     assert [g.before_step() for _ in range(4)] == [None, None, None, 2]
+
+
+def test_an_engine_with_the_default_count_says_so_and_guards_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without num_threads / OMP_NUM_THREADS a CPU engine takes every usable core, says where the
+    count came from, and steps under the guard; an explicit count has no guard."""
+    import torch
+
+    from shoal.services.engine import LLM, SamplingParams
+    from tests.tiny_models import save_tiny_model
+
+    folder = str(save_tiny_model("llama", tmp_path / "llama"))
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        llm = LLM(folder, device="cpu", num_kv_blocks=64)
+        runner = llm.engine.runner
+        assert f"CPU: {default_cpu_threads()} torch intra-op threads (default: every usable core" \
+            in runner.settings and "affinity " in runner.settings
+        assert (runner.contention is not None) == (default_cpu_threads() > 1)
+        out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4),
+                           use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == 4
+        explicit = LLM(folder, device="cpu", num_kv_blocks=64, num_threads=1).engine.runner
+        assert "CPU: 1 torch intra-op threads (num_threads)" in explicit.settings
+        assert explicit.contention is None
+    finally:
+        torch.set_num_threads(before)

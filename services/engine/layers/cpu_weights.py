@@ -151,9 +151,10 @@ def gguf_source(model: str) -> Path | None:
 
 
 def prepare_cpu_weights(model: nn.Module, quantization: str | None,
-                        gguf: Path | None = None) -> str:
+                        gguf: Path | None = None, gguf_cache: Path | None = None) -> str:
     """Give every Linear and the LM head its CPU kernel; returns what was used (for the log).
-    `gguf`: the file the model was converted from (quantization "gguf" reads its blocks)."""
+    `gguf`: the file the model was converted from (quantization "gguf" reads its blocks);
+    `gguf_cache`: where those blocks are kept once extracted (gguf_weights.py)."""
     from shoal.services.engine.layers.embedding import LMHead
     from shoal.services.engine.layers.linear import Linear
 
@@ -177,7 +178,7 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
                               param="quantization")
         from shoal.services.engine.layers.gguf_weights import gguf_int4_layers
 
-        layers = gguf_int4_layers(model, gguf)
+        layers = gguf_int4_layers(model, gguf, gguf_cache)
         used = (f"the GGUF's own Q4_1 blocks as int4 ({len(layers)} layers; below "
                 f"{DYNAMIC_MIN_ROWS} rows torch._weight_int4pack_mm_for_cpu, from there dynamic "
                 "int8 torch._int_mm), int8 LM head")

@@ -11,6 +11,7 @@ the weights the engine loaded from the converted folder before it replaces them.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -85,10 +86,28 @@ class GGUFQ4Source:
         return codes[order], d[order], m[order]
 
 
-def gguf_int4_layers(model: nn.Module, path: Path) -> dict[str, Int4Linear]:
+def gguf_int4_layers(model: nn.Module, path: Path,
+                     cache: Path | None = None) -> dict[str, Int4Linear]:
     """Int4 layers for every Linear of `model` whose checkpoint tensors are Q4_1 in `path`
     (packed q/k/v and gate/up: their parts stacked by rows), keyed by module name. Each is
-    checked against the module's loaded (dequantised) weight."""
+    checked against the module's loaded (dequantised) weight. `cache`: a safetensors file of
+    the checked codes, d and m, read instead of the GGUF when present (parsing a GGUF's metadata,
+    its vocabulary included, takes seconds) and written after the first extraction."""
+    if cache is not None and cache.is_file():
+        return _from_cache(model, cache)
+    blocks = _checked_blocks(model, path)
+    if cache is not None:
+        _write_cache(blocks, cache)
+    return {name: Int4Linear.from_codes(codes, d, m, _linear(model, name).bias)
+            for name, (codes, d, m) in blocks.items()}
+
+
+def _linear(model: nn.Module, name: str) -> nn.Module:
+    return model.get_submodule(name)
+
+
+def _checked_blocks(model: nn.Module, path: Path
+                    ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     from shoal.services.engine.layers.linear import Linear
 
     source = GGUFQ4Source(path)
@@ -96,7 +115,7 @@ def gguf_int4_layers(model: nn.Module, path: Path) -> dict[str, Int4Linear]:
     parts_of: dict[str, list[str]] = {}
     for hf_part, (our_part, _shard) in mapping.items():
         parts_of.setdefault(our_part, []).append(hf_part)
-    layers = {}
+    blocks = {}
     for name, module in model.named_modules():
         if not isinstance(module, Linear):
             continue
@@ -113,5 +132,38 @@ def gguf_int4_layers(model: nn.Module, path: Path) -> dict[str, Int4Linear]:
             raise ConfigError(f"the GGUF's Q4_1 blocks of {name} do not match the weights "
                               "converted from it (tensor parallel? another file?)",
                               param="quantization")
-        layers[name] = Int4Linear.from_codes(codes, d, m, module.bias)
+        blocks[name] = (codes, d, m)
+    return blocks
+
+
+def _write_cache(blocks: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                 cache: Path) -> None:
+    """Two codes a byte; written to a temporary name and renamed (a crash leaves no half file)."""
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for name, (codes, d, m) in blocks.items():
+        tensors[f"{name}.codes"] = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
+        tensors[f"{name}.d"], tensors[f"{name}.m"] = d.contiguous(), m.contiguous()
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(tmp))
+        os.replace(tmp, cache)
+    except OSError:  # a read-only cache folder: extract again next time
+        tmp.unlink(missing_ok=True)
+
+
+def _from_cache(model: nn.Module, cache: Path) -> dict[str, Int4Linear]:
+    from safetensors import safe_open
+
+    layers = {}
+    with safe_open(str(cache), framework="pt") as f:
+        names = {key.rsplit(".", 1)[0] for key in f.keys()}
+        for name in sorted(names):
+            packed = f.get_tensor(f"{name}.codes")
+            codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).view(packed.shape[0], -1)
+            layers[name] = Int4Linear.from_codes(codes, f.get_tensor(f"{name}.d"),
+                                                 f.get_tensor(f"{name}.m"),
+                                                 _linear(model, name).bias)
     return layers

@@ -4,6 +4,8 @@ are not expected to equal fp32's token for token)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -54,3 +56,30 @@ def test_gguf_quantization_needs_a_gguf_file_on_one_rank(tmp_path) -> None:
     with pytest.raises(ConfigError) as refused:
         EngineConfig(model="m.gguf", quantization="gguf", tensor_parallel_size=2)
     assert refused.value.param == "quantization"
+
+
+def test_gguf_layers_are_the_converted_weights_in_int4(gguf) -> None:
+    """Every Linear's Q4_1 blocks (q/k rows reordered, q/k/v and gate/up stacked) against the
+    fp32 weights transformers converted from the same file: the check inside the extraction
+    passes for all 120, and one layer's int4 kernel reproduces its fp32 matmul."""
+    from transformers import AutoConfig
+
+    from shoal.kernels import select_ops
+    from shoal.services.engine.layers.cpu_weights import Int4Linear
+    from shoal.services.engine.layers.gguf_weights import _checked_blocks
+    from shoal.services.engine.loader import load_weights
+    from shoal.services.engine.model_prep import prepare_model
+    from shoal.services.engine.models.registry import model_class
+
+    folder = prepare_model(gguf)
+    hf_config = AutoConfig.from_pretrained(folder)
+    model = model_class(hf_config)(hf_config, 256, select_ops(torch.device("cpu")))
+    load_weights(model, folder)
+    blocks = _checked_blocks(model, Path(gguf))  # raises on a layer that differs
+    assert len(blocks) == 4 * hf_config.num_hidden_layers
+    name = "model.layers.3.self_attn.qkv_proj"
+    layer = Int4Linear.from_codes(*blocks[name], None)
+    x = torch.randn(1, hf_config.hidden_size)
+    ref = torch.nn.functional.linear(x, model.get_submodule(name).weight)
+    # the same weights; bf16 activations, scales and zeros: 2 % of the output's range
+    torch.testing.assert_close(layer(x), ref, atol=0.02 * ref.abs().max().item(), rtol=0.02)

@@ -108,3 +108,19 @@ def test_int4_linear_quantises_a_float_weight_group_wise() -> None:
 def test_prepare_refuses_gguf_without_a_file() -> None:
     with pytest.raises(ConfigError, match="gguf"):
         prepare_cpu_weights(torch.nn.Sequential(Linear(32, 8)), "gguf")
+
+
+def test_gguf_blocks_cache_round_trip(tmp_path) -> None:
+    from shoal.services.engine.layers.gguf_weights import _from_cache, _write_cache
+
+    gen = torch.Generator().manual_seed(torch.seed())
+    model = torch.nn.Sequential(Linear(64, 16, bias=True))
+    model[0].bias.data.normal_(generator=gen)
+    codes = torch.randint(0, 16, (16, 64), generator=gen, dtype=torch.uint8)
+    d, m = torch.rand(16, 2, generator=gen), -torch.rand(16, 2, generator=gen)
+    cache = tmp_path / "blocks" / "q4_1.safetensors"
+    _write_cache({"0": (codes, d, m)}, cache)
+    layer = _from_cache(model, cache)["0"]
+    x = torch.randn(3, 64, generator=gen)
+    torch.testing.assert_close(layer(x), Int4Linear.from_codes(codes, d, m, model[0].bias)(x),
+                               atol=0, rtol=0)  # the same codes, d and m: the same layer

@@ -5,9 +5,11 @@ against fp32, same process, same prompts.
   logprobs in windows of 256 tokens)
 - greedy agreement: 16 chat prompts x 64 tokens; the share of sequences identical to fp32's and
   the mean length of the common prefix
-- speed: output tok/s of one stream and of 64 streams (64 tokens each), fp32 and quantised
-  alternating, the best of `--rounds`
-    .venv/bin/python -m benchmarks.quant_quality [--quantization int8] [--threads N]
+- speed: output tok/s of one stream and of 64 streams (64 tokens each), fp32 and each
+  quantisation alternating, the best of `--rounds`
+Every engine loads the same offline SmolLM2 GGUF (Q4_1): fp32 is its dequantised weights, "gguf"
+its own blocks, "int8" / "int4" requantise the dequantised weights.
+    .venv/bin/python -m benchmarks.quant_quality [--quantization int8,int4,gguf] [--threads N]
 """
 
 from __future__ import annotations
@@ -89,28 +91,33 @@ def speed(llm: Any, batch: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quantization", default="int8")
+    parser.add_argument("--quantization", default="int8,int4,gguf",
+                        help="comma-separated quantization values, each against fp32")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    from shoal.services.engine import LLM, prepare_model, smollm2_gguf_path
+    from shoal.services.engine import LLM, smollm2_gguf_path
 
-    folder = str(prepare_model(str(smollm2_gguf_path())))
-    llms = {name: LLM(folder, device="cpu", dtype="float32", num_threads=args.threads,
-                      quantization=q)
-            for name, q in (("fp32", None), (args.quantization, args.quantization))}
+    gguf = str(smollm2_gguf_path())
+    names = [q.strip() for q in args.quantization.split(",") if q.strip()]
+    llms = {name: LLM(gguf, device="cpu", dtype="float32", num_threads=args.threads,
+                      quantization=q, kv_cache_memory=256 * 2**20)
+            for name, q in [("fp32", None)] + [(q, q) for q in names]}
     ids = llms["fp32"].get_tokenizer().encode(TEXT)
-    result: dict[str, Any] = {"text_tokens": len(ids), "engines": {}}
+    result: dict[str, Any] = {"text_tokens": len(ids), "engines": {}, "greedy": {}}
     tokens = {}
     for name, llm in llms.items():
         tokens[name] = greedy(llm)
         result["engines"][name] = {"settings": llm.engine.runner.settings,
                                    "perplexity": perplexity(llm, ids)}
-    ref, quant = tokens["fp32"], tokens[args.quantization]
-    prefixes = [next((i for i, (a, b) in enumerate(zip(r, q, strict=True)) if a != b), len(r))
-                for r, q in zip(ref, quant, strict=True)]
-    result["greedy"] = {"identical": sum(r == q for r, q in zip(ref, quant, strict=True)),
-                        "sequences": len(ref), "mean_common_prefix": float(np.mean(prefixes))}
+    ref = tokens["fp32"]
+    for name in names:
+        quant = tokens[name]
+        prefixes = [next((i for i, (a, b) in enumerate(zip(r, q, strict=True)) if a != b),
+                         len(r)) for r, q in zip(ref, quant, strict=True)]
+        result["greedy"][name] = {"identical": sum(r == q for r, q in zip(ref, quant, strict=True)),
+                                  "sequences": len(ref),
+                                  "mean_common_prefix": float(np.mean(prefixes))}
     for batch in (1, 64):
         runs: dict[str, list[float]] = {name: [] for name in llms}
         for _ in range(args.rounds):
@@ -119,12 +126,16 @@ def main() -> None:
         for name in llms:
             result["engines"][name][f"tok_s_batch{batch}"] = max(runs[name])
             result["engines"][name][f"tok_s_batch{batch}_runs"] = runs[name]
+    base = result["engines"]["fp32"]
     for name, row in result["engines"].items():
-        print(f"{name:6s} perplexity {row['perplexity']:.3f}  batch 1 {row['tok_s_batch1']:.1f} "
-              f"tok/s  batch 64 {row['tok_s_batch64']:.1f} tok/s  ({row['settings']})")
-    g = result["greedy"]
-    print(f"greedy: {g['identical']}/{g['sequences']} sequences identical to fp32, mean common "
-          f"prefix {g['mean_common_prefix']:.1f} of 64 tokens; text {len(ids)} tokens")
+        b1, b64 = row["tok_s_batch1"], row["tok_s_batch64"]
+        print(f"{name:5s} perplexity {row['perplexity']:.3f}  batch 1 {b1:6.1f} tok/s "
+              f"({b1 / base['tok_s_batch1']:.2f}x)  batch 64 {b64:6.1f} tok/s "
+              f"({b64 / base['tok_s_batch64']:.2f}x)  [{row['settings']}]")
+    for name, g in result["greedy"].items():
+        print(f"greedy {name}: {g['identical']}/{g['sequences']} sequences identical to fp32, mean "
+              f"common prefix {g['mean_common_prefix']:.1f} of 64 tokens")
+    print(f"text {len(ids)} tokens")
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"quant_quality-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(result, indent=2))

@@ -7,16 +7,17 @@ get their weight reordered once into oneDNN's blocked layout and run through
 of a Linear's weight is released.
 
 Quantised weights (`quantization=`), for batch 1, which reads every weight once per token:
-- "int8": int8 weights, one scale per output row. Few rows (decode of a few sequences) go
-  through `torch._weight_int8pack_mm` (bf16 activations: its fp32 path is scalar); from
-  `DYNAMIC_MIN_ROWS` rows on, the same int8 weights go through `torch._int_mm` with the
-  activations quantised per row (dynamic int8, VNNI/AMX GEMM), which beats oneDNN fp32 there while
-  the weight-only kernel is 2-3x slower than fp32 per FLOP.
+- "int8": int8 weights, one scale per output row, through `torch._weight_int8pack_mm` (bf16
+  activations: its fp32 path is scalar).
 - "int4": 4-bit weights in groups of 32 along the input, a scale and a zero per group (affine:
   w = scale * (q - 8) + zero), through `torch._weight_int4pack_mm_for_cpu` (bf16 activations; its
-  fp32 and fp16 paths are scalar). From `DYNAMIC_MIN_ROWS` rows on, an int8 per-row copy of the
-  same (dequantised) weights runs the dynamic int8 GEMM, where the int4 kernel is slow.
+  fp32 and fp16 paths are scalar).
 - "gguf": the int4 layout filled from a GGUF file's own Q4_1 blocks (gguf_weights.py).
+Those weight-only kernels are 2-3x slower than oneDNN fp32 per FLOP, so from `MANY_ROWS` tokens
+a step (prefill, batches) the same (dequantised) weights run a second kernel, `ManyRows`: a
+oneDNN bf16 GEMM (AMX / AVX512-BF16) where the CPU has one, else a dynamic int8 GEMM
+(`torch._int_mm`, activations quantised per token). The bf16 GEMM won on quality (int8
+activations cost SmolLM2 3 % of perplexity) at about the same speed (docs/figures.md).
 """
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ class OneDNNLinear:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-DYNAMIC_MIN_ROWS = 8
-"""Rows (tokens in a step) from which quantised layers use the dynamic int8 GEMM: measured on
-the AVX-512/AMX Xeon of docs/figures.md, the weight-only kernels win below it."""
+MANY_ROWS = 8
+"""Rows (tokens in a step) from which quantised layers use `ManyRows`: below it the weight-only
+kernels won on the AVX-512/AMX Xeon of docs/figures.md."""
 
 
 def dynamic_int8_mm(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -57,6 +58,33 @@ def dynamic_int8_mm(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor)
     step = xf.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
     xq = (xf / step).round_().to(torch.int8)
     return torch._int_mm(xq, qweight.t()) * (step * scale)
+
+
+def bf16_gemm_available() -> bool:
+    return onednn_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+class ManyRows:
+    """The many-rows kernel of a quantised layer, from its dequantised weight [N, K] fp32:
+    oneDNN bf16 (a bf16 copy, 2 bytes a weight) or dynamic int8 (an int8 copy, 1 byte)."""
+
+    def __init__(self, dense: torch.Tensor) -> None:
+        self.bf16 = bf16_gemm_available()
+        if self.bf16:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(dense.to(torch.bfloat16))
+        else:
+            self.qweight, self.scale = _per_row_int8(dense)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bf16:
+            return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, None,
+                                                      "none", [], "").to(x.dtype)
+        return dynamic_int8_mm(x, self.qweight, self.scale).to(x.dtype)
+
+    @staticmethod
+    def describe() -> str:
+        return ("oneDNN bf16 GEMM" if bf16_gemm_available()
+                else "dynamic int8 GEMM (torch._int_mm)")
 
 
 def _per_row_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,12 +100,12 @@ class Int8Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.qweight, scale = _per_row_int8(weight)
         self.scale = scale.to(torch.bfloat16)  # what _weight_int8pack_mm takes
-        self.scale_f32 = self.scale.float()  # the same values, for the dynamic GEMM
         self.bias = None if bias is None else bias.detach()
+        self.many = ManyRows(self.dequantized())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= DYNAMIC_MIN_ROWS:
-            out = dynamic_int8_mm(x, self.qweight, self.scale_f32).to(x.dtype)
+        if x.shape[0] >= MANY_ROWS:
+            out = self.many(x)
         else:
             out = torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.qweight,
                                             self.scale).to(x.dtype)
@@ -123,12 +151,11 @@ class Int4Linear:
         zero = (low + 8.0 * step).to(torch.bfloat16)  # torch's kernel: scale * (q - 8) + zero
         self.scales_and_zeros = torch.stack([scale.t(), zero.t()], dim=-1).contiguous()
         self.bias = None if bias is None else bias.detach()
-        dense = int4_dequantize(codes, scale.float(), zero.float())  # the many-rows path's copy
-        self.qweight, self.scale = _per_row_int8(dense)
+        self.many = ManyRows(int4_dequantize(codes, scale.float(), zero.float()))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= DYNAMIC_MIN_ROWS:
-            out = dynamic_int8_mm(x, self.qweight, self.scale).to(x.dtype)
+        if x.shape[0] >= MANY_ROWS:
+            out = self.many(x)
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x.to(torch.bfloat16).contiguous(), self.packed, INT4_GROUP,
@@ -166,12 +193,12 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
     layers: dict[str, Int4Linear] = {}
     if quantization == "int8":
         make = head = Int8Linear
-        used = ("int8 weights (torch._weight_int8pack_mm below "
-                f"{DYNAMIC_MIN_ROWS} rows, dynamic int8 torch._int_mm from there)")
+        used = (f"int8 weights (torch._weight_int8pack_mm below {MANY_ROWS} rows, "
+                f"{ManyRows.describe()} from there)")
     elif quantization == "int4":
         make, head = Int4Linear, Int8Linear
         used = (f"int4 weights, groups of {INT4_GROUP} (torch._weight_int4pack_mm_for_cpu below "
-                f"{DYNAMIC_MIN_ROWS} rows, dynamic int8 torch._int_mm from there), int8 LM head")
+                f"{MANY_ROWS} rows, {ManyRows.describe()} from there), int8 LM head")
     elif quantization == "gguf":
         if gguf is None:
             raise ConfigError('quantization "gguf" needs the model given as a .gguf file',
@@ -180,8 +207,8 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
 
         layers = gguf_int4_layers(model, gguf, gguf_cache)
         used = (f"the GGUF's own Q4_1 blocks as int4 ({len(layers)} layers; below "
-                f"{DYNAMIC_MIN_ROWS} rows torch._weight_int4pack_mm_for_cpu, from there dynamic "
-                "int8 torch._int_mm), int8 LM head")
+                f"{MANY_ROWS} rows torch._weight_int4pack_mm_for_cpu, from there "
+                f"{ManyRows.describe()}), int8 LM head")
         make = head = Int8Linear  # a layer stored other than Q4_1: int8 from its weight
     elif onednn_available():
         make = head = OneDNNLinear

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from shoal.services.engine.config import ConfigError
 from shoal.services.engine.layers.cpu_weights import (INT4_GROUP, Int4Linear, Int8Linear,
-                                                      OneDNNLinear, int4_dequantize,
+                                                      OneDNNLinear, _per_row_int8,
+                                                      dynamic_int8_mm, int4_dequantize,
                                                       onednn_available, prepare_cpu_weights)
 from shoal.services.engine.layers.linear import Linear
 
@@ -52,14 +53,14 @@ def _rows(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
     return torch.randn(n, k, generator=gen)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 16])  # 16: the dynamic int8 GEMM (DYNAMIC_MIN_ROWS)
+@pytest.mark.parametrize("rows", [1, 5, 16])  # 16: the many-rows kernel (MANY_ROWS)
 def test_int8_linear_both_kernels_match_the_dequantised_matmul(rows: int) -> None:
     gen = torch.Generator().manual_seed(torch.seed())
     w, b = torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen)
     x = _rows(rows, 64, gen)
     layer = Int8Linear(w, b)
     ref = F.linear(x, layer.dequantized(), b)
-    # bf16 activations (< 8 rows) or int8 activations per row (>= 8): 2 % of the output's range
+    # bf16 activations (and, from 8 rows, bf16 weights or int8 activations): 2 % of the range
     torch.testing.assert_close(layer(x), ref, atol=0.02 * ref.abs().max().item(), rtol=0.02)
 
 
@@ -74,7 +75,7 @@ def test_int4_codes_scales_and_zeros_reproduce_the_weight_within_half_a_step() -
     assert ((dense - w).abs().view(48, 3, INT4_GROUP) <= step[..., None] / 2 + 1e-5).all()
 
 
-@pytest.mark.parametrize("rows", [1, 5, 16])  # 1, 5: the int4 kernel; 16: dynamic int8
+@pytest.mark.parametrize("rows", [1, 5, 16])  # 1, 5: the int4 kernel; 16: ManyRows
 def test_int4_linear_matches_the_reference_dequantised_matmul(rows: int) -> None:
     gen = torch.Generator().manual_seed(torch.seed())
     out_f, in_f = 64, 128
@@ -87,7 +88,7 @@ def test_int4_linear_matches_the_reference_dequantised_matmul(rows: int) -> None
     # the reference: w = step * code + low in fp32 (a Q4_1 block's formula)
     ref = F.linear(x, step.repeat_interleave(INT4_GROUP, 1) * codes + low.repeat_interleave(
         INT4_GROUP, 1), b)
-    # bf16 scales/zeros and bf16 (or per-row int8) activations: 2 % of the output's range
+    # bf16 scales/zeros and bf16 (ManyRows: or per-row int8) activations: 2 % of the range
     torch.testing.assert_close(layer(x), ref, atol=0.02 * ref.abs().max().item(), rtol=0.02)
 
 
@@ -124,3 +125,14 @@ def test_gguf_blocks_cache_round_trip(tmp_path) -> None:
     x = torch.randn(3, 64, generator=gen)
     torch.testing.assert_close(layer(x), Int4Linear.from_codes(codes, d, m, model[0].bias)(x),
                                atol=0, rtol=0)  # the same codes, d and m: the same layer
+
+
+def test_dynamic_int8_gemm_matches_the_dequantised_matmul() -> None:
+    """The many-rows kernel where the CPU has no bf16 GEMM."""
+    gen = torch.Generator().manual_seed(torch.seed())
+    w, x = torch.randn(96, 64, generator=gen), torch.randn(16, 64, generator=gen)
+    qweight, scale = _per_row_int8(w)
+    ref = F.linear(x, qweight.float() * scale[:, None])
+    # activations quantised per row to int8: 2 % of the output's range
+    torch.testing.assert_close(dynamic_int8_mm(x, qweight, scale), ref,
+                               atol=0.02 * ref.abs().max().item(), rtol=0.02)

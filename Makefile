@@ -8,6 +8,7 @@ STAMP := $(VENV)/.shoal-installed
 PYTEST_ARGS ?=
 
 .PHONY: install browser lint up test test-unit test-integration test-e2e bench bench-peer peer-vllm \
+	peer-llamacpp bench-llamacpp \
 	loadtest compose-check clean
 
 $(PY):
@@ -75,6 +76,23 @@ peer-vllm: $(PEER_STAMP)
 
 bench-peer: install peer-vllm
 	$(PY) -m benchmarks.peer_vllm
+
+# The single-stream peer for benchmarks/peer_llamacpp.py: llama-cpp-python built from its sdist
+# (CPU, the machine's g++ and cmake; about 10 minutes of both cores) in its own venv, never in
+# `make test`. Shoal's side of that benchmark runs from .venv.
+LLAMA_VENV ?= .venv-llamacpp
+LLAMA_STAMP := $(LLAMA_VENV)/.peer-installed
+$(LLAMA_STAMP):
+	$(PYTHON) -m venv $(LLAMA_VENV)
+	$(LLAMA_VENV)/bin/pip install -q --upgrade pip setuptools wheel
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(LLAMA_VENV)/bin/pip install -q --no-binary llama-cpp-python \
+	  llama-cpp-python==0.3.36
+	touch $(LLAMA_STAMP)
+
+peer-llamacpp: $(LLAMA_STAMP)
+
+bench-llamacpp: install peer-llamacpp
+	$(PY) -m benchmarks.peer_llamacpp
 
 # Validate compose.yaml without a Docker engine: pip's docker-compose 1.29.2 in its own venv.
 compose-check:

@@ -97,8 +97,13 @@ class Settings(BaseSettings):
     gateway_max_outstanding: int = 1024
     """Inference requests one gateway holds at once; beyond it new ones get 429 (bounded memory)."""
     gateway_engine_dead_after: float = 3.0
-    """Seconds without a load message after which an engine counts as dead: its streams fail and
-    the router avoids it until it publishes again."""
+    """Seconds without a load message (or a stream reply) after which the router avoids an engine
+    until it publishes again."""
+    gateway_engine_stall_timeout: float = 30.0
+    """Seconds without any message from an engine after which its in-flight streams fail (a hung
+    engine, a partition). Longer than `gateway_engine_dead_after`: a CPU-starved engine that
+    pauses a few seconds keeps its streams. A crash fails them at once (the instance leaves
+    RUNNING), and so does a lost NATS connection."""
     gateway_accept_timeout: float = 10.0
     """Seconds to wait for an engine to accept a request (its seq-0 chunk) before trying another."""
     gateway_stream_idle_timeout: float = 300.0

@@ -134,6 +134,7 @@ class InferClient:
                     timeout = (self.settings.gateway_stream_idle_timeout if started
                                else self.settings.gateway_accept_timeout)
                     reply = self._decode(await self._next(queue, timeout, started, inst))
+                    self.table.heard(inst)  # a reply is a sign of life, as a load message is
                     if isinstance(reply, InferError):
                         finished = True
                         error = ShoalError.from_dict(reply.error.model_dump(), status=reply.status)

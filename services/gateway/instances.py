@@ -3,11 +3,13 @@ events) joined with the engines' load messages. A request for a model with no in
 the registry first (`catch_up`): the RUNNING event reaches this table a moment after the commit
 that a client may already have seen, so "RUNNING" means "send now", never a 503 in between.
 
-An instance whose loads stop for `gateway_engine_dead_after` seconds is dead: its in-flight streams
-are told (`EngineGone`) and the router skips it until it publishes again. Leaving RUNNING in the
-registry (crash, restart, delete) fails its streams the same way, and so does a lost NATS
-connection: an engine's replies published meanwhile may never arrive, and a stream waiting for
-them would hang.
+An instance that sends nothing (no load, no stream reply) for `gateway_engine_dead_after` seconds
+is dead to the router: new requests go elsewhere until it publishes again. Its in-flight streams
+are failed (`EngineGone`) only after `gateway_engine_stall_timeout`: an engine starved of CPU for
+a few seconds (seen in the soak on an oversubscribed machine) still finishes them. Leaving
+RUNNING in the registry (crash, restart, delete) fails its streams at once, and so does a lost
+NATS connection: an engine's replies published meanwhile may never arrive, and a stream waiting
+for them would hang.
 """
 
 from __future__ import annotations
@@ -50,11 +52,14 @@ class LiveInstance:
     model_name: str
     version: int
     last_seen: float
-    """Monotonic time of the last load (or of joining the table, as a grace period)."""
+    """Monotonic time of the last load or stream reply (or of joining the table, as a grace
+    period)."""
     joined_at: float = field(default_factory=time.monotonic)
     load: EngineLoad | None = None
     num_outstanding: int = 0
     is_dead: bool = False
+    streams_failed: bool = False
+    """Its streams were failed for silence; reset when it is heard again."""
     streams: set[asyncio.Queue[object]] = field(default_factory=set)
 
 
@@ -133,15 +138,24 @@ class InstanceTable:
         period = max(0.05, self.settings.gateway_engine_dead_after / 4)
         while True:
             await asyncio.sleep(period)
-            now = time.monotonic()
-            for inst in self.instances.values():
-                silent = now - inst.last_seen
-                if not inst.is_dead and silent > self.settings.gateway_engine_dead_after:
-                    inst.is_dead = True
-                    log.warning("instance %s sent no load for %.1fs: treating it as dead", inst.id,
-                                silent)
-                    self.router.affinity.forget(inst.id)
-                    self._fail(inst, f"the engine of instance {inst.id} stopped responding")
+            self.check_silence(time.monotonic())
+
+    def check_silence(self, now: float) -> None:
+        """Route around engines silent for `gateway_engine_dead_after`; fail the streams of those
+        silent for `gateway_engine_stall_timeout`."""
+        dead_after = self.settings.gateway_engine_dead_after
+        stall = max(dead_after, self.settings.gateway_engine_stall_timeout)
+        for inst in self.instances.values():
+            silent = now - inst.last_seen
+            if not inst.is_dead and silent > dead_after:
+                inst.is_dead = True
+                log.warning("instance %s sent nothing for %.1fs: routing around it", inst.id,
+                            silent)
+                self.router.affinity.forget(inst.id)
+            if not inst.streams_failed and silent > stall:
+                inst.streams_failed = True
+                self._fail(inst, f"the engine of instance {inst.id} stopped responding "
+                                 f"(nothing for {silent:.0f}s)")
 
     # ---------------------------------------------------------------- inputs
     async def _on_load(self, load: EngineLoad, msg: Msg) -> None:
@@ -149,9 +163,14 @@ class InstanceTable:
         if inst is None:
             return
         inst.load = load
+        self.heard(inst)
+
+    def heard(self, inst: LiveInstance) -> None:
+        """A sign of life: a load message, or a reply on one of its streams."""
         inst.last_seen = time.monotonic()
+        inst.streams_failed = False
         if inst.is_dead:
-            log.info("instance %s publishes its load again", inst.id)
+            log.info("instance %s is heard again", inst.id)
             inst.is_dead = False
 
     async def _on_event(self, event: InstanceEvent, msg: Msg) -> None:
@@ -174,7 +193,7 @@ class InstanceTable:
         elif data.version > known.version:  # RUNNING again (its events in between missed):
             known.version = data.version    # a new engine, given the grace period of a new one
             known.joined_at = known.last_seen = time.monotonic()
-            known.is_dead = False
+            known.is_dead = known.streams_failed = False
 
     def _remove(self, instance_id: str, reason: str, version: int | None = None) -> None:
         if version is not None:

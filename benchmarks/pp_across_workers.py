@@ -47,18 +47,29 @@ async def one_round(base_url: str, model: str, requests: int, max_tokens: int,
     api = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0,
                              timeout=600)
     gate = asyncio.Semaphore(concurrency)
+    retries: list[str] = []
 
     async def one() -> int:
         async with gate:
-            out = await api.completions.create(model=model, prompt=PROMPT, max_tokens=max_tokens,
-                                               temperature=0, extra_body={"ignore_eos": True})
-            return out.usage.completion_tokens if out.usage else 0
+            for attempt in range(5):  # a 503 on a loaded machine (an engine's load message late)
+                try:
+                    out = await api.completions.create(
+                        model=model, prompt=PROMPT, max_tokens=max_tokens, temperature=0,
+                        extra_body={"ignore_eos": True})
+                    return out.usage.completion_tokens if out.usage else 0
+                except openai.APIStatusError as exc:
+                    if exc.status_code != 503 or attempt == 4:
+                        raise
+                    retries.append(model)
+                    await asyncio.sleep(2)
+            return 0
 
     start = time.perf_counter()
     tokens = sum(await asyncio.gather(*(one() for _ in range(requests))))
     seconds = time.perf_counter() - start
     await api.close()
-    return {"output_tokens": tokens, "seconds": seconds, "output_tok_s": tokens / seconds}
+    return {"output_tokens": tokens, "seconds": seconds, "output_tok_s": tokens / seconds,
+            "retried_503": len(retries)}
 
 
 async def until_answers(base_url: str, model: str, timeout: float = 120) -> None:

@@ -86,6 +86,12 @@ def test_own_threads_are_counted_as_own() -> None:
     assert other_runnable_threads() >= 0
 
 
+def test_guard_gives_up_at_once_when_others_fill_every_core() -> None:
+    g, set_to = guard([12, 0, 0, 0, 0], window=4)
+    assert g.before_step() == 1 and set_to == [1]  # the first sample: a collapsed step is slow
+    assert [g.before_step() for _ in range(4)] == [None, None, None, 2]
+
+
 def test_an_engine_with_the_default_count_says_so_and_guards_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without num_threads / OMP_NUM_THREADS a CPU engine takes every usable core, says where the

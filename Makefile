@@ -80,13 +80,18 @@ bench-peer: install peer-vllm
 # The single-stream peer for benchmarks/peer_llamacpp.py: llama-cpp-python built from its sdist
 # (CPU, the machine's g++ and cmake; about 10 minutes of both cores) in its own venv, never in
 # `make test`. Shoal's side of that benchmark runs from .venv.
+# ggml's default -march=native build compiles its AMX kernels when the CPU lists AMX, and the
+# first token then dies of SIGILL on a VM whose kernel does not hand out AMX tile state (this
+# build machine): the x86 features are named instead, AMX left out (LLAMA_CMAKE_ARGS to change).
 LLAMA_VENV ?= .venv-llamacpp
 LLAMA_STAMP := $(LLAMA_VENV)/.peer-installed
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DGGML_BMI2=ON $(if $(shell grep -m1 -o avx512f /proc/cpuinfo 2>/dev/null),-DGGML_AVX512=ON)
 $(LLAMA_STAMP):
 	$(PYTHON) -m venv $(LLAMA_VENV)
 	$(LLAMA_VENV)/bin/pip install -q --upgrade pip setuptools wheel
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(LLAMA_VENV)/bin/pip install -q --no-binary llama-cpp-python \
-	  llama-cpp-python==0.3.36
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(LLAMA_VENV)/bin/pip \
+	  install -q --no-cache-dir --no-binary llama-cpp-python llama-cpp-python==0.3.36
 	touch $(LLAMA_STAMP)
 
 peer-llamacpp: $(LLAMA_STAMP)

@@ -6,7 +6,8 @@ every gateway replica counts against the same limits. Usage of a key with limits
 each request (its token limits and budget are read at its next admission); that of keys without
 limits, which nothing reads back at once, is summed per key and model and sent in batches
 (`gateway_usage_flush_interval` / `_requests`): one registry call for many requests. A gateway
-keeps nothing that a stop could lose: it flushes the batch and awaits what is in flight.
+keeps nothing that a stop could lose: it flushes the batch and awaits what is in flight. Nor
+does a retry count twice: each record carries a batch id the registry counts once.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -126,7 +128,10 @@ class Quota:
         self.flush()
 
     def _send_soon(self, records: list[UsageRecord]) -> None:
+        """Each record gets its batch id here, once: its retries carry the same id, so a retry
+        after a reply that timed out (the registry had committed) is not counted twice."""
         for record in records:
+            record = record.model_copy(update={"batch_id": uuid.uuid4().hex})
             task = asyncio.create_task(self._send(record))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)

@@ -107,6 +107,18 @@ class RateWindowRow(Base):
     tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
 
 
+class UsageBatchRow(Base):
+    """A usage record already counted (`UsageRecord.batch_id`), written in the same transaction
+    as its counts: a retried record finds its id here and counts nothing. Rows older than a day
+    are deleted (a gateway retries a record for 10 minutes at most)."""
+
+    __tablename__ = "usage_batches"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    recorded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False,
+                                                  index=True)
+
+
 class OutboxRow(Base):
     """A change event written in the same transaction as the change, published to JetStream
     by the registry's relay and then deleted (the transactional outbox)."""

@@ -445,6 +445,10 @@ class UsageRecord(Wire):
     prompt_tokens: int = Field(default=0, ge=0)
     cached_tokens: int = Field(default=0, ge=0)
     output_tokens: int = Field(default=0, ge=0)
+    batch_id: str | None = Field(default=None, min_length=1, max_length=32)
+    """Set by the sender once per record and kept across its retries: the registry counts a
+    batch id once (a retry after a reply that timed out, though the write committed, is a no-op).
+    """
 
 
 class UsageQuery(Wire):

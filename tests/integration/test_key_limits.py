@@ -124,3 +124,21 @@ async def test_registry_counters_and_usage(client: RegistryClient) -> None:
     report = await client.usage(UsageQuery(key_id=key.id))
     assert [(r.model, r.requests, r.prompt_tokens, r.cached_tokens, r.output_tokens)
             for r in report.rows] == [(model, 2, 110, 16, 40)]
+
+
+async def test_a_usage_batch_sent_twice_counts_once(client: RegistryClient) -> None:
+    """A gateway retries a record whose reply timed out although the registry had committed it:
+    the same batch id counts once, in the day's usage and in the minute's token window."""
+    model = f"m-{uuid.uuid4().hex[:6]}"
+    key = await client.create_key(ApiKeyCreate(name=name(), scope=ApiKeyScope.INFERENCE,
+                                               limits=[KeyLimit(tpm=1000)]))
+    await fresh_window()
+    batch = UsageRecord(key_id=key.id, model=model, requests=3, prompt_tokens=60,
+                        output_tokens=40, batch_id=uuid.uuid4().hex)
+    await client.record_usage(batch)
+    await client.record_usage(batch)  # the retry
+    await client.record_usage(batch.model_copy(update={"batch_id": uuid.uuid4().hex}))  # another
+    report = await client.usage(UsageQuery(key_id=key.id))
+    assert [(r.requests, r.prompt_tokens, r.output_tokens) for r in report.rows] == [(6, 120, 80)]
+    grant = await client.acquire_quota(QuotaAcquire(key_id=key.id, model=model))
+    assert grant.remaining_tokens == 1000 - 200

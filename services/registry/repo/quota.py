@@ -25,12 +25,14 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from shoal.shared.db.tables import ApiKeyRow, ApiKeyUsageRow, RateWindowRow
+from shoal.shared.db.tables import ApiKeyRow, ApiKeyUsageRow, RateWindowRow, UsageBatchRow
 from shoal.shared.errors import Unauthorized
 from shoal.shared.schemas.registry import (
     KeyLimit, QuotaAcquire, QuotaGrant, UsageQuery, UsageRecord, UsageReport, UsageRow
 )
 
+BATCH_ID_KEEP_S = 86400.0
+"""How long a counted usage record's id is kept (gateways retry one for 10 minutes at most)."""
 ALL_MODELS = "*"
 """The model column of counters that count every model (no model name can be "*")."""
 
@@ -134,6 +136,8 @@ class QuotaRepo:
         usage = ApiKeyUsageRow.__table__
         windows = RateWindowRow.__table__
         async with self.sessions() as s, s.begin():
+            if req.batch_id is not None and not await self._first_time(s, req.batch_id, now):
+                return req  # counted already: a retry whose first reply was lost
             stmt = insert(ApiKeyUsageRow).values(
                 key_id=req.key_id, model=req.model, day=day, requests=req.requests,
                 prompt_tokens=req.prompt_tokens, cached_tokens=req.cached_tokens,
@@ -150,6 +154,17 @@ class QuotaRepo:
                         index_elements=[windows.c.key_id, windows.c.model, windows.c.window],
                         set_={"tokens": windows.c.tokens + tokens}))
         return req
+
+    @staticmethod
+    async def _first_time(s: AsyncSession, batch_id: str, now: float) -> bool:
+        """Note `batch_id` as counted, in the record's transaction; False when it already was.
+        Ids older than BATCH_ID_KEEP_S go (a sender retries for far less)."""
+        at = datetime.fromtimestamp(now, UTC)
+        await s.execute(delete(UsageBatchRow).where(
+            UsageBatchRow.recorded_at < datetime.fromtimestamp(now - BATCH_ID_KEEP_S, UTC)))
+        noted = await s.scalar(insert(UsageBatchRow).values(id=batch_id, recorded_at=at)
+                               .on_conflict_do_nothing().returning(UsageBatchRow.id))
+        return noted is not None
 
     async def usage(self, req: UsageQuery) -> UsageReport:
         query = (select(ApiKeyUsageRow, ApiKeyRow.name)

@@ -4,7 +4,7 @@ keys are served from their last verification (auth.py), lost (and said so) only 
 from __future__ import annotations
 
 from shoal.services.gateway.quota import Quota, Ticket
-from shoal.shared.errors import Unavailable
+from shoal.shared.errors import Timeout, Unavailable
 from shoal.shared.schemas.infer import Usage
 from shoal.shared.schemas.registry import UsageRecord
 
@@ -50,3 +50,24 @@ async def test_a_record_is_given_up_after_the_retry_window() -> None:
     quota.record(Ticket("k1", "m"), None)
     await quota.drain()
     assert registry.recorded == [] and clock.now <= 60
+
+
+class _SlowRegistry(_Registry):
+    """Commits each record, but the first reply is lost (the bus request timed out)."""
+
+    async def record_usage(self, record: UsageRecord) -> None:
+        self.recorded.append(record)
+        if self.failures:
+            self.failures -= 1
+            raise Timeout("no reply from the registry in time")
+
+
+async def test_a_retry_carries_the_batch_id_of_its_first_attempt() -> None:
+    clock, registry = _Clock(), _SlowRegistry(failures=1)
+    quota = Quota(registry, clock=clock, sleep=clock.sleep)  # type: ignore[arg-type]
+    quota.record(Ticket("k1", "m", has_limits=True), Usage(prompt_tokens=3, completion_tokens=5))
+    quota.record(Ticket("k2", "m"), Usage(prompt_tokens=1, completion_tokens=1))
+    await quota.drain()
+    ids = [r.batch_id for r in registry.recorded]
+    assert len(ids) == 3 and all(ids)
+    assert ids[0] == ids[1] != ids[2]  # the retry reuses the id; another record has its own

@@ -17,14 +17,17 @@ from typing import TypeVar
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from shoal.services.registry.outage import OutageLog
 from shoal.services.registry.outbox import OutboxRelay, add_event, transaction
 from shoal.services.registry.repo.api_keys import ApiKeyRepo
+from shoal.services.registry.repo.common import database_down, database_unavailable
 from shoal.services.registry.repo.instances import InstanceRepo
 from shoal.services.registry.repo.models import ModelRepo
 from shoal.services.registry.repo.quota import QuotaRepo
 from shoal.services.registry.repo.workers import WorkerRepo
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.service import RpcService
+from shoal.shared.errors import ShoalError
 from shoal.shared.schemas.events import (
     ApiKeyEvent, EventKind, InstanceEvent, ModelEvent, WorkerEvent
 )
@@ -48,7 +51,9 @@ class RegistryApi:
         self.sessions = sessions
         self.models, self.workers, self.instances, self.keys = models, workers, instances, keys
         self.quota = quota
-        self.relay = OutboxRelay(sessions, bus)
+        self.outage = OutageLog(log)
+        """Database outages, logged a few lines at a time (heartbeats, relay, requests)."""
+        self.relay = OutboxRelay(sessions, bus, self.outage)
         self.failpoints = failpoints
 
     def atomic(self, handler: Callable[[Req], Awaitable[Res]]) -> Callable[[Req], Awaitable[Res]]:
@@ -61,6 +66,15 @@ class RegistryApi:
             return result
 
         return run
+
+    def translate(self, exc: BaseException) -> ShoalError | None:
+        """RpcService's `translate`: a lost database is a 503 (Unavailable), reported to the
+        outage log rather than one warning per request; None for any other error (a 500)."""
+        cause = database_down(exc)
+        if cause is None:
+            return None
+        self.outage.failed("registry requests", cause)
+        return database_unavailable(exc)
 
     def committed(self) -> None:
         if "registry.after_commit" in self.failpoints:  # the chaos test's crash point

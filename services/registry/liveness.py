@@ -13,6 +13,7 @@ from nats.aio.msg import Msg
 
 from shoal.services.registry.api import RegistryApi
 from shoal.services.registry.outbox import transaction
+from shoal.services.registry.repo.common import database_down
 from shoal.shared.errors import Conflict
 from shoal.shared.loops import run_every
 from shoal.shared.schemas.events import EventKind
@@ -35,6 +36,10 @@ class Liveness:
                     await self._publish(changes)
         except Conflict:
             return  # another registry recorded the comeback first
+        except Exception as exc:
+            self._database_down("heartbeat", exc)
+            return
+        self.api.outage.recovered()
         if changes is None:
             log.info("heartbeat from unknown worker %s (it will register again)", hb.worker_id)
             return
@@ -49,7 +54,19 @@ class Liveness:
                 await self._publish(await self.api.workers.mark_silent(self.timeout_s))
         except Conflict:
             return  # another registry marked them first
+        except Exception as exc:
+            self._database_down("liveness check", exc)
+            return
+        self.api.outage.recovered()
         self.api.relay.kick()
+
+    def _database_down(self, what: str, exc: Exception) -> None:
+        """A lost database goes to the outage log (a line now and then); anything else is
+        raised on, to be logged with its traceback."""
+        cause = database_down(exc)
+        if cause is None:
+            raise exc
+        self.api.outage.failed(what, cause)
 
     async def _publish(self, changes: tuple[list, list]) -> None:
         workers, instances = changes

@@ -26,6 +26,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
+from shoal.services.registry.outage import OutageLog
+from shoal.services.registry.repo.common import database_down
 from shoal.shared.bus.client import Bus, encode
 from shoal.shared.db.tables import OutboxRow
 from shoal.shared.errors import Conflict
@@ -78,9 +80,11 @@ class OutboxRelay:
     """Publishes the outbox in order: at once when told (`kick`), and every RELAY_POLL_S for rows
     another (dead) registry left. Several registries may relay: rows are locked, SKIP LOCKED."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], bus: Bus) -> None:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], bus: Bus,
+                 outage: OutageLog) -> None:
         self.sessions = sessions
         self.bus = bus
+        self.outage = outage
         self._kick = asyncio.Event()
 
     def kick(self) -> None:
@@ -106,9 +110,13 @@ class OutboxRelay:
             try:
                 while await self.relay_once() == RELAY_BATCH:
                     pass
+                self.outage.recovered()
             except Exception as exc:  # noqa: BLE001 - NATS or Postgres away: the rows wait
-                log.warning("event relay: %s (the events wait in the outbox)",
-                            getattr(exc, "message", None) or exc)
+                if (cause := database_down(exc)) is not None:
+                    self.outage.failed("event relay", cause)
+                else:
+                    log.warning("event relay: %s (the events wait in the outbox)",
+                                getattr(exc, "message", None) or exc)
             if stop.is_set():
                 return
             self._kick.clear()

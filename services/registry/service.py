@@ -9,7 +9,6 @@ import logging
 from shoal.services.registry.api import RegistryApi
 from shoal.services.registry.liveness import Liveness
 from shoal.services.registry.repo.api_keys import ApiKeyRepo
-from shoal.services.registry.repo.common import database_unavailable
 from shoal.services.registry.repo.quota import QuotaRepo
 from shoal.services.registry.repo.instances import InstanceRepo
 from shoal.services.registry.repo.models import ModelRepo
@@ -50,7 +49,7 @@ async def run_registry(settings: Settings, stop: asyncio.Event,
         metrics = new_registry()
         svc = RpcService(bus, "shoal-registry", VERSION, bus.subjects.registry_group,
                          "Shoal registry: models, workers, instances, API keys", metrics,
-                         translate=database_unavailable)
+                         translate=api.translate)
         await svc.start()
         stack.push_async_callback(svc.stop)
         await api.register(svc)

@@ -42,7 +42,8 @@ class RpcService:
                  description: str = "", metrics: CollectorRegistry | None = None,
                  translate: Callable[[BaseException], ShoalError | None] | None = None) -> None:
         """`translate` turns an unexpected exception into the error to answer (the registry:
-        a lost database is a 503, not a 500); None leaves it a 500."""
+        a lost database is a 503, not a 500), and reports it (the registry rate-limits those
+        lines); None leaves it a 500, logged with its traceback."""
         self.bus = bus
         self.translate = translate
         self.name = name
@@ -97,7 +98,7 @@ class RpcService:
                 except Exception as exc:  # noqa: BLE001 - answer, log, keep serving
                     known = self.translate(exc) if self.translate is not None else None
                     if known is not None:
-                        log.warning("%s failed: %s", name, known.message)
+                        log.debug("%s failed: %s", name, known.message)
                         await respond_error(request, known)
                         self._observe(name, start, str(known.http_status))
                         return

@@ -48,19 +48,28 @@ _DOWN = (OSError, TimeoutError, DisconnectionError, OperationalError, InterfaceE
          asyncpg.CannotConnectNowError, asyncpg.exceptions.OperatorInterventionError)
 
 
-def database_unavailable(exc: BaseException) -> Unavailable | None:
-    """Unavailable (503, Retry-After at the gateway) when `exc` means Postgres is away: refused
-    or lost connections, a server starting up or shutting down; None for anything else."""
+def database_down(exc: BaseException) -> BaseException | None:
+    """The exception in `exc`'s chain that says Postgres is away (refused or lost connections,
+    a server starting up or shutting down), or None when it is something else."""
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         if isinstance(cause, _DOWN) or (isinstance(cause, DBAPIError)
                                         and cause.connection_invalidated):
-            return Unavailable(f"the database is unavailable ({type(cause).__name__}); "
-                               "retry shortly", code="database_unavailable")
+            return cause
         cause = getattr(cause, "orig", None) or cause.__cause__ or cause.__context__
     return None
+
+
+def database_unavailable(exc: BaseException) -> Unavailable | None:
+    """Unavailable (503, Retry-After at the gateway) when `exc` means Postgres is away; None for
+    anything else."""
+    cause = database_down(exc)
+    if cause is None:
+        return None
+    return Unavailable(f"the database is unavailable ({type(cause).__name__}); retry shortly",
+                       code="database_unavailable")
 
 
 async def get_or_404(session: AsyncSession, table: type[RowT], row_id: str, what: str) -> RowT:

@@ -35,7 +35,7 @@ from shoal.shared.schemas.registry import (
     ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyUpdate, ApiKeyVerify, ById, ByIdOrName,
     Deleted, DeleteRequest, InstanceCreate, InstanceDelete, InstanceFilter, InstancePublic,
     InstanceTransition, ListRequest, ModelCreate, ModelPublic, ModelUpdate, QuotaAcquire,
-    UsageQuery, UsageRecord, WorkerPublic, WorkerRegister
+    UsageQuery, UsageRecord, WorkerLeave, WorkerPublic, WorkerRegister
 )
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,7 @@ class RegistryApi:
             ("workers", "get", ById, self.workers.get),
             ("workers", "list", ListRequest, self.workers.list),
             ("workers", "delete", DeleteRequest, self.delete_worker),
+            ("workers", "leave", WorkerLeave, self.leave_worker),
             ("keys", "create", ApiKeyCreate, self.create_key),
             ("keys", "list", ListRequest, self.keys.list),
             ("keys", "revoke", ById, self.revoke_key),
@@ -151,6 +152,15 @@ class RegistryApi:
         worker, created, resumed = await self.workers.register(req)
         await self.worker_event(EventKind.CREATED if created else EventKind.UPDATED, worker)
         for instance in resumed:
+            await self.instance_event(EventKind.UPDATED, instance)
+        return worker
+
+    async def leave_worker(self, req: WorkerLeave) -> WorkerPublic:
+        """An agent that stops cleanly says so: NOT_READY now, not after its heartbeats time out."""
+        worker, instances = await self.workers.leave(req)
+        log.info("worker %s left: %s", worker.name, worker.state_message)
+        await self.worker_event(EventKind.UPDATED, worker)
+        for instance in instances:
             await self.instance_event(EventKind.UPDATED, instance)
         return worker
 

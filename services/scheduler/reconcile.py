@@ -96,10 +96,10 @@ def plan_pass(models: list[ModelPublic], workers: list[WorkerPublic],
         if inst.id in gone or inst.model_id not in known_models:
             continue
         if inst.state is _S.UNREACHABLE and _age(inst, now) >= config.reschedule_after:
+            why = inst.state_message or f"worker {inst.worker_name} is not ready"
             plan.unschedule.append(Unschedule(inst, (
-                f"Rescheduled: worker {inst.worker_name} stopped heartbeating and the instance was "
-                f"unreachable for {_age(inst, now):.0f} s (reschedule_after "
-                f"{config.reschedule_after:g} s).")))
+                f"Rescheduled: {why}, and the instance was unreachable for "
+                f"{_age(inst, now):.0f} s (reschedule_after {config.reschedule_after:g} s).")))
         elif inst.state is _S.ERROR and _age(inst, now) >= config.backoff(inst.restart_count):
             plan.unschedule.append(Unschedule(inst, (
                 f"Rescheduled: in ERROR for {_age(inst, now):.0f} s without a restart (back-off "

@@ -1,6 +1,7 @@
 """The worker agent: registers this machine's devices, heartbeats, and (on a real worker) runs
 the engines of the instances placed on it through the Supervisor. No torch import here: engines
-are other processes.
+are other processes. An agent that stops cleanly tells the registry it is leaving
+(`workers.leave`), so its worker is NOT_READY at once rather than when its heartbeats time out.
 
 A simulated worker (`--simulate-devices`) registers and heartbeats like a real one but never
 starts an engine; it is marked `simulated` wherever it is shown.
@@ -25,7 +26,7 @@ from shoal.shared.loops import run_every
 from shoal.shared.metrics import new_registry
 from shoal.shared.metrics_endpoint import MetricsEndpoint
 from shoal.shared.schemas.registry import (
-    DeviceStatus, WorkerHeartbeat, WorkerPublic, WorkerRegister
+    DeviceStatus, WorkerHeartbeat, WorkerLeave, WorkerPublic, WorkerRegister
 )
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,21 @@ class WorkerAgent:
             await endpoint.stop()
             if supervisor is not None:
                 await supervisor
+        await self._leave()
+
+    async def _leave(self) -> None:
+        """A clean stop (its engines drained, or left running): tell the registry, so the worker
+        is NOT_READY and its instances UNREACHABLE now, not once its heartbeats time out. Those
+        whose engines were left running stay as they are, for the next agent to adopt."""
+        if self.worker is None:
+            return
+        kept = self.supervisor.kept if self.supervisor is not None else []
+        try:
+            await self.registry.leave_worker(WorkerLeave(id=self.worker.id, running=kept))
+        except ShoalError as exc:  # the registry is away too: its heartbeat timeout will do
+            log.warning("could not tell the registry this worker is leaving: %s", exc.message)
+            return
+        log.info("told the registry worker %s is leaving", self.name)
 
     async def _heartbeat_forever(self, stop: asyncio.Event) -> None:
         beats = itertools.count(1)

@@ -151,6 +151,8 @@ class Supervisor:
         self.worker_name = ""
         self.stages = StageRanks(settings, bus, worker_id)
         """The ranks this worker runs for instances led by another worker (pipeline stages)."""
+        self.kept: list[str] = []
+        """The instances whose engines `stop_all` left running for the next agent."""
 
     def adopt(self, engines: dict[str, EngineProcess], worker_name: str) -> None:
         """Take over the engines a previous agent of this worker left (`running_engines`)."""
@@ -279,6 +281,7 @@ class Supervisor:
         self.stages.stop_all()  # never adopted: rank 0 fails and the instance restarts
         if self.settings.worker_keep_engines:
             log.info("leaving %d engine(s) running for the next agent", len(self.engines))
+            self.kept = sorted(i for i, e in self.engines.items() if e.alive)
             self.engines.clear()
             return
         for instance_id in self.engines:

@@ -12,7 +12,8 @@ from shoal.shared.schemas.registry import (
     ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyUpdate, ApiKeyVerified, ApiKeyVerify, ById,
     ByIdOrName, Deleted, DeleteRequest, InstanceCreate, InstanceFilter, InstancePublic,
     InstanceTransition, ListRequest, ModelCreate, ModelPublic, ModelUpdate, QuotaAcquire,
-    QuotaGrant, UsageQuery, UsageRecord, UsageReport, WorkerPublic, WorkerRegister
+    QuotaGrant, UsageQuery, UsageRecord, UsageReport, WorkerLeave, WorkerPublic,
+    WorkerRegister,
 )
 
 
@@ -76,6 +77,9 @@ class RegistryClient:
 
     async def delete_worker(self, req: DeleteRequest) -> Deleted:
         return await self.bus.request(self._on("workers", "delete"), req, Deleted)
+
+    async def leave_worker(self, req: WorkerLeave) -> WorkerPublic:
+        return await self.bus.request(self._on("workers", "leave"), req, WorkerPublic)
 
     # api keys
     async def create_key(self, req: ApiKeyCreate) -> ApiKeyCreated:

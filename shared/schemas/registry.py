@@ -49,6 +49,16 @@ class WorkerRegister(Wire):
     registry leaves them as they are instead of sending them back to STARTING."""
 
 
+class WorkerLeave(Wire):
+    """Sent by a worker agent that stops cleanly: the registry marks the worker NOT_READY at
+    once instead of after its heartbeats time out."""
+
+    id: str
+    running: list[str] = Field(default_factory=list)
+    """Instances whose engines the agent left running (SHOAL_WORKER_KEEP_ENGINES) for the next
+    agent to adopt: they stay as they are, serving, instead of going UNREACHABLE."""
+
+
 class WorkerPublic(Wire):
     id: str
     name: str

@@ -90,7 +90,7 @@ async def test_place_reschedule_and_explain(client: RegistryClient, settings: Se
                          "The largest qualifying GPU is", "72.0 GiB", "multi-worker combination"):
                 assert part in huge.state_message, huge.state_message
 
-            # w2 stops heartbeating: NOT_READY, big UNREACHABLE, then placed on w4 (2 free GPUs)
+            # w2 stops (and says so): NOT_READY, big UNREACHABLE, then placed on w4 (2 free GPUs)
             task, stop = workers[1]
             stop.set()
             await task

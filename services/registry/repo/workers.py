@@ -1,4 +1,4 @@
-"""Workers: register (idempotent by name), read, list, delete, heartbeats and liveness.
+"""Workers: register (idempotent by name), read, list, delete, leave, heartbeats and liveness.
 
 Heartbeats refresh `last_heartbeat_at` and the device status with a plain UPDATE that does not
 bump `version`: they are liveness data owned by the worker alone, and versioning them would make
@@ -17,11 +17,15 @@ from shoal.services.registry.repo.convert import instance_public, worker_public
 from shoal.shared.db.tables import InstanceRow, WorkerRow
 from shoal.shared.schemas.common import Page, utcnow
 from shoal.shared.schemas.registry import (
-    ById, DeleteRequest, InstancePublic, ListRequest, WorkerHeartbeat, WorkerPublic, WorkerRegister
+    ById, DeleteRequest, InstancePublic, ListRequest, WorkerHeartbeat, WorkerLeave, WorkerPublic,
+    WorkerRegister,
 )
 from shoal.shared.states import InstanceState, WorkerState, can_transition
 
 Changes = tuple[list[WorkerPublic], list[InstancePublic]]
+LEFT = "the worker agent stopped"
+"""The state message of a worker whose agent left (`leave`): only a registration brings it back,
+not a heartbeat that was on its way when the agent left."""
 _ENGINE_STATES = [InstanceState.DOWNLOADING.value, InstanceState.STARTING.value,
                   InstanceState.RUNNING.value]
 
@@ -79,13 +83,14 @@ class WorkerRepo:
             result = await s.execute(
                 update(WorkerRow).where(WorkerRow.id == hb.worker_id)
                 .values(last_heartbeat_at=utcnow(), status=hb.status.model_dump(mode="json"))
-                .returning(WorkerRow.state)
+                .returning(WorkerRow.state, WorkerRow.state_message)
             )
-            state = result.scalar_one_or_none()
-            if state is None:
+            row = result.one_or_none()
+            if row is None:
                 return None
-            if state != WorkerState.NOT_READY.value:
-                return [], []
+            state, message = row
+            if state != WorkerState.NOT_READY.value or (message or "").startswith(LEFT):
+                return [], []  # a heartbeat its agent sent before leaving: it registers to return
             return await self._came_back(s, hb)
 
     async def _came_back(self, s: AsyncSession, hb: WorkerHeartbeat) -> Changes:
@@ -126,32 +131,55 @@ class WorkerRepo:
         await s.flush()
         return [instance_public(i) for i in instances]
 
+    async def leave(self, req: WorkerLeave) -> tuple[WorkerPublic, list[InstancePublic]]:
+        """A worker whose agent stops cleanly: NOT_READY at once, and its instances UNREACHABLE as
+        after a heartbeat timeout (the scheduler moves them after `reschedule_after`), but for
+        those whose engines it left running (`req.running`): they go on serving until the next
+        agent adopts them, or until the heartbeat timeout if none comes (`mark_silent`)."""
+        async with unit_of_work(self.sessions, f"worker {req.id!r}") as s:
+            row = await get_or_404(s, WorkerRow, req.id, "worker")
+            row.state = WorkerState.NOT_READY.value
+            row.state_message = LEFT + (
+                f"; {len(req.running)} engine(s) left running" if req.running else "")
+            changed = await self._unreachable(s, {row.id: row}, "worker {} stopped", utcnow(),
+                                              keep=frozenset(req.running))
+            return worker_public(row), changed
+
     async def mark_silent(self, timeout_s: float, now: datetime | None = None) -> Changes:
-        """READY workers silent for `timeout_s` -> NOT_READY, their placed instances UNREACHABLE."""
+        """Workers silent for `timeout_s` -> NOT_READY, their placed instances UNREACHABLE (also
+        those a worker that left kept serving, once its agent has been away that long)."""
         now = now or utcnow()
         cutoff = now - timedelta(seconds=timeout_s)
         async with unit_of_work(self.sessions, "silent workers") as s:
             rows = list(await s.scalars(select(WorkerRow).where(
-                WorkerRow.state != WorkerState.NOT_READY.value,
                 WorkerRow.last_heartbeat_at < cutoff)))
             if not rows:
                 return [], []
-            silent = {r.id: r for r in rows}
-            for row in rows:
+            flipped = [r for r in rows if r.state != WorkerState.NOT_READY.value]
+            for row in flipped:
                 row.state = WorkerState.NOT_READY.value
                 row.state_message = f"no heartbeat since {row.last_heartbeat_at:%Y-%m-%d %H:%M:%S}Z"
-            placed = await s.scalars(select(InstanceRow).where(
-                InstanceRow.state.notin_([InstanceState.PENDING.value,
-                                          InstanceState.UNREACHABLE.value])))
-            changed = []
-            for inst in placed:
-                on = workers_of(inst) & silent.keys()
-                if not on:
-                    continue
-                name = silent[sorted(on)[0]].name
-                inst.state = InstanceState.UNREACHABLE.value
-                inst.state_message = f"worker {name} stopped heartbeating"
-                inst.state_changed_at = now
-                changed.append(inst)
-            await s.flush()
-            return [worker_public(r) for r in rows], [instance_public(i) for i in changed]
+            changed = await self._unreachable(s, {r.id: r for r in rows},
+                                              "worker {} stopped heartbeating", now)
+            return [worker_public(r) for r in flipped], changed
+
+    @staticmethod
+    async def _unreachable(s: AsyncSession, gone: dict[str, WorkerRow], why: str,
+                           now: datetime, keep: frozenset[str] = frozenset()
+                           ) -> list[InstancePublic]:
+        """The placed instances on the `gone` workers (their own or a pipeline stage's) ->
+        UNREACHABLE, `why` naming the worker; but for `keep`."""
+        placed = await s.scalars(select(InstanceRow).where(
+            InstanceRow.state.notin_([InstanceState.PENDING.value,
+                                      InstanceState.UNREACHABLE.value])))
+        changed = []
+        for inst in placed:
+            on = workers_of(inst) & gone.keys()
+            if not on or inst.id in keep:
+                continue
+            inst.state = InstanceState.UNREACHABLE.value
+            inst.state_message = why.format(gone[sorted(on)[0]].name)
+            inst.state_changed_at = now
+            changed.append(inst)
+        await s.flush()
+        return [instance_public(i) for i in changed]

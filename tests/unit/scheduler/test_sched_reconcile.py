@@ -37,7 +37,8 @@ def test_replicas_are_created_and_extras_deleted_idle_first() -> None:
 
 def test_unreachable_rescheduled_after_grace_period() -> None:
     fresh = inst("m", InstanceState.UNREACHABLE, age_s=100, worker_name="a")
-    stale = inst("m", InstanceState.UNREACHABLE, age_s=301, worker_name="a")
+    stale = inst("m", InstanceState.UNREACHABLE, age_s=301, worker_name="a",
+                 state_message="worker a stopped heartbeating")  # as the registry words it
     plan = plan_pass([model("m", 2)], [worker("a", 1)], [fresh, stale], NOW, CONFIG)
     assert [u.instance for u in plan.unschedule] == [stale]
     assert "worker a stopped heartbeating" in plan.unschedule[0].message

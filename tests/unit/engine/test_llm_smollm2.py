@@ -18,7 +18,7 @@ def llm(gguf):
     from shoal.services.engine.llm import LLM
 
     return LLM(gguf, device="cpu", dtype="float32", num_kv_blocks=128, max_num_batched_tokens=64,
-               num_threads=2)
+               num_threads=1)
 
 
 def test_chat_answers_paris(llm):
@@ -46,7 +46,7 @@ def test_preemption_under_a_tiny_pool_keeps_greedy_tokens(gguf, llm):
     greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     expected = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
     tiny = LLM(gguf, device="cpu", dtype="float32", num_kv_blocks=4, block_size=16,
-               enable_prefix_caching=False, num_threads=2)
+               enable_prefix_caching=False, num_threads=1)
     outputs = tiny.generate(PROMPTS, greedy, use_tqdm=False)
     assert tiny.engine.stats().num_preemptions > 0
     assert [o.outputs[0].token_ids for o in outputs] == expected

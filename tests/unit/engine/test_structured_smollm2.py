@@ -45,7 +45,7 @@ def llm(gguf):
     from shoal.services.engine.llm import LLM
 
     return LLM(gguf, device="cpu", dtype="float32", num_kv_blocks=128,
-               max_num_batched_tokens=256, num_threads=2)
+               max_num_batched_tokens=256, num_threads=1)
 
 
 def test_json_schema_answer_validates(llm) -> None:
@@ -105,7 +105,7 @@ def test_preemption_keeps_constrained_tokens(gguf, llm) -> None:
     prompts = [f"Person number {i} as JSON:" for i in range(3)]
     expected = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
     tiny = LLM(gguf, device="cpu", dtype="float32", num_kv_blocks=5, block_size=16,
-               enable_prefix_caching=False, num_threads=2)
+               enable_prefix_caching=False, num_threads=1)
     outputs = [o.outputs[0] for o in tiny.generate(prompts, params, use_tqdm=False)]
     assert tiny.engine.stats().num_preemptions > 0
     assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]

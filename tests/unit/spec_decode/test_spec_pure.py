@@ -90,7 +90,9 @@ def test_rejection_sampling_keeps_the_target_distribution() -> None:
     target conditioned on the accepted prefix). A sampler that redraws from p instead of the
     residual (p without the rejected draft) fails the same test, so the test has teeth."""
     gen = torch.Generator().manual_seed(7)
-    probs = torch.distributions.Dirichlet(torch.ones(VOCAB)).sample((K + 1,))  # [K+1, V]
+    with torch.random.fork_rng():  # fixed targets whatever ran before (Dirichlet takes no
+        torch.manual_seed(7)       # generator): a tiny p0[d0] would blunt the teeth below
+        probs = torch.distributions.Dirichlet(torch.ones(VOCAB)).sample((K + 1,))  # [K+1, V]
     probs = probs / probs.sum(dim=-1, keepdim=True)
     draft_row = torch.tensor([2, 4, 1])
     b = TRIALS

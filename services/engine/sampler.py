@@ -77,7 +77,8 @@ def sample(logits: torch.Tensor, states: list[SeqState], eos_token_ids: frozense
         r_rows = [i for i, g in enumerate(greedy) if not g]
         if g_rows:
             tokens[g_rows] = greedy_tokens(logits[g_rows])
-        tokens[r_rows] = _sample_random(logits[r_rows], [states[i] for i in r_rows])
+        random_logits = logits if not g_rows else logits[r_rows]  # (no copy when all sample)
+        tokens[r_rows] = _sample_random(random_logits, [states[i] for i in r_rows])
     token_list: list[int] = tokens.tolist()
     logprobs: list[TokenLogprob | None] = [None] * len(states)
     if raw_lps is not None:
@@ -126,13 +127,22 @@ def apply_penalties(row: torch.Tensor, s: SeqState, eos_token_ids: frozenset[int
 
 
 def _sample_random(x: torch.Tensor, states: list[SeqState]) -> torch.Tensor:
-    """x [m, vocab] (penalised logits of the non-greedy rows) -> [m] sampled token ids."""
+    """x [m, vocab] (penalised logits of the non-greedy rows) -> [m] sampled token ids.
+
+    Inverse CDF: one uniform per row, from the row's own generator, searched in the row's
+    cumulative distribution. The exponential race it replaces drew one number per vocabulary
+    entry (49k per row): a third of a batch-128 decode step at temperature 1 (issue 13)."""
     probs = processed_probs(x, [s.params for s in states])
-    # Exponential race (Gumbel-max): argmax(p / q), q ~ Exp(1) drawn from each row's own generator.
-    q = torch.empty_like(probs)
-    for r, s in enumerate(states):
-        q[r].exponential_(generator=s.generator)
-    return (probs / q).argmax(dim=-1)
+    cum = probs.cumsum(dim=-1)  # [m, vocab], not normalised (min-p)
+    u = torch.cat([torch.rand(1, generator=s.generator, device=x.device) for s in states])
+    tokens = torch.searchsorted(cum, (u * cum[:, -1])[:, None], right=True)[:, 0]
+    tokens.clamp_(max=x.shape[1] - 1)
+    # right=True skips zero-probability tokens; only a rounding at the very top (u * total ==
+    # total) can land past the last token with mass: take that token then.
+    stray = probs.gather(1, tokens[:, None])[:, 0] <= 0
+    for r in stray.nonzero()[:, 0].tolist():
+        tokens[r] = int((probs[r] > 0).nonzero()[-1, 0])
+    return tokens
 
 
 def processed_probs(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

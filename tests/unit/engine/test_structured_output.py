@@ -235,8 +235,8 @@ def test_recompute_resets_the_runner_copy_without_confusing_the_matcher() -> Non
 
 def test_min_tokens_cannot_stretch_a_finished_grammar() -> None:
     state = constrained_state(compiled(choice=["ab"]), temperature=1.0, min_tokens=5)
-    out = run([state], 3)[0]
-    assert out == [TOKEN["ab"], EOS]
+    out = run([state], 4)[0]  # "ab" is one token or two ("a", "b"): either way EOS comes next
+    assert out[-1] == EOS and decode(out) == "ab" and len(out) <= 3
 
 
 def test_logprobs_see_the_mask() -> None:

@@ -1,9 +1,9 @@
 """shoal.kernels: the engine's compute ops behind one seam, `Ops`, chosen per device.
 
 Each op is plain torch (the reference, and the CPU path where no compiler is found), Triton (the
-CUDA path, beside it in `*_triton.py`), and for the KV write and paged attention a C++ op built
-for this CPU at first use (`cpu_ops.py`, the CPU path); `select_ops` picks the set by device, so
-the model code never changes (docs/architecture.md "KV-cache contract").
+CUDA path, beside it in `*_triton.py`), and a C++ op built for this CPU at first use
+(`cpu_ops.py`, the CPU path); `select_ops` picks the set by device, so the model code never
+changes (docs/architecture.md "KV-cache contract").
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def _cpp_ops() -> Ops:
     if not cpu_ops.load():
         return TORCH_OPS
     return Ops(reshape_and_cache=cpu_ops.reshape_and_cache,
-               paged_attention=cpu_ops.paged_attention, rms_norm=rms_norm,
-               apply_rotary=apply_rotary, name="cpp")
+               paged_attention=cpu_ops.paged_attention, rms_norm=cpu_ops.rms_norm,
+               apply_rotary=cpu_ops.apply_rotary, name="cpp")
 
 
 __all__ = ["Ops", "Workspace", "TORCH_OPS", "select_ops", "paged_attention", "reshape_and_cache",

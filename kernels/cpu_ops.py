@@ -1,5 +1,6 @@
 """The CPU op set: paged attention and the KV write as a C++ op that reads the paged cache in
-place (csrc/cpu_attention.cpp), instead of gathering K/V into a padded copy first.
+place (csrc/cpu_attention.cpp), instead of gathering K/V into a padded copy first; RMSNorm (with
+its residual add) and rotary embedding as one pass each (csrc/cpu_norm_rotary.cpp).
 
 The op is compiled by torch.utils.cpp_extension with the machine's g++ (-O3 -march=native) at
 first use, or by `make install`, and cached in the environment that runs it
@@ -26,8 +27,9 @@ import torch
 
 from shoal.kernels.paged_attention import prefill_chunk
 
-SOURCE = Path(__file__).with_name("csrc") / "cpu_attention.cpp"
-NAME = "shoal_cpu_attention"
+SOURCES = [Path(__file__).with_name("csrc") / name
+           for name in ("cpu_attention.cpp", "cpu_norm_rotary.cpp")]
+NAME = "shoal_cpu_ops"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-DNDEBUG"]
 """-fopenmp compiles at::parallel_for's OpenMP loop; it links against torch's own libgomp."""
 
@@ -61,10 +63,10 @@ def load() -> bool:
 
         build_dir = build_root() / NAME
         build_locked(build_dir, lambda: build(
-            name=NAME, sources=[str(SOURCE)], extra_cflags=FLAGS, is_python_module=False,
-            verbose=False, build_directory=str(build_dir)))
+            name=NAME, sources=[str(s) for s in SOURCES], extra_cflags=FLAGS,
+            is_python_module=False, verbose=False, build_directory=str(build_dir)))
     except Exception as exc:  # no compiler, no headers: the torch ops still work
-        warnings.warn(f"the C++ attention op could not be built ({exc}); using the torch ops",
+        warnings.warn(f"the C++ CPU ops could not be built ({exc}); using the torch ops",
                       stacklevel=2)
         return False
     return True
@@ -97,3 +99,20 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                       v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     torch.ops.shoal_cpu.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None
+             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """rms_norm.rms_norm's contract: (norm(x + residual), x + residual) with a residual."""
+    if residual is None:
+        return torch.ops.shoal_cpu.rms_norm(x, weight, eps)
+    out, summed = torch.ops.shoal_cpu.fused_add_rms_norm(x, residual, weight, eps)
+    return out, summed
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                 cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """rotary.apply_rotary's contract (q [T, H, D], k [T, Hk, D]; new tensors)."""
+    q_out, k_out = torch.ops.shoal_cpu.apply_rotary(q, k, positions, cos_sin)
+    return q_out, k_out

@@ -5,6 +5,8 @@ Both engines load the same SmolLM2 folder in fp32 with their defaults, each in i
 alternating the order every round, and each engine's median over the rounds is compared:
 
 - decode: 128 requests, short random prompts (8-32 tokens), 128 output tokens each (ignore_eos)
+- sampled: the decode workload at temperature 1 (the OpenAI API's default), not in the default
+  list: every other workload is greedy
 - sharegpt: the ShareGPT-like mix of offline_throughput.py (log-normal prompt/output lengths)
 - single: one request, 128 output tokens (time per output token at batch 1)
 
@@ -125,6 +127,8 @@ def workloads(args: argparse.Namespace, vocab: int) -> dict[str, dict[str, Any]]
         "sharegpt": {"prompts": [r.prompt_token_ids for r in mix],
                      "output_lens": [r.output_len for r in mix]},
         "single": {"prompts": [single], "output_lens": [args.output_len]},
+        "sampled": {"prompts": decode, "output_lens": [args.output_len] * len(decode),
+                    "temperature": 1.0},
     }
     return {name: jobs[name] for name in args.workloads.split(",")}
 
@@ -170,7 +174,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--engine", action="append", help="LABEL=KIND[@PYTHON][,key=value...]")
     parser.add_argument("--reference", default="vllm", help="label the ratios are taken against")
-    parser.add_argument("--workloads", default="decode,sharegpt,single")
+    parser.add_argument("--workloads", default="decode,sharegpt,single",
+                        help="any of decode,sampled,sharegpt,single")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--decode-requests", type=int, default=128)
     parser.add_argument("--sharegpt-requests", type=int, default=128)

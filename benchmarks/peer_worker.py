@@ -28,15 +28,15 @@ def load(kind: str, model: str, engine_args: dict[str, Any]) -> tuple[Any, Any]:
         args.setdefault("device", "cpu")
     llm = LLM(model=model, **args)
 
-    def make_params(max_tokens: int) -> Any:
-        return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    def make_params(max_tokens: int, temperature: float = 0.0) -> Any:
+        return SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
 
     return llm, make_params
 
 
 def run(llm: Any, make_params: Any, kind: str, job: dict[str, Any]) -> dict[str, Any]:
     prompts = job["prompts"]
-    params = [make_params(n) for n in job["output_lens"]]
+    params = [make_params(n, job.get("temperature", 0.0)) for n in job["output_lens"]]
     batch = [{"prompt_token_ids": p} for p in prompts]
     start = time.perf_counter()
     outputs = llm.generate(batch, params, use_tqdm=False)

@@ -54,6 +54,7 @@ class SchedulerReplica:
                                             SchedulerConfig.from_settings(self.settings))
             await rpc.endpoint("leader", "get", Empty, self.status)
             await rpc.endpoint("placement", "plan", ModelCreate, self.plan)
+            await bus.nc.flush()  # the server knows the endpoints before `ready` (as the registry)
             metrics.register(SchedulerCollector(self.identity, self.election, self.service))
             endpoint = MetricsEndpoint(metrics, "scheduler", self.settings,
                                        labels={"replica": self.identity})

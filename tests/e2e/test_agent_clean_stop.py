@@ -41,7 +41,8 @@ async def test_engine_left_by_a_clean_stop_serves_on_and_is_adopted(servers,
     worker_settings = settings.model_copy(update={
         "worker_name": f"cs-{uuid.uuid4().hex[:6]}", "worker_keep_engines": True,
         "worker_labels": {"suite": "clean-stop"}})
-    async with running_services(settings, gateway={}, name="clean-stop") as stack:
+    # clean: a model an earlier module left without a selector would be placed on this worker
+    async with running_services(settings, gateway={}, name="clean-stop", clean=True) as stack:
         client = stack.client
         task, stop = await _agent(worker_settings)
         try:

@@ -38,9 +38,13 @@ up: install
 lint: install
 	$(VENV)/bin/ruff check .
 
-# ruff first, so CI (.ci/run -> make test) enforces it.
+# ruff first, so CI (.ci/run -> make test) enforces it. Test files run on TEST_WORKERS
+# pytest-xdist workers (2: CI's two cores; 0 runs them in this process), a whole file on one
+# worker (its module fixtures are set up once); each worker is its own session with its own
+# servers (or fresh database), so its own NATS namespace (README "Tests").
+TEST_WORKERS ?= 2
 test: install lint browser
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-unit: install
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -41,29 +41,33 @@ def cpu_list(cores: set[int]) -> str:
     return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
-def own_runnable_threads() -> int:
-    """This process's threads in state R (running or waiting for a core), the caller included."""
-    own = 0
-    for task in os.scandir("/proc/self/task"):
-        try:
-            with open(os.path.join(task.path, "stat"), "rb") as f:
-                stat = f.read()
-        except OSError:  # the thread ended meanwhile
-            continue
-        own += stat[stat.rindex(b")") + 2:][:1] == b"R"
-    return own
-
-
-def other_runnable_threads() -> int:
-    """Threads of other processes runnable right now: the machine's (/proc/loadavg's 4th field,
-    "3/345") less this process's own, so the engine's event loop and OpenMP threads never count
-    as contention; 0 where /proc is missing."""
+def busy_cpu_seconds() -> tuple[float, float]:
+    """(CPU seconds every core has spent busy since boot, of which this process's own): from
+    /proc/stat's first line and /proc/self/stat's utime + stime; (0, 0) where /proc is missing."""
     try:
-        with open("/proc/loadavg") as f:
-            machine = int(f.read().split()[3].split("/")[0])
-        return max(0, machine - own_runnable_threads())
-    except (OSError, IndexError, ValueError):
-        return 0
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        rest = stat[stat.rindex(b")") + 2:].split()
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7]  # user nice system irq softirq steal
+    return busy / tick, (int(rest[11]) + int(rest[12])) / tick
+
+
+def other_cpu_seconds() -> float:
+    """CPU seconds other processes have used since boot (the machine's busy time less this
+    process's, so the engine's own OpenMP threads and event loop never count as contention)."""
+    busy, own = busy_cpu_seconds()
+    return busy - own
+
+
+SLACK = 0.25
+"""A thread is given up only for about a whole core (0.75 of one) that others keep busy: a
+co-located gateway, NATS and client use less, and two threads still win beside them (served
+c=32, 2 cores: 171 tok/s on 2 threads, 107 on 1; docs/figures.md)."""
 
 
 class ContentionGuard:
@@ -74,13 +78,15 @@ class ContentionGuard:
     Why: OpenMP's barriers wait for every thread of a parallel region, so one thread descheduled
     by another process stalls each of the ~120 matmuls of a step; on the 2-core build machine
     under load two threads decoded over 10x slower than one (docs/figures.md, issue 13), while on
-    a quiet machine they are about 1.7x faster. Before every step the runner samples how many
-    threads of other processes are runnable; over each `window` steps (or `window_s` seconds)
-    that mean is what they occupy, and the engine keeps the
-    cores it leaves (rounded; at least one, at most the default)."""
+    a quiet machine they are about 1.7x faster. The measure is the CPU time other processes used
+    over a window (`window` steps, or `window_s` seconds, whichever ends first): the cores they
+    kept busy on average, whatever moment a step starts at. (A count of runnable threads at step
+    starts saw a served engine's own gateway and client, woken by the step before, and halved
+    its threads for them.) The engine keeps the cores the others leave (at least one, at most
+    the default)."""
 
     def __init__(self, max_threads: int, cores: int, window: int = 16, window_s: float = 1.0,
-                 sample: Callable[[], int] = other_runnable_threads,
+                 sample: Callable[[], float] = other_cpu_seconds,
                  set_threads: Callable[[int], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.max_threads = max_threads
@@ -91,28 +97,28 @@ class ContentionGuard:
         self.set_threads = set_threads or _set_torch_threads
         self.clock = clock
         self.threads = max_threads
-        self._others: list[int] = []
-        self._since = 0.0
+        self._start: tuple[float, float] | None = None
+        """(clock, others' CPU seconds) when the window began."""
+        self._steps = 0
 
     def before_step(self) -> int | None:
-        """Sample once; at the end of a window (`window` steps, or two once `window_s` has
-        passed: a contended step can take seconds; or at once when other processes' runnable
-        threads alone fill every core) return the new thread count if it changed."""
+        """Count the step; at the end of a window return the new thread count if it changed."""
         now = self.clock()
-        if not self._others:
-            self._since = now
-        self._others.append(self.sample())
-        if (len(self._others) < self.window and self._others[-1] < self.cores
-                and (len(self._others) < 2 or now - self._since < self.window_s)):
-            return None  # (a sample with every core taken by others ends the window at once)
-        busy = sum(self._others) / len(self._others)
-        self._others.clear()
-        target = max(1, min(self.max_threads, self.cores - int(busy + 0.5)))
+        if self._start is None:
+            self._start, self._steps = (now, self.sample()), 0
+            return None
+        self._steps += 1
+        elapsed = now - self._start[0]
+        if elapsed <= 0 or (self._steps < self.window and elapsed < self.window_s):
+            return None
+        others = self.sample()
+        busy = (others - self._start[1]) / elapsed  # cores the others kept busy, on average
+        self._start, self._steps = (now, others), 0
+        target = max(1, min(self.max_threads, self.cores - int(busy + SLACK)))
         if target == self.threads:
             return None
-        log.info("CPU contention: %.1f runnable threads of other processes on average over %.1f "
-                 "s; torch intra-op threads %d -> %d", busy, now - self._since, self.threads,
-                 target)
+        log.info("CPU contention: other processes kept %.1f cores busy over %.1f s; torch "
+                 "intra-op threads %d -> %d", busy, elapsed, self.threads, target)
         self.threads = target
         self.set_threads(target)
         return target

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from shoal.services.engine.cpu_threads import (
-    ContentionGuard, cpu_list, cpu_threads, default_cpu_threads, other_runnable_threads,
-    own_runnable_threads,
+    ContentionGuard, busy_cpu_seconds, cpu_list, cpu_threads, default_cpu_threads,
+    other_cpu_seconds,
 )
 
 
@@ -35,61 +36,90 @@ def test_cpu_list_prints_ranges() -> None:
     assert cpu_list({0, 2, 3, 4, 8, 9}) == "0,2-4,8-9"
 
 
-def guard(samples: list[int], max_threads: int = 2, cores: int = 2,
-          window: int = 4) -> tuple[ContentionGuard, list[int]]:
-    """A guard fed `samples` (runnable threads of other processes) that records the counts it
-    sets instead of changing torch's."""
-    feed, set_to = iter(samples), []
-    return ContentionGuard(max_threads, cores, window, sample=lambda: next(feed),
-                           set_threads=set_to.append, clock=lambda: 0.0), set_to
+class Machine:
+    """A fake clock and the CPU seconds other processes have used, advanced step by step."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.others = 0.0
+
+    def run(self, seconds: float, other_cores: float) -> None:
+        """`seconds` pass while other processes keep `other_cores` cores busy."""
+        self.now += seconds
+        self.others += seconds * other_cores
+
+
+def guard(machine: Machine, max_threads: int = 2, cores: int = 2, window: int = 4,
+          window_s: float = 1.0) -> tuple[ContentionGuard, list[int]]:
+    """A guard on `machine` that records the counts it sets instead of changing torch's."""
+    set_to: list[int] = []
+    return ContentionGuard(max_threads, cores, window, window_s, sample=lambda: machine.others,
+                           set_threads=set_to.append, clock=lambda: machine.now), set_to
+
+
+def steps(g: ContentionGuard, machine: Machine, n: int, seconds: float,
+          other_cores: float) -> list[int | None]:
+    out = []
+    for _ in range(n):
+        out.append(g.before_step())
+        machine.run(seconds, other_cores)
+    return out
 
 
 def test_guard_keeps_every_core_on_a_quiet_machine() -> None:
-    g, set_to = guard([0, 0, 1, 0] * 4)  # now and then one other runnable thread: mean 0.25
-    assert [g.before_step() for _ in range(16)].count(None) == 16
+    m = Machine()
+    g, set_to = guard(m)
+    assert steps(g, m, 16, 0.05, 0.2).count(None) == 16
     assert g.threads == 2 and set_to == []
 
 
+def test_guard_keeps_both_threads_beside_a_served_engines_own_services() -> None:
+    """A gateway, NATS and a client beside a served engine keep about half a core busy: two
+    threads still decode faster there (docs/figures.md), so the guard keeps them."""
+    m = Machine()
+    g, set_to = guard(m)
+    steps(g, m, 40, 0.1, 0.5)
+    assert set_to == [] and g.threads == 2
+
+
 def test_guard_gives_a_core_up_under_load_and_takes_it_back() -> None:
-    busy, quiet = [1, 1, 1, 1], [0, 0, 0, 1]  # busy: one core taken, all the time
-    g, set_to = guard(busy + busy + quiet + quiet)
-    changes = [g.before_step() for _ in range(16)]
-    assert changes[3] == 1 and changes[11] == 2, changes  # ends of the first and third windows
-    assert set_to == [1, 2] and g.threads == 2
+    m = Machine()
+    g, set_to = guard(m)
+    busy = steps(g, m, 5, 0.1, 1.0)  # one core taken, all the time
+    assert busy[-1] == 1 and set_to == [1]
+    quiet = steps(g, m, 4, 0.1, 0.1)
+    assert quiet[-1] == 2 and set_to == [1, 2] and g.threads == 2
 
 
 def test_guard_leaves_what_the_others_do_not_use() -> None:
-    g, set_to = guard([3, 3, 3, 3], max_threads=8, cores=8)  # 3 other threads: 5 cores left
-    assert [g.before_step() for _ in range(4)][-1] == 5
-    g, set_to = guard([40] * 4, max_threads=8, cores=8)
-    assert g.before_step() == 1  # never fewer than one
+    m = Machine()
+    g, _ = guard(m, max_threads=8, cores=8)
+    assert steps(g, m, 5, 0.1, 3.0)[-1] == 5  # 3 cores taken: 5 left
+    m = Machine()
+    g, _ = guard(m, max_threads=8, cores=8)
+    assert steps(g, m, 5, 0.1, 40.0)[-1] == 1  # never fewer than one
 
 
-def test_guard_decides_after_two_slow_steps() -> None:
+def test_guard_decides_after_slow_steps() -> None:
     """A step on a contended core can take seconds: a window also ends after window_s."""
-    feed, set_to, now = iter([1, 1, 0, 0, 0, 5]), [], [0.0]
-    g = ContentionGuard(2, 2, window=16, window_s=1.0, sample=lambda: next(feed),
-                        set_threads=set_to.append, clock=lambda: now[0])
-    assert g.before_step() is None  # one sample is not enough, whatever the time
-    now[0] = 9.0
-    assert g.before_step() == 1
-    for t in (9.1, 9.2, 9.3):  # quiet again, but fast steps: the step count decides
-        now[0] = t
-        assert g.before_step() is None
+    m = Machine()
+    g, set_to = guard(m, window=16)
+    assert steps(g, m, 2, 3.0, 1.5) == [None, 1]  # the second step ends the window (3 s > 1 s)
+    assert steps(g, m, 3, 0.01, 0.0) == [None, None, None]  # fast quiet steps: the count decides
 
 
-def test_own_threads_are_counted_as_own() -> None:
-    """The calling thread is running, so it is one of this process's threads in state R; the
-    others' count leaves it out. (Python threads spinning would not do as a check: those
-    waiting for the GIL sleep, in state S.)"""
-    assert own_runnable_threads() >= 1
-    assert other_runnable_threads() >= 0
-
-
-def test_guard_gives_up_at_once_when_others_fill_every_core() -> None:
-    g, set_to = guard([12, 0, 0, 0, 0], window=4)
-    assert g.before_step() == 1 and set_to == [1]  # the first sample: a collapsed step is slow
-    assert [g.before_step() for _ in range(4)] == [None, None, None, 2]
+def test_others_cpu_time_leaves_this_process_out() -> None:
+    """Busy time this process spends (a spinning loop) shows in the machine's busy time but not
+    in the others' CPU seconds."""
+    busy0, own0 = busy_cpu_seconds()
+    others0 = other_cpu_seconds()
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+    busy1, own1 = busy_cpu_seconds()
+    others1 = other_cpu_seconds()
+    assert own1 - own0 >= 0.25  # the spin is counted as ours, in seconds
+    assert others1 - others0 <= (busy1 - busy0) - 0.2  # and left out of the others' time
 
 
 def test_an_engine_with_the_default_count_says_so_and_guards_it(

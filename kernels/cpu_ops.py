@@ -107,12 +107,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     """rms_norm.rms_norm's contract: (norm(x + residual), x + residual) with a residual."""
     if residual is None:
         return torch.ops.shoal_cpu.rms_norm(x, weight, eps)
-    out, summed = torch.ops.shoal_cpu.fused_add_rms_norm(x, residual, weight, eps)
-    return out, summed
+    return torch.ops.shoal_cpu.fused_add_rms_norm(x, residual, weight, eps)
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                  cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """rotary.apply_rotary's contract (q [T, H, D], k [T, Hk, D]; new tensors)."""
-    q_out, k_out = torch.ops.shoal_cpu.apply_rotary(q, k, positions, cos_sin)
-    return q_out, k_out
+    return torch.ops.shoal_cpu.apply_rotary(q, k, positions, cos_sin)

@@ -131,5 +131,7 @@ async def test_engines_left_running_keep_serving_and_are_adopted(
 
     lost = await wait_for(timed_out, settings.heartbeat_timeout + 10, "UNREACHABLE")
     assert lost.state_message == f"worker {name} stopped heartbeating"
+    gone_worker = await client.get_worker(worker.id)  # no longer "engine(s) left running":
+    assert gone_worker.state_message.startswith("the worker agent stopped; no heartbeat since")
     assert [i.state for i in await instances_of(client, starting.model_id)] == [
         InstanceState.UNREACHABLE]

@@ -26,6 +26,9 @@ Changes = tuple[list[WorkerPublic], list[InstancePublic]]
 LEFT = "the worker agent stopped"
 """The state message of a worker whose agent left (`leave`): only a registration brings it back,
 not a heartbeat that was on its way when the agent left."""
+KEPT = "engine(s) left running"
+"""The end of a left worker's message while engines it left still serve (`leave`): the only
+NOT_READY workers whose instances a heartbeat timeout still has to take out of service."""
 _ENGINE_STATES = [InstanceState.DOWNLOADING.value, InstanceState.STARTING.value,
                   InstanceState.RUNNING.value]
 
@@ -139,8 +142,7 @@ class WorkerRepo:
         async with unit_of_work(self.sessions, f"worker {req.id!r}") as s:
             row = await get_or_404(s, WorkerRow, req.id, "worker")
             row.state = WorkerState.NOT_READY.value
-            row.state_message = LEFT + (
-                f"; {len(req.running)} engine(s) left running" if req.running else "")
+            row.state_message = LEFT + (f"; {len(req.running)} {KEPT}" if req.running else "")
             changed = await self._unreachable(s, {row.id: row}, "worker {} stopped", utcnow(),
                                               keep=frozenset(req.running))
             return worker_public(row), changed
@@ -151,17 +153,22 @@ class WorkerRepo:
         now = now or utcnow()
         cutoff = now - timedelta(seconds=timeout_s)
         async with unit_of_work(self.sessions, "silent workers") as s:
+            # Workers already NOT_READY were dealt with when they went (their instances are
+            # UNREACHABLE), but for a left one whose kept engines still serve.
             rows = list(await s.scalars(select(WorkerRow).where(
-                WorkerRow.last_heartbeat_at < cutoff)))
+                WorkerRow.last_heartbeat_at < cutoff,
+                (WorkerRow.state != WorkerState.NOT_READY.value)
+                | WorkerRow.state_message.endswith(KEPT))))
             if not rows:
                 return [], []
-            flipped = [r for r in rows if r.state != WorkerState.NOT_READY.value]
-            for row in flipped:
+            for row in rows:
+                since = f"no heartbeat since {row.last_heartbeat_at:%Y-%m-%d %H:%M:%S}Z"
+                left = row.state == WorkerState.NOT_READY.value
                 row.state = WorkerState.NOT_READY.value
-                row.state_message = f"no heartbeat since {row.last_heartbeat_at:%Y-%m-%d %H:%M:%S}Z"
+                row.state_message = f"{LEFT}; {since}" if left else since
             changed = await self._unreachable(s, {r.id: r for r in rows},
                                               "worker {} stopped heartbeating", now)
-            return [worker_public(r) for r in flipped], changed
+            return [worker_public(r) for r in rows], changed
 
     @staticmethod
     async def _unreachable(s: AsyncSession, gone: dict[str, WorkerRow], why: str,

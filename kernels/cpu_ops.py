@@ -1,6 +1,7 @@
 """The CPU op set: paged attention and the KV write as a C++ op that reads the paged cache in
 place (csrc/cpu_attention.cpp), instead of gathering K/V into a padded copy first; RMSNorm (with
-its residual add) and rotary embedding as one pass each (csrc/cpu_norm_rotary.cpp).
+its residual add) and rotary embedding as one pass each (csrc/cpu_norm_rotary.cpp); the fp32
+matmul of a step of one or two tokens (csrc/cpu_gemv.cpp, used by layers/cpu_weights.py).
 
 The op is compiled by torch.utils.cpp_extension with the machine's g++ (-O3 -march=native) at
 first use, or by `make install`, and cached in the environment that runs it
@@ -28,7 +29,7 @@ import torch
 from shoal.kernels.paged_attention import prefill_chunk
 
 SOURCES = [Path(__file__).with_name("csrc") / name
-           for name in ("cpu_attention.cpp", "cpu_norm_rotary.cpp")]
+           for name in ("cpu_attention.cpp", "cpu_norm_rotary.cpp", "cpu_gemv.cpp")]
 NAME = "shoal_cpu_ops"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-DNDEBUG"]
 """-fopenmp compiles at::parallel_for's OpenMP loop; it links against torch's own libgomp."""
@@ -114,3 +115,13 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                  cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """rotary.apply_rotary's contract (q [T, H, D], k [T, Hk, D]; new tensors)."""
     return torch.ops.shoal_cpu.apply_rotary(q, k, positions, cos_sin)
+
+
+GEMV_MAX_ROWS = 2
+"""Steps of up to this many tokens run `gemv`; from three rows oneDNN's packed GEMM was faster
+(docs/figures.md)."""
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M <= GEMV_MAX_ROWS, K] @ weight [N, K]^T + bias, all float32, weight contiguous."""
+    return torch.ops.shoal_cpu.gemv(x, weight, bias)

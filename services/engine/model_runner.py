@@ -72,7 +72,8 @@ class ModelRunner:
         if self.device.type == "cpu":
             matmul = prepare_cpu_weights(self.model, config.quantization,
                                          gguf_source(config.model),
-                                         model_dir / "gguf-blocks" / "q4_1.safetensors")
+                                         model_dir / "gguf-blocks" / "q4_1.safetensors",
+                                         config.cpu_gemv)
             self.settings = (f"CPU: {torch.get_num_threads()} torch intra-op threads "
                              f"({threads_note}), {torch.get_num_interop_threads()} inter-op, "
                              f"affinity {cpu_list(os.sched_getaffinity(0))}, "

@@ -39,6 +39,9 @@ class EngineArgs(Wire):
     num_threads: int | None = Field(default=None, ge=1)
     """torch intra-op threads on CPU (default: all usable cores but one)."""
     enforce_eager: bool | None = None
+    cpu_gemv: bool | None = None
+    """CPU, float32: keep plain weights for the single-stream GEMV (default: when they take
+    under an eighth of the machine's memory)."""
     quantization: str | None = None
     """vLLM's --quantization: "int8", "int4" or "gguf" (CPU path)."""
     tool_call_parser: str | None = None

@@ -3,8 +3,13 @@
 torch's `F.linear` on CPU calls MKL's sgemm, which runs at less than half of what oneDNN's JIT
 kernels reach for the same fp32 matmuls (docs/figures.md). So on CPU every Linear and the LM head
 get their weight reordered once into oneDNN's blocked layout and run through
-`torch.ops.mkldnn._linear_pointwise` (the op inductor's CPU freezing pass emits); the dense copy
-of a Linear's weight is released.
+`torch.ops.mkldnn._linear_pointwise` (the op inductor's CPU freezing pass emits). oneDNN's kernels
+are built for many rows: a step of one or two tokens (a single stream's decode) instead streams
+the weight in its plain layout through the C++ GEMV (kernels/csrc/cpu_gemv.cpp), about 1.3x
+faster per token here. That needs the plain weight kept beside the packed one: free for a tied
+LM head (the embedding holds it), one more copy of every Linear's weight otherwise, so
+`cpu_gemv` (EngineConfig) decides: None keeps it when it takes under an eighth of the machine's
+memory; False releases it (and runs every step through oneDNN).
 
 Quantised weights (`quantization=`), for batch 1, which reads every weight once per token:
 - "int8": int8 weights, one scale per output row, through `torch._weight_int8pack_mm` (bf16
@@ -22,12 +27,15 @@ activations cost SmolLM2 3 % of perplexity) at about the same speed (docs/figure
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from shoal.kernels import cpu_ops
 from shoal.services.engine.config import QUANTIZATIONS, ConfigError
 
 
@@ -37,14 +45,31 @@ def onednn_available() -> bool:
 
 
 class OneDNNLinear:
-    """y = x W^T + b with W reordered for oneDNN (fp32 or bf16)."""
+    """y = x W^T + b with W reordered for oneDNN (fp32 or bf16); with `plain` (float32 only),
+    steps of up to GEMV_MAX_ROWS rows run the C++ GEMV over the weight as given instead."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 plain: bool = False) -> None:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
         self.bias = None if bias is None else bias.detach()
+        self.plain = weight.detach().contiguous() if plain else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.plain is not None and x.shape[0] <= cpu_ops.GEMV_MAX_ROWS:
+            return cpu_ops.gemv(x, self.plain, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def gemv_available(dtype: torch.dtype) -> bool:
+    return dtype == torch.float32 and onednn_available() and cpu_ops.load()
+
+
+def keep_plain_weights(extra_bytes: int, cpu_gemv: bool | None) -> bool:
+    """Whether the Linears keep a plain copy of their weights for the GEMV (see the docstring)."""
+    if cpu_gemv is not None:
+        return cpu_gemv
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return extra_bytes * 8 <= memory
 
 
 MANY_ROWS = 8
@@ -178,10 +203,12 @@ def gguf_source(model: str) -> Path | None:
 
 
 def prepare_cpu_weights(model: nn.Module, quantization: str | None,
-                        gguf: Path | None = None, gguf_cache: Path | None = None) -> str:
+                        gguf: Path | None = None, gguf_cache: Path | None = None,
+                        cpu_gemv: bool | None = None) -> str:
     """Give every Linear and the LM head its CPU kernel; returns what was used (for the log).
     `gguf`: the file the model was converted from (quantization "gguf" reads its blocks);
-    `gguf_cache`: where those blocks are kept once extracted (gguf_weights.py)."""
+    `gguf_cache`: where those blocks are kept once extracted (gguf_weights.py); `cpu_gemv`:
+    EngineConfig's (whether the Linears keep plain weights for the GEMV)."""
     from shoal.services.engine.layers.embedding import LMHead
     from shoal.services.engine.layers.linear import Linear
 
@@ -213,6 +240,17 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
     elif onednn_available():
         make = head = OneDNNLinear
         used = "oneDNN packed weights"
+        weights = [m.weight for m in model.modules() if isinstance(m, Linear)]
+        if gemv_available(weights[0].dtype if weights else torch.float32):
+            head = partial(OneDNNLinear, plain=True)  # the embedding's copy: no memory more
+            extra = sum(w.numel() * w.element_size() for w in weights)
+            if keep_plain_weights(extra, cpu_gemv):
+                make = head
+                used += (f"; steps of up to {cpu_ops.GEMV_MAX_ROWS} tokens: C++ GEMV over plain "
+                         f"weights (+{extra / 2**20:.0f} MiB kept for it)")
+            else:
+                used += (f"; C++ GEMV for the LM head only (cpu_gemv off: the Linears' plain "
+                         f"weights, {extra / 2**20:.0f} MiB, released)")
     else:
         return "torch F.linear"
     for name, module in model.named_modules():

@@ -3,14 +3,18 @@ stand for (the reference dequantised matmul)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from shoal.services.engine.config import ConfigError
+from shoal.kernels import cpu_ops
 from shoal.services.engine.layers.cpu_weights import (INT4_GROUP, Int4Linear, Int8Linear,
                                                       OneDNNLinear, _per_row_int8,
-                                                      dynamic_int8_mm, int4_dequantize,
+                                                      dynamic_int8_mm, gemv_available,
+                                                      int4_dequantize, keep_plain_weights,
                                                       onednn_available, prepare_cpu_weights)
 from shoal.services.engine.layers.linear import Linear
 
@@ -36,17 +40,39 @@ def test_int8_linear_is_its_dequantised_weight_within_bf16_rounding() -> None:
 
 
 @pytest.mark.skipif(not onednn_available(), reason="torch built without oneDNN")
-def test_prepare_releases_dense_weights_and_refuses_unknown_quantization() -> None:
+@pytest.mark.parametrize("cpu_gemv", [False, True])
+def test_prepare_moves_dense_weights_to_the_kernel_and_refuses_unknown_quantization(
+        cpu_gemv: bool) -> None:
     model = torch.nn.Sequential(Linear(16, 8, bias=True))
     model[0].weight.data.normal_()
     model[0].bias.data.normal_()
     x = torch.randn(3, 16)
     expected = model(x)
-    prepare_cpu_weights(model, None)
-    assert model[0].kernel is not None and model[0].weight.numel() == 0
-    torch.testing.assert_close(model(x), expected, atol=1e-4, rtol=1e-4)
+    used = prepare_cpu_weights(model, None, cpu_gemv=cpu_gemv)
+    kernel = model[0].kernel
+    assert isinstance(kernel, OneDNNLinear) and model[0].weight.numel() == 0
+    assert (kernel.plain is not None) == (cpu_gemv and gemv_available(torch.float32))
+    assert ("C++ GEMV over plain weights" in used) == (kernel.plain is not None)
+    for rows in (1, 2, 3):  # 1-2 rows: the GEMV when kept; 3: oneDNN
+        torch.testing.assert_close(model(x[:rows]), expected[:rows], atol=1e-4, rtol=1e-4)
     with pytest.raises(ConfigError):
         prepare_cpu_weights(torch.nn.Sequential(Linear(4, 4)), "fp4")
+
+
+@pytest.mark.skipif(not gemv_available(torch.float32), reason="no oneDNN or no C++ compiler")
+def test_onednn_linear_runs_one_or_two_rows_through_the_gemv() -> None:
+    gen = torch.Generator().manual_seed(torch.seed())
+    w, b = torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
+    layer = OneDNNLinear(w, b, plain=True)
+    for rows in (1, 2):
+        x = torch.randn(rows, 24, generator=gen)
+        assert torch.equal(layer(x), cpu_ops.gemv(x, w, b))
+
+
+def test_plain_weights_are_kept_when_asked_or_when_they_fit_an_eighth_of_memory() -> None:
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert keep_plain_weights(memory, True) and not keep_plain_weights(1, False)
+    assert keep_plain_weights(memory // 8, None) and not keep_plain_weights(memory // 8 + 1, None)
 
 
 def _rows(n: int, k: int, gen: torch.Generator) -> torch.Tensor:

@@ -59,7 +59,13 @@ def test_greedy_identity_in_mixed_batches_with_chunking_and_preemption(folder: P
     a = base.generate(_prompts(), params, use_tqdm=False)
     b = spec.generate(_prompts(), params, use_tqdm=False)
     _same(a, b)
-    assert a[1].outputs[0].logprobs == b[1].outputs[0].logprobs
+    # the same tokens, ranks and top-N; the values to float rounding: a step's matmul kernel
+    # depends on its row count (1-2 rows: the CPU GEMV, more: oneDNN), and drafts add rows
+    for x, y in zip(a[1].outputs[0].logprobs, b[1].outputs[0].logprobs, strict=True):
+        assert (x.token_id, x.rank, [t for t, _ in x.top]) == (y.token_id, y.rank,
+                                                                [t for t, _ in y.top])
+        assert x.logprob == pytest.approx(y.logprob, abs=1e-5)
+        assert [v for _, v in x.top] == pytest.approx([v for _, v in y.top], abs=1e-5)
     stats = spec.engine.stats()
     assert stats.num_preemptions > 0 and base.engine.stats().num_preemptions > 0
     assert stats.spec_decode is not None and stats.spec_decode.num_accepted_tokens > 0

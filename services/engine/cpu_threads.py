@@ -83,7 +83,10 @@ class ContentionGuard:
     kept busy on average, whatever moment a step starts at. (A count of runnable threads at step
     starts saw a served engine's own gateway and client, woken by the step before, and halved
     its threads for them.) The engine keeps the cores the others leave (at least one, at most
-    the default)."""
+    the default). Only time spent stepping counts: after an idle gap (more than `window_s`
+    between one step's end and the next step's start) a fresh window starts, since what others
+    did while the engine waited for work never slowed a step and may be over (a served engine
+    idle through another process's run used to start its next burst on one thread)."""
 
     def __init__(self, max_threads: int, cores: int, window: int = 16, window_s: float = 1.0,
                  sample: Callable[[], float] = other_cpu_seconds,
@@ -100,11 +103,15 @@ class ContentionGuard:
         self._start: tuple[float, float] | None = None
         """(clock, others' CPU seconds) when the window began."""
         self._steps = 0
+        self._last_end: float | None = None
+        """When the last step ended (after_step)."""
 
     def before_step(self) -> int | None:
         """Count the step; at the end of a window return the new thread count if it changed."""
         now = self.clock()
-        if self._start is None:
+        idle = self._last_end is not None and now - self._last_end > self.window_s
+        self._last_end = None
+        if self._start is None or idle:
             self._start, self._steps = (now, self.sample()), 0
             return None
         self._steps += 1
@@ -122,6 +129,9 @@ class ContentionGuard:
         self.threads = target
         self.set_threads(target)
         return target
+
+    def after_step(self) -> None:
+        self._last_end = self.clock()
 
 
 def _set_torch_threads(n: int) -> None:

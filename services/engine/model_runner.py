@@ -107,14 +107,21 @@ class ModelRunner:
         self.spec = SpecStep.build(config.speculative_config, self)
         """Speculative decoding (spec_decode/): proposes, and verifies what it proposed."""
 
-    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        if self.contention is None or out.is_empty:
+            return self._execute(out)
+        self.contention.before_step()  # here, on the stepping thread: OpenMP's thread count
+        try:  # belongs to the thread that sets it
+            return self._execute(out)
+        finally:
+            self.contention.after_step()
+
+    @torch.inference_mode()
+    def _execute(self, out: SchedulerOutput) -> RunnerOutput:
         for seq_id in out.finished_seq_ids:
             self.states.pop(seq_id, None)
         if out.is_empty:
             return RunnerOutput(sampled_token_ids={})
-        if self.contention is not None:  # here, on the stepping thread: OpenMP's thread count
-            self.contention.before_step()  # belongs to the thread that sets it
         states = [self._update_state(s) for s in out.scheduled]
         drafts = self.spec.propose(out.scheduled, states) if self.spec else None
         if drafts is not None:  # feed each sequence's drafts after its token

@@ -5,11 +5,11 @@ kernels reach for the same fp32 matmuls (docs/figures.md). So on CPU every Linea
 get their weight reordered once into oneDNN's blocked layout and run through
 `torch.ops.mkldnn._linear_pointwise` (the op inductor's CPU freezing pass emits). oneDNN's kernels
 are built for many rows: a step of one or two tokens (a single stream's decode) instead streams
-the weight in its plain layout through the C++ GEMV (kernels/csrc/cpu_gemv.cpp), about 1.3x
-faster per token here. That needs the plain weight kept beside the packed one: free for a tied
-LM head (the embedding holds it), one more copy of every Linear's weight otherwise, so
-`cpu_gemv` (EngineConfig) decides: None keeps it when it takes under an eighth of the machine's
-memory; False releases it (and runs every step through oneDNN).
+the weight in its plain layout through the C++ GEMV (kernels/csrc/cpu_gemv.cpp), 1.24x
+faster per token here. That needs the plain weight kept beside the packed one: free for the
+LM head (a tied one's is the embedding table, an untied one keeps its own), one more copy of
+every Linear's weight, so `cpu_gemv` (EngineConfig) decides: None keeps it when it takes under
+an eighth of the machine's memory; False releases it (and runs every step through oneDNN).
 
 Quantised weights (`quantization=`), for batch 1, which reads every weight once per token:
 - "int8": int8 weights, one scale per output row, through `torch._weight_int8pack_mm` (bf16
@@ -242,15 +242,16 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
         used = "oneDNN packed weights"
         weights = [m.weight for m in model.modules() if isinstance(m, Linear)]
         if gemv_available(weights[0].dtype if weights else torch.float32):
-            head = partial(OneDNNLinear, plain=True)  # the embedding's copy: no memory more
+            head = partial(OneDNNLinear, plain=True)  # the LM head's weight stays anyway
             extra = sum(w.numel() * w.element_size() for w in weights)
             if keep_plain_weights(extra, cpu_gemv):
                 make = head
                 used += (f"; steps of up to {cpu_ops.GEMV_MAX_ROWS} tokens: C++ GEMV over plain "
                          f"weights (+{extra / 2**20:.0f} MiB kept for it)")
             else:
-                used += (f"; C++ GEMV for the LM head only (cpu_gemv off: the Linears' plain "
-                         f"weights, {extra / 2**20:.0f} MiB, released)")
+                used += (f"; C++ GEMV for the LM head only (the Linears' plain weights, "
+                         f"{extra / 2**20:.0f} MiB, released: cpu_gemv false, or over an "
+                         "eighth of memory)")
     else:
         return "torch F.linear"
     for name, module in model.named_modules():

@@ -5,7 +5,9 @@ Kubernetes' HPA rule with hysteresis: desired = ceil(ready x metric / target), a
 the metric leaves the band target x (1 +- tolerance). Up at once to the desired count (after
 `scale_up_cooldown` since the last change); down one replica at a time, after
 `scale_down_cooldown` since the last change. With min_replicas 0 a model idle for
-`scale_to_zero_after` seconds goes to zero, and a request's demand brings it back to one at once.
+`scale_to_zero_after` seconds goes to zero, and a request's demand brings it back to one at once;
+idle counts from the first load of a RUNNING instance saying nothing runs or waits, never from
+while its instances start.
 """
 
 from __future__ import annotations
@@ -57,8 +59,9 @@ def decide(spec: AutoscaleSpec, replicas: int, loads: Sequence[InstanceLoad], no
            demand: bool = False) -> Decision | None:
     """The new replica count and why, or None to keep `replicas`.
 
-    loads: fresh loads of the model's RUNNING instances; idle_since: since when nothing ran or
-    waited on any of them (None: busy now); low_since: since when the metric has stayed below
+    loads: fresh loads of the model's RUNNING instances; idle_since: since when their loads
+    have said that nothing runs or waits on any of them (None: busy now, or no loads yet);
+    low_since: since when the metric has stayed below
     the band (None: it is not); demand: a gateway holds a request for the model while it has
     no instance."""
     since = math.inf if last_scaled_at is None else now - last_scaled_at
@@ -108,7 +111,11 @@ class Autoscaler:
     def step(self, model: str, spec: AutoscaleSpec, replicas: int,
              loads: Sequence[InstanceLoad], now: float, demand: bool = False) -> Decision | None:
         busy = demand or any(x.num_running or x.num_waiting for x in loads)
-        if busy or replicas == 0:
+        # Idle is something observed: a RUNNING instance's load saying nothing runs or waits.
+        # No loads (instances still starting) is no observation, so the window opens at the
+        # first idle load: an instance that took longer than scale_to_zero_after to start is
+        # not scaled away the moment it is RUNNING, before anyone could use it.
+        if busy or replicas == 0 or not loads:
             self.idle_since.pop(model, None)
         else:
             self.idle_since.setdefault(model, now)

@@ -107,6 +107,22 @@ def test_scale_to_zero_and_back_on_demand() -> None:
     assert simulate(s, 0, [(t, []) for t in range(0, 400, 10)]) == []
 
 
+def test_idle_counts_from_the_first_idle_load_not_from_the_start() -> None:
+    """An instance that takes longer to start than scale_to_zero_after (no loads until it is
+    RUNNING) gets the whole idle window once it serves: it used to be scaled to zero at its
+    first load, before anyone could use it (the autoscale e2e test then missed its RUNNING)."""
+    s = spec(min_replicas=0, scale_to_zero_after=100)
+    idle = [InstanceLoad(0, 0, 0.0)]
+    starting = [(t, []) for t in range(0, 150, 10)]
+    events = simulate(s, 1, starting + [(t, idle) for t in range(150, 400, 10)])
+    assert [(t, r) for t, r, _ in events] == [(250, 0)]
+    assert "idle for 100 s" in events[0][2]
+    # loads lost for a while (the engine stalled, or a new leader): the window starts again
+    gap = [(t, idle) for t in range(0, 60, 10)] + [(t, []) for t in range(60, 90, 10)]
+    events = simulate(s, 1, gap + [(t, idle) for t in range(90, 300, 10)])
+    assert [(t, r) for t, r, _ in events] == [(190, 0)]
+
+
 def test_spec_bounds_replicas_and_the_cli_flags() -> None:
     from shoal.cli import build_parser
     from shoal.cli.commands import _autoscaling

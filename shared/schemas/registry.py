@@ -114,7 +114,8 @@ class AutoscaleSpec(Wire):
     """Seconds after any scaling (and of load below target) before a scale-down, one replica at
     a time."""
     scale_to_zero_after: float = Field(default=300.0, gt=0)
-    """Idle seconds (nothing running or waiting) before a model with min_replicas 0 goes to 0."""
+    """Idle seconds (nothing running or waiting) before a model with min_replicas 0 goes to 0,
+    counted from its RUNNING instances' loads (never from while they start)."""
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscaleSpec:

@@ -47,14 +47,27 @@ class StepResult:
 
 async def wait_running(client: RegistryClient, model_id: str, count: int,
                        timeout: float = 300) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        running = await client.list_instances(InstanceFilter(model_id=model_id,
-                                                             state=InstanceState.RUNNING))
+    """The ids of `count` RUNNING instances of the model; on a timeout the error says what was
+    seen instead (each instance's states as polled, the model's replicas and scale events)."""
+    start = time.monotonic()
+    seen: dict[str, list[str]] = {}
+    while time.monotonic() - start < timeout:
+        instances = await client.list_instances(InstanceFilter(model_id=model_id))
+        running = [i for i in instances if i.state is InstanceState.RUNNING]
         if len(running) >= count:
             return [i.id for i in running]
+        for i in instances:
+            states = seen.setdefault(i.name, [])
+            now = f"{i.state.value}" + (f" ({i.state_message})" if i.state_message else "")
+            if not states or states[-1].split(" @", 1)[0] != now:
+                states.append(f"{now} @{time.monotonic() - start:.1f}s")
         await asyncio.sleep(0.2)
-    raise TimeoutError(f"{count} RUNNING instance(s) not reached in {timeout}s")
+    model = await client.get_model(id=model_id)
+    events = "; ".join(f"{e.at:%H:%M:%S} {e.from_replicas}->{e.to_replicas} {e.reason}"
+                       for e in model.scale_events[-5:])
+    raise TimeoutError(f"{count} RUNNING instance(s) not reached in {timeout}s: model "
+                       f"{model.name} at {model.replicas} replicas (scale events: "
+                       f"{events or 'none'}); instances seen: {seen or 'none'}")
 
 
 async def load_step(url: str, client: RegistryClient, model: str, clients: int,

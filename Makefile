@@ -41,11 +41,9 @@ lint: install
 # ruff first, so CI (.ci/run -> make test) enforces it. Test files run on TEST_WORKERS
 # pytest-xdist workers (2: CI's two cores; 0 runs them in this process), a whole file on one
 # worker (its module fixtures are set up once); each worker is its own session with its own
-# servers (or fresh database), so its own NATS namespace (README "Tests").
-# Default 0 (one process) for now: one full run in six on two workers failed (the autoscale e2e
-# test's instance never reached RUNNING in 300 s; it passes alone), not yet explained. CI is
-# about 13 minutes serial, 8 on two workers: `make test TEST_WORKERS=2`.
-TEST_WORKERS ?= 0
+# servers (or fresh database), so its own NATS namespace (README "Tests"). CI is about 8
+# minutes on two workers, 13-16 in one process (`make test TEST_WORKERS=0`).
+TEST_WORKERS ?= 2
 test: install lint browser
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 

@@ -4,7 +4,7 @@
 // Why: at batch 1 a step reads every weight once and does two flops per weight, so it is bound by
 // memory bandwidth. oneDNN's packed kernels, built for many rows, read SmolLM2's 538 MB at ~22
 // GB/s here, and torch's F.linear (MKL sgemv) at ~11; plain dot products over contiguous rows,
-// eight rows at a time across the threads, stream them at ~28 GB/s, close to what a plain sum
+// eight rows at a time across the threads, stream them at 25-28 GB/s, near what a plain sum
 // over the same bytes reaches (docs/figures.md). From three rows on, oneDNN's GEMM wins.
 //
 // The vectors are GCC's generic vector type, so the same code compiles to AVX-512, AVX2 or NEON

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -71,10 +72,11 @@ class AutoscaleLoop:
         self.loads[load.instance_id] = (self.clock(), load)
 
     async def _on_demand(self, demand: ScaleDemand, _msg: Msg) -> None:
-        first = demand.model not in self.demand
-        self.demand[demand.model] = self.clock()
-        if first:
-            await self.step()  # a waiting client: do not wait for the next tick
+        now = self.clock()
+        new = now - self.demand.get(demand.model, -math.inf) > DEMAND_FRESH_S
+        self.demand[demand.model] = now
+        if new:  # a client began waiting (not a gateway's repeat): do not wait for the tick,
+            await self.step()  # on every cold start, not only the model's first
 
     async def step(self) -> None:
         async with self.lock:  # the tick and a demand never decide at once

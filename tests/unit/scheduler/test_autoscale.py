@@ -13,6 +13,7 @@ from shoal.services.scheduler.autoscale_loop import AutoscaleLoop
 from shoal.shared.schemas.common import utcnow
 from shoal.shared.schemas.infer import EngineLoad
 from shoal.shared.schemas.registry import AutoscaleSpec, ScaleEvent
+from shoal.shared.schemas.scheduler import ScaleDemand
 
 
 def spec(**kw: object) -> AutoscaleSpec:
@@ -176,3 +177,29 @@ async def test_a_new_leader_keeps_the_cooldown_of_the_last_scale() -> None:
     await loop._on_load(load, None)  # type: ignore[arg-type]
     await loop.step()
     assert registry.updates == [6]  # ceil(1 x 12 / 2), the cool-down over
+
+
+async def test_every_cold_start_steps_at_once_on_demand_not_only_the_first() -> None:
+    """A demand for a model at zero steps the autoscaler at once (a client waits); a gateway's
+    repeats of the same wait do not, and a later cold start does again."""
+    model = SimpleNamespace(id="m1", name="m", version=1, replicas=0, scale_events=[],
+                            autoscaling=spec(min_replicas=0, max_replicas=2))
+    registry, clock = _Registry(model), [1000.0]
+    loop = AutoscaleLoop(registry, 1.0, kick=lambda: None,  # type: ignore[arg-type]
+                         clock=lambda: clock[0])
+    steps: list[float] = []
+    step = loop.step
+
+    async def counted() -> None:
+        steps.append(clock[0])
+        await step()
+
+    loop.step = counted  # type: ignore[method-assign]
+    await loop._on_demand(ScaleDemand(model="m"), None)  # type: ignore[arg-type]
+    assert steps == [1000.0] and registry.updates == [1]
+    clock[0] += 2
+    await loop._on_demand(ScaleDemand(model="m"), None)  # type: ignore[arg-type]  # a repeat
+    assert steps == [1000.0]
+    clock[0] += 600  # scaled to zero since; a new client waits
+    await loop._on_demand(ScaleDemand(model="m"), None)  # type: ignore[arg-type]
+    assert steps == [1000.0, 1602.0]

@@ -50,17 +50,18 @@ async def wait_running(client: RegistryClient, model_id: str, count: int,
     """The ids of `count` RUNNING instances of the model; on a timeout the error says what was
     seen instead (each instance's states as polled, the model's replicas and scale events)."""
     start = time.monotonic()
-    seen: dict[str, list[str]] = {}
+    seen: dict[str, list[str]] = {}  # each instance's states, as they changed
+    last: dict[str, str] = {}
     while time.monotonic() - start < timeout:
         instances = await client.list_instances(InstanceFilter(model_id=model_id))
         running = [i for i in instances if i.state is InstanceState.RUNNING]
         if len(running) >= count:
             return [i.id for i in running]
         for i in instances:
-            states = seen.setdefault(i.name, [])
-            now = f"{i.state.value}" + (f" ({i.state_message})" if i.state_message else "")
-            if not states or states[-1].split(" @", 1)[0] != now:
-                states.append(f"{now} @{time.monotonic() - start:.1f}s")
+            state = i.state.value + (f" ({i.state_message})" if i.state_message else "")
+            if last.get(i.name) != state:  # a change: note it and when
+                last[i.name] = state
+                seen.setdefault(i.name, []).append(f"{state} @{time.monotonic() - start:.1f}s")
         await asyncio.sleep(0.2)
     model = await client.get_model(id=model_id)
     events = "; ".join(f"{e.at:%H:%M:%S} {e.from_replicas}->{e.to_replicas} {e.reason}"

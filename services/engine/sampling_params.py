@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json as jsonlib
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,7 +173,8 @@ class SamplingParams:
             _check(_is_number(value) and -2.0 <= value <= 2.0, name,
                    f"must be in [-2, 2], got {value!r}")
         _check(_is_number(self.repetition_penalty) and self.repetition_penalty > 0.0,
-               "repetition_penalty", f"must be > 0, got {self.repetition_penalty!r}")
+               "repetition_penalty", f"must be a finite number > 0, got "
+               f"{self.repetition_penalty!r}")
         _check(self.seed is None or isinstance(self.seed, int), "seed",
                f"must be an integer, got {self.seed!r}")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop",
@@ -214,7 +216,9 @@ def _token_bias(bias: dict[Any, Any]) -> dict[int, float]:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    """A finite int or float (not a bool): infinity and NaN are no sampling parameter."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
 
 
 def _check(ok: bool, param: str, message: str) -> None:

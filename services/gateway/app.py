@@ -1,6 +1,6 @@
-"""The gateway's aiohttp application: middlewares (errors, then auth), routes (OpenAI, management,
-ops, and the dashboard with the API docs), and a cleanup context that owns the bus connection and
-the live instance table for the app's lifetime.
+"""The gateway's aiohttp application: middlewares (the edge's checks, tracing, errors, then
+auth), routes (OpenAI, management, ops, and the dashboard with the API docs), and a cleanup
+context that owns the bus connection and the live instance table for the app's lifetime.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from shoal.services.gateway import admin_routes, openai_routes
+from shoal.services.gateway import admin_routes, edge, openai_routes
 from shoal.services.gateway.ui_routes import add_ui
 from shoal.services.gateway.admission import Admission
 from shoal.services.gateway.auth import KeyCache, auth_middleware, watch_keys
@@ -101,6 +101,7 @@ def make_app(settings: Settings) -> web.Application:
     instrument_http()  # HTTP server spans (web.Application, wrapped before it is built here)
     app = web.Application(client_max_size=settings.gateway_max_body_bytes,
                           middlewares=[error_middleware, auth_middleware])
+    edge.install(app)
     app[SETTINGS] = settings
     app.cleanup_ctx.append(_lifetime)
     app.on_response_prepare.append(add_ratelimit_headers)

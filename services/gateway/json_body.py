@@ -1,10 +1,12 @@
-"""Reading a JSON request body (pure): an object, nested at most MAX_JSON_DEPTH deep, validated
-by a pydantic model. Anything else is an InvalidRequest (400) naming the param, never a
-RecursionError or a ValidationError (500)."""
+"""Reading a JSON request body (pure): an object, nested at most MAX_JSON_DEPTH deep, holding
+only finite numbers, validated by a pydantic model. Anything else is an InvalidRequest (400)
+naming the param, never a RecursionError or a ValidationError (500)."""
 
 from __future__ import annotations
 
 import json
+import math
+from collections import deque
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -20,8 +22,9 @@ MAX_JSON_DEPTH = 64
 def json_depth(data: object) -> int:
     """How deeply arrays and objects nest (iterative: a deep value cannot exhaust the stack).
     A string (key or value) with a lone surrogate escape (`"\\ud800"`), which json.loads accepts
-    but no UTF-8 encoder can write back, is an InvalidRequest: it could go nowhere."""
-    deepest, todo = 0, [(data, 1)]
+    but no UTF-8 encoder can write back, is an InvalidRequest: it could go nowhere; so is a
+    number that is not finite (below)."""
+    deepest, todo, finite = 0, [(data, 1)], True
     while todo:
         value, depth = todo.pop()
         if isinstance(value, dict):
@@ -32,10 +35,34 @@ def json_depth(data: object) -> int:
         else:
             if isinstance(value, str):
                 _check_text(value)
+            elif isinstance(value, float) and not math.isfinite(value):
+                finite = False
             continue
         deepest = max(deepest, depth)
         todo.extend((child, depth + 1) for child in children)
+    if not finite:
+        _refuse_non_finite(data)
     return deepest
+
+
+def _refuse_non_finite(data: object) -> None:
+    """The InvalidRequest for the first number that is not finite, naming where it is.
+
+    json.loads reads `1e309` as infinity and accepts `NaN` and `Infinity`, none of which JSON
+    can write back: on the bus such a value would reach the engine as null (a 503 "malformed
+    reply" that clients retry). vLLM refuses it with a 400 as well."""
+    todo: deque[tuple[object, tuple[str, ...]]] = deque([(data, ())])
+    while todo:
+        value, path = todo.popleft()
+        if isinstance(value, float) and not math.isfinite(value):
+            param = ".".join(path) or None
+            raise InvalidRequest(f"{param or 'body'}: must be a finite number, got {value!r} "
+                                 "(JSON has no infinity or NaN; 1e309 and beyond overflow)",
+                                 param=param)
+        if isinstance(value, dict):
+            todo.extend((v, (*path, str(k))) for k, v in value.items())
+        elif isinstance(value, list):
+            todo.extend((v, (*path, str(i))) for i, v in enumerate(value))
 
 
 def _check_text(*texts: str) -> None:

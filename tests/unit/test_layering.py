@@ -26,7 +26,7 @@ PURE = ["kernels", "services/scheduler/policies", "services/scheduler/claim",
     f"services/gateway/{name}" for name in ("body.py", "router.py", "protocol.py", "responses.py",
                                             "streaming.py", "admission.py", "structured.py",
                                             "tools.py", "tool_parsers.py", "embeddings.py",
-                                            "ratelimit.py", "json_body.py")]
+                                            "ratelimit.py", "json_body.py", "edge_rules.py")]
 
 
 def python_files(entry: str | Path) -> list[Path]:

@@ -16,6 +16,8 @@ INVALID = [
     ("presence_penalty", 2.5), ("presence_penalty", -2.1),
     ("frequency_penalty", 3.0), ("frequency_penalty", float("nan")),
     ("repetition_penalty", 0.0), ("repetition_penalty", -1.0),
+    ("repetition_penalty", float("inf")), ("temperature", float("inf")),
+    ("repetition_penalty", float("nan")),
     ("seed", 1.5), ("seed", "x"),
     ("stop", [""]), ("stop", [1]), ("stop", [f"s{i}" for i in range(17)]),
     ("stop_token_ids", [-1]), ("stop_token_ids", ["a"]),

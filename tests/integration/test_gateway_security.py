@@ -1,0 +1,98 @@
+"""The gateway against hostile input and hostile pages (issue 24), on the real registry (NATS +
+Postgres), no engine: bytes that are not text in a header, numbers JSON cannot carry, floods of
+made-up keys, keys presented to an open stack, and cross-site or rebound requests."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.config import Settings
+from shoal.shared.schemas.registry import ApiKeyCreate
+from tests.integration.test_gateway import running_gateway
+from tests.integration.test_gateway_edges import SHAPE, captured_logs, raw_http
+
+pytestmark = pytest.mark.integration
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture(scope="module")
+async def open_gw(settings: Settings, registry) -> AsyncIterator[str]:
+    """A gateway with the defaults: keys not required."""
+    async with running_gateway(settings) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+async def locked_gw(settings: Settings, registry) -> AsyncIterator[str]:
+    async with running_gateway(settings.model_copy(update={"require_api_key": True})) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+def _key_name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+# ---------------------------------------------------------------- item 7: bad bytes, bad numbers
+async def test_header_bytes_that_are_not_utf8_are_a_400_on_any_route(
+        open_gw: str, locked_gw: str, client: RegistryClient, tmp_path: Path) -> None:
+    """A `baggage` header with a byte that is not UTF-8 was a 500 on every traced route (the
+    tracing propagator failed outside every handler); `Bearer <secret>\\xff\\xfe` with keys
+    required was a 500 with a traceback per request. Both are malformed requests: 400, in
+    OpenAI's shape, naming the header, logged without a traceback or the secret."""
+    key = await client.create_key(ApiKeyCreate(name=_key_name("bytes")))
+    with captured_logs(tmp_path / "run.log") as log_file:
+        for url in (open_gw, locked_gw):
+            for path in ("/v1/models", "/api/v1/models", "/ui/", "/v1/chat/completions"):
+                for header in (b"baggage: k=v\xff", b"baggage: k=\xff\xfe",
+                               b"Authorization: Bearer " + key.secret.encode() + b"\xff\xfe",
+                               b"X-Custom: \xc3"):
+                    request = (b"GET " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                               + header + b"\r\n\r\n")
+                    status, headers, body = await raw_http(url, request)
+                    assert status == 400, (url, path, header, body)
+                    assert headers["content-type"].startswith("application/json")
+                    error = json.loads(body)["error"]
+                    assert set(error) == SHAPE and error["code"] == "invalid_header", error
+                    assert error["param"] == header.split(b":")[0].decode().lower(), error
+                    assert key.secret not in body.decode()
+    text = log_file.read_text()
+    assert "Traceback" not in text and "unexpected error" not in text
+    assert key.secret not in text and key.secret[len("sk-shoal-"):] not in text
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+async def test_numbers_json_cannot_carry_are_a_400_naming_the_param(
+        open_gw: str, http: aiohttp.ClientSession, path: str) -> None:
+    """`repetition_penalty: 1e309` is infinity once parsed; it reached the engine as null and came
+    back a 503 "malformed reply from the engine" with Retry-After, which SDKs retry. Any number
+    that is not finite (1e309, -1e309, NaN, Infinity) is a 400 naming where it is, never
+    retried."""
+    base = CHAT if path == "/v1/chat/completions" else {"model": "m", "prompt": "hi"}
+    for raw, param in (('"repetition_penalty": 1e309', "repetition_penalty"),
+                       ('"temperature": NaN', "temperature"),
+                       ('"top_p": Infinity', "top_p"),
+                       ('"presence_penalty": -1e400', "presence_penalty"),
+                       ('"frequency_penalty": -Infinity', "frequency_penalty"),
+                       ('"logit_bias": {"5": 1e999}', "logit_bias.5"),
+                       ('"vllm_xargs": {"a": [1, 2e308]}', "vllm_xargs.a.1")):
+        body = json.dumps(base)[:-1] + ", " + raw + "}"
+        async with http.post(f"{open_gw}{path}", data=body,
+                             headers={"Content-Type": "application/json"}) as r:
+            assert r.status == 400, (raw, r.status, await r.text())
+            assert "Retry-After" not in r.headers
+            error = (await r.json())["error"]
+        assert set(error) == SHAPE and error["param"] == param, (raw, error)
+        assert "finite" in error["message"], error

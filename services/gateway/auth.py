@@ -21,6 +21,7 @@ import hmac
 import logging
 import time
 from collections import OrderedDict
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -40,6 +41,10 @@ PUBLIC_PREFIXES = ("/ui/", "/docs/")
 """The dashboard's and the API docs' files: they hold no data (the pages call the API with the
 user's key), so a browser can load them and then ask for a key."""
 MAX_CACHED_KEYS = 10000
+"""Valid keys one gateway remembers (each is asked about again after the TTL)."""
+MAX_REFUSED_KEYS = 1024
+"""Refused tokens one gateway remembers, apart from valid keys: a client retrying with a bad
+key costs no registry call per request, and no number of made-up tokens evicts a valid key."""
 log = logging.getLogger(__name__)
 
 
@@ -50,13 +55,17 @@ ADMIN_PREFIXES = ("/api/v1/",)
 
 
 class KeyCache:
-    """secret hash -> (verification, fresh until, usable until); bounded, so unknown keys cannot
-    grow it without limit. `generation` changes with every forget, so a verify answered before a
+    """secret hash -> (verification, fresh until, usable until), in two bounded LRUs: valid keys
+    (MAX_CACHED_KEYS) and refusals (MAX_REFUSED_KEYS, fresh for `ttl` only). Kept apart, so a
+    flood of made-up tokens only evicts other refusals, never a valid key that must outlive a
+    registry outage. `generation` changes with every forget, so a verify answered before a
     revocation event cannot put the key back afterwards.
 
-    An entry is fresh for `ttl` seconds (served without asking); after that it is asked again,
-    and only while the registry cannot answer is it served stale, up to `stale_max` seconds
-    after its verification (never past the key's own expiry)."""
+    A valid entry is fresh for `ttl` seconds (served without asking); after that it is asked
+    again, and only while the registry cannot answer is it served stale, up to `stale_max`
+    seconds after its verification (never past the key's own expiry). A refusal is never
+    served stale: once past `ttl`, an unknown token is asked about again (503 while the registry
+    is away)."""
 
     def __init__(self, ttl: float, stale_max: float = 0.0) -> None:
         self.ttl = ttl
@@ -65,20 +74,27 @@ class KeyCache:
         self.stale_since: float | None = None
         """When keys began to be served stale (the registry unable to verify), for the log."""
         self._entries: OrderedDict[str, tuple[ApiKeyVerified, float, float]] = OrderedDict()
+        self._refused: OrderedDict[str, tuple[ApiKeyVerified, float]] = OrderedDict()
 
     @staticmethod
     def _key(secret: str) -> str:
         return hashlib.sha256(secret.encode()).hexdigest()
 
     def get(self, secret: str, now: float | None = None) -> ApiKeyVerified | None:
-        """The verification while it is fresh, else None (ask the registry)."""
-        entry = self._entries.get(self._key(secret))
-        if entry is None or entry[1] < (time.monotonic() if now is None else now):
-            return None
-        return entry[0]
+        """The verification (valid or not) while it is fresh, else None (ask the registry)."""
+        key = self._key(secret)
+        now = time.monotonic() if now is None else now
+        entry = self._entries.get(key)
+        if entry is not None and entry[1] >= now:
+            return entry[0]
+        refused = self._refused.get(key)
+        if refused is not None and refused[1] >= now:
+            return refused[0]
+        return None
 
     def last_verified(self, secret: str, now: float | None = None) -> ApiKeyVerified | None:
-        """The last verification within `stale_max` (for when the registry cannot answer)."""
+        """The last valid verification within `stale_max` (for when the registry cannot
+        answer)."""
         entry = self._entries.get(self._key(secret))
         if entry is None or entry[2] < (time.monotonic() if now is None else now):
             return None
@@ -90,22 +106,34 @@ class KeyCache:
             return  # a key event arrived while this was being verified: ask again next time
         key = self._key(secret)
         now = time.monotonic() if now is None else now
+        if not verified.valid:
+            self._entries.pop(key, None)
+            _bounded_put(self._refused, key, (verified, now + self.ttl), MAX_REFUSED_KEYS)
+            return
+        self._refused.pop(key, None)
         lives = float("inf") if verified.expires_in is None else verified.expires_in
-        self._entries[key] = (verified, now + min(self.ttl, lives),
-                              now + min(self.stale_max, lives))
-        self._entries.move_to_end(key)
-        while len(self._entries) > MAX_CACHED_KEYS:
-            self._entries.popitem(last=False)
+        _bounded_put(self._entries, key, (verified, now + min(self.ttl, lives),
+                                          now + min(self.stale_max, lives)), MAX_CACHED_KEYS)
 
     def forget(self, key_id: str) -> None:
         """Drop the key with this id (revoked, changed or deleted: the registry decides)."""
         self.generation += 1
-        for key in [k for k, entry in self._entries.items() if entry[0].key_id == key_id]:
-            del self._entries[key]
+        for entries in (self._entries, self._refused):
+            for key in [k for k, entry in entries.items() if entry[0].key_id == key_id]:
+                del entries[key]
 
     def clear(self) -> None:
         self.generation += 1
         self._entries.clear()
+        self._refused.clear()
+
+
+def _bounded_put(entries: OrderedDict[str, Any], key: str, value: Any, bound: int) -> None:
+    """Insert as the most recent entry; drop the least recent beyond `bound`."""
+    entries[key] = value
+    entries.move_to_end(key)
+    while len(entries) > bound:
+        entries.popitem(last=False)
 
 
 async def verify(keys: KeyCache, registry: RegistryClient, secret: str) -> ApiKeyVerified:

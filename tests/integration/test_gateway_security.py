@@ -4,6 +4,7 @@ made-up keys, keys presented to an open stack, and cross-site or rebound request
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -96,3 +97,41 @@ async def test_numbers_json_cannot_carry_are_a_400_naming_the_param(
             error = (await r.json())["error"]
         assert set(error) == SHAPE and error["param"] == param, (raw, error)
         assert "finite" in error["message"], error
+
+
+# ---------------------------------------------------------------- item 6: floods of made-up keys
+async def test_a_flood_of_made_up_keys_evicts_no_valid_key(
+        settings: Settings, registry, client: RegistryClient,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refusals were cached beside valid keys in one 10,000-entry LRU: 10,001 made-up bearer
+    tokens evicted every valid key, and with Postgres (here: the registry) away the next request
+    with a valid key was a 503 instead of being served from its last verification. The cache's
+    bound is 300 here, so the flood takes seconds (tests/unit/gateway/test_gateway_auth.py
+    floods the real 10,000-entry cache)."""
+    from shoal.services.gateway import auth
+
+    monkeypatch.setattr(auth, "MAX_CACHED_KEYS", 300)
+    monkeypatch.setattr(auth, "MAX_REFUSED_KEYS", 100, raising=False)
+    MAX_CACHED_KEYS = auth.MAX_CACHED_KEYS
+    update = {"require_api_key": True, "gateway_key_cache_ttl": 0.5,
+              "gateway_key_stale_max": 600.0}
+    key = await client.create_key(ApiKeyCreate(name=_key_name("flooded")))
+    async with running_gateway(settings.model_copy(update=update)) as url, \
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http:
+        async def models(secret: str) -> int:
+            async with http.get(f"{url}/v1/models",
+                                headers={"Authorization": f"Bearer {secret}"}) as r:
+                return r.status
+
+        assert await models(key.secret) == 200  # verified: cached
+        for start in range(0, 2 * MAX_CACHED_KEYS, 100):
+            made_up = [f"sk-shoal-{uuid.uuid4().hex}{i}" for i in range(start, start + 100)]
+            statuses = await asyncio.gather(*(models(s) for s in made_up))
+            assert set(statuses) == {401}
+        await registry.stop()  # the registry (and so Postgres) away
+        try:
+            await asyncio.sleep(0.6)  # past the TTL: the gateway has to ask, and cannot
+            assert await models(key.secret) == 200  # served from its last verification
+            assert await models(f"sk-shoal-{uuid.uuid4().hex}") == 503  # never verified
+        finally:
+            await registry.start()

@@ -70,6 +70,26 @@ def test_key_cache_expires_and_is_bounded() -> None:
     assert cache.get("bad", now=1) is bad
 
 
+def test_refusals_never_evict_a_valid_key() -> None:
+    """Issue 24: 10,001 made-up tokens evicted every valid key from the shared 10,000-entry
+    cache. Refusals are kept apart, bounded on their own, and never served stale."""
+    from shoal.services.gateway.auth import MAX_CACHED_KEYS, MAX_REFUSED_KEYS
+
+    cache = KeyCache(ttl=10, stale_max=600)
+    good = ApiKeyVerified(valid=True, key_id="a")
+    cache.put("sk-good", good, now=0)
+    refused = ApiKeyVerified(valid=False)
+    for i in range(MAX_CACHED_KEYS + 1):
+        cache.put(f"sk-shoal-made-up-{i}", refused, now=1)
+    assert cache.get("sk-good", now=2) is good
+    assert cache.last_verified("sk-good", now=100) is good  # the registry away: still served
+    assert len(cache._refused) == MAX_REFUSED_KEYS  # bounded on their own
+    assert cache.get(f"sk-shoal-made-up-{MAX_CACHED_KEYS}", now=2) is refused  # the latest
+    assert cache.last_verified(f"sk-shoal-made-up-{MAX_CACHED_KEYS}", now=2) is None
+    cache.put("sk-good", ApiKeyVerified(valid=False, key_id="a"), now=3)  # revoked since
+    assert cache.last_verified("sk-good", now=4) is None
+
+
 def test_key_cache_forgets_a_revoked_key_at_once() -> None:
     cache = KeyCache(ttl=3600)
     a, b = ApiKeyVerified(valid=True, key_id="a"), ApiKeyVerified(valid=True, key_id="b")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -27,6 +27,11 @@ class Ops:
     rms_norm: Callable[..., torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
     apply_rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     name: str = "torch"
+    note: str = ""
+    """Why this set stands in for a faster one, for the engine's start line ("" if it does not)."""
+
+    def describe(self) -> str:
+        return f"{self.name} ops" + (f" ({self.note})" if self.note else "")
 
 
 TORCH_OPS = Ops(reshape_and_cache=reshape_and_cache, paged_attention=paged_attention,
@@ -51,15 +56,15 @@ def select_ops(device: torch.device | str, force: str | None = None) -> Ops:
         if force:
             raise
         warnings.warn("triton is not installed: CUDA runs the plain-torch ops", stacklevel=2)
-        return TORCH_OPS
+        return replace(TORCH_OPS, note="triton is not installed")
     return TRITON_OPS
 
 
 def _cpp_ops() -> Ops:
     from shoal.kernels import cpu_ops
 
-    if not cpu_ops.load():
-        return TORCH_OPS
+    if (reason := cpu_ops.unavailable_reason()) is not None:
+        return replace(TORCH_OPS, note=f"C++ ops unavailable: {reason}")
     return Ops(reshape_and_cache=cpu_ops.reshape_and_cache,
                paged_attention=cpu_ops.paged_attention, rms_norm=cpu_ops.rms_norm,
                apply_rotary=cpu_ops.apply_rotary, name="cpp")

@@ -6,8 +6,10 @@ matmul of a step of one or two tokens (csrc/cpu_gemv.cpp, used by layers/cpu_wei
 The op is compiled by torch.utils.cpp_extension with the machine's g++ (-O3 -march=native) at
 first use, or by `make install`, and cached in the environment that runs it
 (`<sys.prefix>/torch_extensions`, or TORCH_EXTENSIONS_DIR when set): a later process loads the
-cached library in milliseconds. Where it cannot be built (no compiler), the plain-torch ops stay
-in use, with a warning.
+cached library in milliseconds. The sources ship in the package (package data), so a wheel or the
+compose image builds them too. Where they cannot be built (no compiler, no headers, sources
+missing), the plain-torch ops stay in use: `load()` warns once, `unavailable_reason()` says why,
+and the engine's start line (`attention: torch ops (C++ ops unavailable: ...)`) repeats it.
 
 Why not torch's default folder (~/.cache/torch_extensions): it is shared by every checkout on the
 machine, and torch guards a build with a plain lock file that a killed build leaves behind, on
@@ -56,10 +58,18 @@ def build_locked(build_dir: Path, build) -> None:
         build()
 
 
-@functools.cache
 def load() -> bool:
     """Build (once per machine) and load the library; False when it cannot be built."""
+    return unavailable_reason() is None
+
+
+@functools.cache
+def unavailable_reason() -> str | None:
+    """None once the library is loaded; else why it could not be (warned once)."""
+    missing = [str(s) for s in SOURCES if not s.is_file()]
     try:
+        if missing:
+            raise FileNotFoundError(f"sources not installed: {', '.join(missing)}")
         from torch.utils.cpp_extension import load as build
 
         build_dir = build_root() / NAME
@@ -67,10 +77,12 @@ def load() -> bool:
             name=NAME, sources=[str(s) for s in SOURCES], extra_cflags=FLAGS,
             is_python_module=False, verbose=False, build_directory=str(build_dir)))
     except Exception as exc:  # no compiler, no headers: the torch ops still work
-        warnings.warn(f"the C++ CPU ops could not be built ({exc}); using the torch ops",
-                      stacklevel=2)
-        return False
-    return True
+        last = (str(exc).strip().splitlines() or [""])[-1]  # a failed build's last line says why
+        reason = f"{type(exc).__name__}: {last}"
+        warnings.warn(f"the C++ CPU ops could not be built ({reason}); using the torch ops",
+                      stacklevel=3)
+        return reason
+    return None
 
 
 LONG_CHUNK = 128

@@ -77,12 +77,12 @@ class ModelRunner:
             self.settings = (f"CPU: {torch.get_num_threads()} torch intra-op threads "
                              f"({threads_note}), {torch.get_num_interop_threads()} inter-op, "
                              f"affinity {cpu_list(os.sched_getaffinity(0))}, "
-                             f"{self.dtype}, matmuls: {matmul}, attention: {ops.name} ops")
+                             f"{self.dtype}, matmuls: {matmul}, attention: {ops.describe()}")
         elif config.quantization is not None:
             raise ConfigError("quantization is implemented on the CPU path only",
                               param="quantization")
         else:
-            self.settings = f"{self.device}: {self.dtype}, {ops.name} ops"
+            self.settings = f"{self.device}: {self.dtype}, {ops.describe()}"
         log.info("engine settings: %s", self.settings)
         self.block_size = config.block_size
         kv_config = config

@@ -169,7 +169,8 @@ class AsyncEngine:
                     continue
                 outputs = self.core.step()
                 self._stats = self.core.stats()  # before delivery: a reader sees them together
-                self._deliver_all([(output.request_id, output) for output in outputs])
+                self._deliver_all([(output.request_id, output.error or output)
+                                   for output in outputs])
         except BaseException as exc:  # fail every stream instead of leaving it hanging
             log.exception("engine step loop failed")
             self._error = exc

@@ -153,10 +153,12 @@ class EngineCore:
         run = (self.runner.execute(out) if out.scheduled or out.finished_seq_ids
                else RunnerOutput({}))
         changed = self.scheduler.update(out, run)
+        dead_ends = {seq.request_id: seq for seq in changed
+                     if seq.seq_id in run.grammar_dead_ends} if run.grammar_dead_ends else {}
         touched: dict[str, RequestState] = {}
         for seq in changed:
             req = self._requests.get(seq.request_id)
-            if req is None:
+            if req is None or req.request_id in dead_ends:
                 continue
             touched[req.request_id] = req
             self._detokenize(req, seq)
@@ -170,7 +172,24 @@ class EngineCore:
                 outputs.append(output)
             if req.is_finished:
                 del self._requests[req.request_id]
+        for seq in dead_ends.values():
+            output = self._fail_dead_end(seq)
+            if output is not None:
+                outputs.append(output)
         return outputs
+
+    def _fail_dead_end(self, seq: Sequence) -> RequestOutput | None:
+        """End a request whose grammar allowed no token (its last token is the stop token the
+        runner drew instead of sampling from nothing): aborted, with a 400 that says why."""
+        spec = seq.params.structured_outputs
+        kind = spec.kind if spec is not None else "grammar"
+        output = self.abort(seq.request_id)
+        if output is not None:
+            output.error = InvalidRequest(
+                f"the structured_outputs.{kind} allows no token after {seq.num_output_tokens - 1}"
+                f" generated tokens: that branch can never end (a rule with no way out, or "
+                f"text no token of this model spells)", param=f"structured_outputs.{kind}")
+        return output
 
     def _admit_compiled(self) -> list[RequestOutput]:
         """Requests whose grammar is ready join the scheduler (the step waits a little for one

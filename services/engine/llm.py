@@ -91,6 +91,8 @@ class LLM:
         try:
             while self.engine.has_unfinished():
                 for output in self.engine.step():
+                    if output.error is not None:  # the others are aborted below
+                        raise output.error
                     if output.finished:
                         done[output.request_id] = output
                         if bar is not None:

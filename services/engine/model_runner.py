@@ -158,6 +158,8 @@ class ModelRunner:
             sampled_token_ids=dict(zip(seq_ids, tokens, strict=True)),
             logprobs={sid: lp for sid, lp in zip(seq_ids, logprobs, strict=True) if lp is not None},
             prompt_logprobs=prompt_logprobs,
+            grammar_dead_ends=[out.scheduled[i].seq_id for i in picked
+                               if (g := states[i].grammar) is not None and g.dead_end],
         ).merged(spec_out)
 
     def _update_state(self, s: ScheduledSeq) -> SeqState:

@@ -93,6 +93,9 @@ class RunnerOutput:
     (which is the target's own token after them). Absent: nothing accepted."""
     num_draft_tokens: dict[int, int] = field(default_factory=dict)
     """seq_id -> drafts proposed and verified this step (only sequences that had any)."""
+    grammar_dead_ends: list[int] = field(default_factory=list)
+    """Sequences whose grammar allowed no token this step (their sampled token is a stop token,
+    not a draw from nothing): the engine fails their requests."""
 
     def merged(self, other: RunnerOutput | None) -> RunnerOutput:
         """This output with another's sequences added (the speculative sequences' results)."""
@@ -102,4 +105,5 @@ class RunnerOutput:
                             {**self.logprobs, **other.logprobs},
                             {**self.prompt_logprobs, **other.prompt_logprobs},
                             {**self.spec_token_ids, **other.spec_token_ids},
-                            {**self.num_draft_tokens, **other.num_draft_tokens})
+                            {**self.num_draft_tokens, **other.num_draft_tokens},
+                            self.grammar_dead_ends + other.grammar_dead_ends)

@@ -63,6 +63,9 @@ class RequestOutput:
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache."""
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(0.0))
+    error: Exception | None = None
+    """Set on the final output of a request the engine failed (its grammar allowed no token):
+    the streams raise it, LLM.generate too."""
 
     @property
     def num_generated_tokens(self) -> int:

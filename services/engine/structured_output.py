@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
+from shoal.services.engine.grammar_check import never_ending_rules
 from shoal.services.engine.sampling_params import StructuredOutputsParams
 from shoal.shared.errors import InvalidRequest
 
@@ -34,23 +35,45 @@ _XGRAMMAR_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")  # "[12:00:00] file.
 def to_grammar(spec: StructuredOutputsParams) -> xgr.Grammar:
     """The spec as an xgrammar Grammar (parsing only: fast, needs no tokenizer).
 
-    A bad schema, regex or grammar is InvalidRequest naming structured_outputs.<kind>."""
+    A bad schema, regex or grammar is InvalidRequest naming structured_outputs.<kind>, and so is
+    one that matches no finite text (xgrammar accepts `root ::= root`; its matcher then allows no
+    token, and sampling from nothing gave garbage)."""
     kind = spec.kind
     whitespace = not spec.disable_any_whitespace
     try:
         if kind == "json":
-            return xgr.Grammar.from_json_schema(spec.json_text, any_whitespace=whitespace)
-        if kind == "json_object":
+            grammar = xgr.Grammar.from_json_schema(spec.json_text, any_whitespace=whitespace)
+        elif kind == "json_object":
             return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=whitespace)
-        if kind == "regex":
+        elif kind == "regex":
             return xgr.Grammar.from_regex(spec.regex or "")
-        if kind == "choice":
+        elif kind == "choice":
             return xgr.Grammar.from_ebnf(choice_ebnf(spec.choice or []))
-        return xgr.Grammar.from_ebnf(spec.grammar or "")
+        else:
+            grammar = xgr.Grammar.from_ebnf(spec.grammar or "")
     except (RuntimeError, ValueError, TypeError) as exc:
         message = _XGRAMMAR_PREFIX.sub("", str(exc).strip().splitlines()[0] if str(exc) else "")
         raise InvalidRequest(f"invalid structured_outputs.{kind}: {message or type(exc).__name__}",
                              param=f"structured_outputs.{kind}") from None
+    check_ends(grammar, kind)
+    return grammar
+
+
+def check_ends(grammar: xgr.Grammar, kind: str) -> None:
+    """InvalidRequest when no finite text matches the grammar (grammar_check)."""
+    dead = never_ending_rules(grammar)
+    if not dead:
+        return
+    if kind == "json":
+        why = ("no finite JSON value matches the schema: it refers back to itself ($ref) with "
+               "no way out; make the recursive property optional, or allow an alternative such "
+               "as null")
+    else:
+        why = (f"no finite text matches the grammar: rule {dead[0]} never ends (every "
+               f"alternative of {', '.join(dead[:8])} refers back to one of them); give the "
+               f"recursion an alternative that ends")
+    raise InvalidRequest(f"invalid structured_outputs.{kind}: {why}",
+                         param=f"structured_outputs.{kind}")
 
 
 def choice_ebnf(choices: Iterable[str]) -> str:
@@ -132,6 +155,10 @@ class GrammarState:
     num_accepted: int = 0
     is_broken: bool = False
     """A token was refused (cannot happen with the mask applied): only a stop token is allowed."""
+    dead_end: bool = False
+    """The grammar allowed no token at all (a branch that can never end, or bytes no token
+    spells): only a stop token is allowed, and the runner reports the sequence so the engine
+    fails its request rather than sample from nothing."""
 
     @classmethod
     def create(cls, compiled: xgr.CompiledGrammar) -> GrammarState:
@@ -152,12 +179,16 @@ class GrammarState:
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         """bitmask [num_rows, ceil(vocab / 32)] int32: row `row` allows the next legal tokens."""
-        if self.is_broken or self.matcher.is_terminated():
-            bitmask[row] = 0  # ended: only a stop token (ignore_eos keeps asking)
-            for token in self.stop_token_ids:
-                bitmask[row, token // 32] |= _bit(token % 32)
-        else:
+        if not (self.is_broken or self.dead_end or self.matcher.is_terminated()):
             self.matcher.fill_next_token_bitmask(bitmask, row)
+            if bool(bitmask[row].any()):
+                return
+            log.warning("grammar allows no token after %d tokens; failing the request",
+                        self.num_accepted)
+            self.dead_end = True
+        bitmask[row] = 0  # ended: only a stop token (ignore_eos keeps asking)
+        for token in self.stop_token_ids:
+            bitmask[row, token // 32] |= _bit(token % 32)
 
 
 def _bit(offset: int) -> int:

@@ -11,6 +11,7 @@ import re
 import uuid
 from typing import Literal
 
+import httpx
 import openai
 import pydantic
 import pytest
@@ -207,3 +208,42 @@ async def test_auto_tool_choice_reads_hermes_tool_calls(stack) -> None:
         tool_choice="auto")).choices[0]
     assert plain.message.tool_calls is None and plain.message.content
     assert plain.finish_reason in ("stop", "length")
+
+
+async def test_grammars_and_schemas_that_never_end_are_400s_before_generating(stack) -> None:
+    """Issue 24: `root ::= root` and a schema whose required property refers back to it were
+    200s with garbage ('ectable', sampled from a row the grammar had all masked). Refused,
+    naming the field sent; and a branch that cannot end, reached through a logit bias, fails
+    the request with a 400 at that token rather than sampling from nothing."""
+    settings, model, hermes_model, url = stack
+    api = async_api(url)
+    linked = {"$defs": {"node": {"type": "object", "properties": {
+        "next": {"$ref": "#/$defs/node"}}, "required": ["next"]}}, "$ref": "#/$defs/node"}
+    self_ref = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+    bad = [
+        ({"extra_body": {"guided_grammar": "root ::= root"}}, "guided_grammar"),
+        ({"extra_body": {"guided_json": linked}}, "guided_json"),
+        ({"response_format": {"type": "json_schema", "json_schema": {
+            "name": "loop", "schema": self_ref}}}, "response_format.json_schema.schema"),
+        ({"extra_body": {"structured_outputs": {"grammar": 'root ::= "x" root'}}},
+         "structured_outputs.grammar"),
+    ]
+    for fields, param in bad:
+        with pytest.raises(openai.BadRequestError) as err:
+            await api.chat.completions.create(model=model.name, messages=ASK, max_tokens=8,
+                                              **fields)
+        assert err.value.status_code == 400 and err.value.param == param, (fields, err.value)
+        assert "no finite" in str(err.value), err.value
+    async with httpx.AsyncClient(timeout=60) as http:
+        tokenized = await http.post(f"{url}/tokenize", json={
+            "model": model.name, "prompt": "x", "add_special_tokens": False})
+    [x] = tokenized.json()["tokens"]
+    with pytest.raises(openai.BadRequestError) as err:
+        await api.completions.create(
+            model=model.name, prompt="Say x:", max_tokens=8, temperature=0,
+            logit_bias={str(x): 100},
+            extra_body={"guided_grammar": 'root ::= "x" dead | "y"\ndead ::= dead'})
+    assert err.value.param == "guided_grammar" and "allows no token" in str(err.value)
+    ok = await api.completions.create(model=model.name, prompt="Say x:", max_tokens=4,
+                                      temperature=0, extra_body={"guided_choice": ["x", "y"]})
+    assert ok.choices[0].text in ("x", "y")

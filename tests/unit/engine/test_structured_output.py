@@ -99,6 +99,49 @@ def test_unparsable_schemas_and_grammars_are_invalid_requests(spec, param, fragm
     assert not err.value.message.startswith("invalid structured_outputs.json: [")  # no C++ noise
 
 
+SELF_REF = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+LINKED = {"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}},
+                             "required": ["next"]}}, "$ref": "#/$defs/node"}
+
+
+@pytest.mark.parametrize("spec", [
+    {"grammar": "root ::= root"},
+    {"grammar": 'root ::= "x" root'},
+    {"grammar": "root ::= a\na ::= b\nb ::= root"},
+    {"grammar": 'root ::= item{1,3}\nitem ::= "[" item "]"'},
+    {"json": {"$ref": "#"}},
+    {"json": SELF_REF},
+    {"json": LINKED},
+    {"json": {"type": "array", "items": {"$ref": "#"}, "minItems": 1}},
+])
+def test_grammars_and_schemas_that_never_end_are_refused(spec) -> None:
+    """xgrammar parses these, but no finite text matches them: its matcher then allows no
+    token (so the sampler drew from nothing: 'ectable') or only ever more of them."""
+    [kind] = spec
+    with pytest.raises(InvalidRequest) as err:
+        to_grammar(StructuredOutputsParams(**spec))
+    assert err.value.param == f"structured_outputs.{kind}" and err.value.http_status == 400
+    assert "no finite" in err.value.message, err.value.message
+    if kind == "json":
+        assert "$ref" in err.value.message
+
+
+@pytest.mark.parametrize("spec", [
+    {"grammar": 'root ::= "x" root | "y"'},
+    {"grammar": 'root ::= root "x" | "y"'},  # left recursion with a base case
+    {"grammar": 'root ::= item{0,3}\nitem ::= "[" item "]"'},  # zero items end at once
+    {"grammar": 'root ::= "y" | dead\ndead ::= dead'},  # a dead branch, not a dead root
+    {"json": {"type": "object", "properties": {"a": {"$ref": "#"}}}},  # optional
+    {"json": {"type": "array", "items": {"$ref": "#"}}},  # [] ends it
+    {"json": {"$defs": {"node": {"type": "object", "properties": {
+        "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}}, "required": ["next"]}},
+        "$ref": "#/$defs/node"}},
+    {"regex": "(ab)*c"},
+])
+def test_recursion_with_a_way_out_is_accepted(spec) -> None:
+    to_grammar(StructuredOutputsParams(**spec))
+
+
 def test_choice_literals_survive_quotes_backslashes_and_newlines() -> None:
     choices = ['say "hi"', "back\\slash", "two\nlines", "é"]
     grammar = xgr.Grammar.from_ebnf(choice_ebnf(choices))
@@ -173,6 +216,21 @@ def test_a_finished_grammar_allows_only_eos_also_after_eos() -> None:
         logits = torch.zeros(1, len(VOCAB))
         apply_bitmask(logits, [0], [state])
         assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [EOS]
+
+
+def test_a_grammar_that_allows_no_token_gives_eos_and_is_flagged() -> None:
+    """After "x" the grammar can never end: the row allows only EOS (never a draw from an
+    all -inf row) and the state says so, for the engine to fail the request."""
+    state = GrammarState.create(compiled(grammar='root ::= "x" dead | "a" "b"\ndead ::= dead'))
+    logits = torch.zeros(1, len(VOCAB))
+    apply_bitmask(logits, [0], [state])
+    assert TOKEN["x"] in torch.isfinite(logits[0]).nonzero().flatten().tolist()
+    assert not state.dead_end
+    state.catch_up([TOKEN["x"]])
+    logits = torch.zeros(1, len(VOCAB))
+    apply_bitmask(logits, [0], [state])
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [EOS]
+    assert state.dead_end
 
 
 # ------------------------------------------------------------------ the sampler

@@ -112,3 +112,30 @@ def test_preemption_keeps_constrained_tokens(gguf, llm) -> None:
     for out in outputs:
         assert out.finish_reason == "stop", out.text
         assert_person(out.text)
+
+
+def test_a_grammar_that_never_ends_is_refused_and_a_dead_end_fails_the_request(llm) -> None:
+    """`root ::= root` is refused before anything runs (it once answered 'ectable': sampled
+    from a row the grammar had all masked). A grammar that can end but whose branch after "x"
+    cannot (the logit bias takes that branch) fails with a 400 at that token, not garbage;
+    the engine serves the next request as before."""
+    from shoal.shared.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest) as err:
+        llm.generate(PROMPTS[0], SamplingParams(structured_outputs=guided(grammar="root ::= root")),
+                     use_tqdm=False)
+    assert err.value.param == "structured_outputs.grammar" and "no finite" in err.value.message
+    x = llm.get_tokenizer().encode("x", add_special_tokens=False)
+    assert len(x) == 1
+    dead_end = SamplingParams(temperature=0, max_tokens=8, logit_bias={x[0]: 100.0},
+                              structured_outputs=guided(grammar='root ::= "x" dead | "y"\n'
+                                                                'dead ::= dead'))
+    free = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    with pytest.raises(InvalidRequest) as err:
+        llm.generate([PROMPTS[0], PROMPTS[1]], [dead_end, free], use_tqdm=False)
+    assert err.value.param == "structured_outputs.grammar"
+    assert "allows no token after 1 generated tokens" in err.value.message, err.value.message
+    stats = llm.engine.stats()
+    assert stats.num_running == stats.num_waiting == 0
+    after = llm.generate(PROMPTS[1], free, use_tqdm=False)[0].outputs[0]
+    assert len(after.token_ids) == 6

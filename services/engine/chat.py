@@ -31,8 +31,12 @@ def render_chat(tokenizer: Any, messages: list[Message], *,
 
 
 def template_message(message: Message) -> Message:
-    """A message as chat templates expect it: tool call arguments as a dict, not JSON text
-    (transformers' convention, which vLLM follows)."""
+    """A message as chat templates expect it: always a `content` ("" for none: clients send an
+    assistant tool-call turn back with content null, and templates read message['content'], as
+    vLLM renders it), and tool call arguments as a dict, not JSON text (transformers'
+    convention, which vLLM follows)."""
+    if message.get("content") is None:
+        message = {**message, "content": ""}
     if not message.get("tool_calls"):
         return message
     message = copy.deepcopy(message)

@@ -162,8 +162,9 @@ class ChatMessageIn(Body):
     tool_call_id: str | None = None
 
     def text(self) -> str | None:
+        """The content as one text; text parts joined by newlines, as vLLM joins them."""
         if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
+            return "\n".join(part.text for part in self.content)
         return self.content
 
 

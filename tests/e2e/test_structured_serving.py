@@ -247,3 +247,64 @@ async def test_grammars_and_schemas_that_never_end_are_400s_before_generating(st
     ok = await api.completions.create(model=model.name, prompt="Say x:", max_tokens=4,
                                       temperature=0, extra_body={"guided_choice": ["x", "y"]})
     assert ok.choices[0].text in ("x", "y")
+
+
+async def test_a_tool_conversation_goes_on_after_the_tool_answers_openai_sdk(stack) -> None:
+    """Issue 24: the agent loop. Turn 1 calls a tool (tool_choice "required" makes SmolLM2 call
+    one); the client sends that assistant message back as the SDK gave it (content null, with
+    its tool_calls) and a tool message with the result; turn 2 (tool_choice "auto", the hermes
+    parser) answers. Turn 2 was a 400: "'dict object' has no attribute 'content'"."""
+    settings, model, hermes_model, url = stack
+    api = async_api(url)
+    messages: list = list(ASK)
+    first = await api.chat.completions.create(
+        model=hermes_model.name, messages=messages, temperature=0, max_tokens=120, tools=TOOLS,
+        tool_choice="required")
+    turn = first.choices[0].message
+    assert first.choices[0].finish_reason == "tool_calls" and turn.content is None
+    messages.append(turn)  # the SDK's own message object, content None, as agents do
+    for call in turn.tool_calls:
+        check_arguments(call.function.name, call.function.arguments)
+        messages.append({"role": "tool", "tool_call_id": call.id,
+                         "content": json.dumps({"temperature": 21, "sky": "clear"})})
+    second = await api.chat.completions.create(
+        model=hermes_model.name, messages=messages, temperature=0, max_tokens=30, tools=TOOLS)
+    answer = second.choices[0]
+    assert answer.finish_reason in ("stop", "length", "tool_calls")
+    assert answer.message.content or answer.message.tool_calls
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens  # the tool turns were read
+    # content as a list of text parts, and an explicit null on the tool-call turn, by hand
+    raw = [{"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+           {"role": "assistant", "content": None, "tool_calls": [
+               {"id": "call_1", "type": "function", "function": {
+                   "name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+           {"role": "tool", "tool_call_id": "call_1",
+            "content": [{"type": "text", "text": "21 C, clear"}]}]
+    third = await api.chat.completions.create(model=model.name, messages=raw, temperature=0,
+                                              max_tokens=10, tools=TOOLS, tool_choice="none")
+    assert third.choices[0].message.content
+
+
+async def test_a_tool_conversation_goes_on_with_langchain_bind_tools(stack) -> None:
+    """The same loop as LangChain runs it: ChatOpenAI(base_url=...).bind_tools(...), the
+    AIMessage with tool_calls (which langchain-openai sends with content null) and a
+    ToolMessage, then the model's answer."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    settings, model, hermes_model, url = stack
+    chat = ChatOpenAI(base_url=f"{url}/v1", api_key="none", model=hermes_model.name,
+                      temperature=0, max_tokens=120, max_retries=0, timeout=120)
+    history: list = [HumanMessage("What is the weather in Paris right now?")]
+    calling = chat.bind_tools(TOOLS, tool_choice="get_weather")
+    ai = await calling.ainvoke(history)
+    assert isinstance(ai, AIMessage) and len(ai.tool_calls) == 1, ai
+    [call] = ai.tool_calls
+    assert call["name"] == "get_weather" and call["id"].startswith("call_")
+    check_arguments(call["name"], json.dumps(call["args"]))
+    history += [ai, ToolMessage(content='{"temperature": 21, "sky": "clear"}',
+                                tool_call_id=call["id"])]
+    answer = await chat.bind_tools(TOOLS).ainvoke(history)
+    assert isinstance(answer, AIMessage) and (answer.content or answer.tool_calls), answer
+    assert answer.usage_metadata and answer.usage_metadata["input_tokens"] > \
+        ai.usage_metadata["input_tokens"]

@@ -60,6 +60,23 @@ def test_tools_and_tool_turns_reach_the_chat_template() -> None:
     assert tokenizer.calls[1]["tools"] is None
 
 
+def test_a_turn_without_content_reaches_the_template_as_empty_text() -> None:
+    """Clients send the assistant's tool-call turn back with content null; templates read
+    message['content'] (SmolLM2's: "'dict object' has no attribute 'content'"), so every message
+    carries it, "" for none, as vLLM renders it."""
+    h, tokenizer = handlers()
+    call = ToolCall(id="call_1", function=FunctionCall(name="get_weather", arguments="{}"))
+    messages = [ChatMessage(role="user", content="weather?"),
+                ChatMessage(role="assistant", content=None, tool_calls=[call]),
+                ChatMessage(role="tool", tool_call_id="call_1", content="sunny"),
+                ChatMessage(role="assistant")]
+    h.prompt_token_ids(GenerateRequest(request_id="r", model="m", messages=messages,
+                                       tools=[TOOL]))
+    seen = tokenizer.calls[0]["messages"]
+    assert [m["content"] for m in seen] == ["weather?", "", "sunny", ""]
+    assert seen[1]["tool_calls"][0]["function"]["arguments"] == {}
+
+
 def test_auto_tool_choice_needs_a_parser() -> None:
     request = GenerateRequest(request_id="r", model="m", messages=[], tools=[TOOL],
                               needs_tool_call_parser=True)

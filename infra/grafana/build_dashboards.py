@@ -84,7 +84,7 @@ CLUSTER_PANELS: list[tuple[str, str, str, list[tuple[str, str]]]] = [
     ("Instances by model and state", "table", "none",
      [("shoal:instances > 0", "{{model_name}} {{state}}")]),
     ("Pending placements and why", "table", "none",
-     [("shoal:instance_pending_info", "{{instance}}: {{reason}}")]),
+     [("shoal:instance_pending_info", "{{instance_name}}: {{reason}}")]),
     ("Scheduler leader", "stat", "none",
      [("shoal:scheduler_is_leader == 1", "{{replica}}")]),
     ("Worker RAM used", "timeseries", "percentunit",

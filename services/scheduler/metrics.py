@@ -47,7 +47,7 @@ class SchedulerCollector(Collector):
         yield inst
         pending = GaugeMetricFamily("shoal:instance_pending_info",
                                     "PENDING instances, with why they are not placed.",
-                                    labels=["model_name", "instance", "reason"])
+                                    labels=["model_name", "instance_name", "reason"])
         for i in instances:
             if i.state is InstanceState.PENDING:
                 pending.add_metric([i.model_name, i.name, (i.state_message or "")[:MAX_REASON]], 1)

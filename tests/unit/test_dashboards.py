@@ -24,6 +24,7 @@ from shoal.services.worker.metrics import DeviceCollector
 from shoal.shared.bus.service import RpcService
 from shoal.shared.schemas.infer import EngineLoad, InferChunk, InferEnd, SamplingOptions, Usage
 from shoal.shared.schemas.registry import DeviceStatus, GpuDevice
+from shoal.shared.states import InstanceState
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "infra" / "grafana"
@@ -106,7 +107,7 @@ def shoal_registries() -> list[CollectorRegistry]:
     rpc._observe("models.get", 0.0, "404")
     workers = [SimpleNamespace(state=s) for s in ("READY",)]
     instances = [SimpleNamespace(model_name="m", name="m-1", state=s, state_message="no GPU")
-                 for s in ("PENDING",)]
+                 for s in (InstanceState.PENDING,)]
     scheduler = CollectorRegistry()
     service = SimpleNamespace(snapshot=(workers, instances))
     scheduler.register(SchedulerCollector("s-1", SimpleNamespace(term=object()), service))  # type: ignore[arg-type]
@@ -155,3 +156,40 @@ def test_prometheus_and_grafana_are_wired_into_compose() -> None:
     datasource = yaml.safe_load((GRAFANA / "provisioning" / "datasources" /
                                  "prometheus.yaml").read_text())["datasources"][0]
     assert datasource["url"] == "http://prometheus:9090"
+
+
+TARGET_LABELS = {"job", "instance"}
+"""The labels Prometheus gives every series of a target (its address, the scrape job). A metric
+that exposes one of them itself has it renamed `exported_<name>` at scrape time (honor_labels
+false, the default), so a panel reading `{{instance}}` shows the target's address instead."""
+
+
+def sample_labels() -> dict[str, set[str]]:
+    """Series name (family and sample names) -> the labels its samples carry."""
+    labels: dict[str, set[str]] = {}
+    for registry in shoal_registries():
+        for metric in registry.collect():
+            for sample in metric.samples:
+                for name in (metric.name, sample.name):
+                    labels.setdefault(name, set()).update(sample.labels)
+    return labels
+
+
+def test_no_metric_exposes_a_label_prometheus_renames() -> None:
+    """Issue 24: shoal:instance_pending_info's `instance` became `exported_instance`, and the
+    "Pending placements" panel showed the scheduler's address."""
+    clashes = {name: sorted(labels & TARGET_LABELS) for name, labels in sample_labels().items()
+               if labels & TARGET_LABELS}
+    assert not clashes, f"labels Prometheus would rename to exported_*: {clashes}"
+
+
+def test_every_legend_names_a_label_its_metric_has() -> None:
+    labels = sample_labels()
+    for path in sorted((GRAFANA / "dashboards").glob("*.json")):
+        for panel in json.loads(path.read_text())["panels"]:
+            for target in panel["targets"]:
+                legend = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", target.get("legendFormat", "")))
+                known = set().union(*(labels.get(m, set())
+                                      for m in METRIC.findall(target["expr"])))
+                missing = legend - known - TARGET_LABELS - {"le"}
+                assert not missing, (path.name, panel["title"], sorted(missing))

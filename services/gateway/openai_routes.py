@@ -22,7 +22,7 @@ from shoal.services.gateway.serve import Answer, Job
 from shoal.services.gateway.state import STATE
 from shoal.services.gateway.structured import rename_param
 from shoal.services.gateway.tracing import inference_span
-from shoal.shared.errors import InvalidRequest, ShoalError
+from shoal.shared.errors import InvalidRequest, NotFound, ShoalError
 from shoal.shared.logging import log_context
 from shoal.shared.schemas.infer import (
     DetokenizeReply, DetokenizeRequest, EmbedReply, TokenizeReply, TokenizeRequest, Usage
@@ -39,12 +39,7 @@ async def list_models(request: web.Request) -> web.Response:
                   for m in await st.registry.list_models()]
     except ShoalError:  # the registry is away: still list what is being served
         models = [(name, int(st.started_at), None) for name in st.table.model_names()]
-    serving = set(st.table.model_names())
-    # max_model_len: what the engines serve (the model's config when it was not set), as vLLM
-    data = [{"id": name, "object": "model", "created": created, "owned_by": "shoal", "root": name,
-             "parent": None, "max_model_len": st.table.max_model_len(name) or max_len,
-             "has_running_instance": name in serving}
-            for name, created, max_len in models]
+    data = [_model_card(request, *model) for model in models]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -54,9 +49,35 @@ async def get_model(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     for model in await st.registry.list_models():
         if model.name == name:
-            return web.json_response({"id": name, "object": "model", "owned_by": "shoal",
-                                      "created": int(model.created_at.timestamp())})
+            return web.json_response(_model_card(request, name, int(model.created_at.timestamp()),
+                                                 model.max_model_len))
     raise await st.client.no_instance(name)
+
+
+def _model_card(request: web.Request, name: str, created: int,
+                max_len: int | None) -> dict[str, object]:
+    """vLLM's model card (root: what the name serves, parent: null), the same listed or alone.
+    max_model_len is what the engines serve (the model's config when it was not set)."""
+    table = request.app[STATE].table
+    return {"id": name, "object": "model", "created": created, "owned_by": "shoal", "root": name,
+            "parent": None, "max_model_len": table.max_model_len(name) or max_len,
+            "has_running_instance": name in table.model_names()}
+
+
+UNSUPPORTED_APIS = {"messages": "Anthropic's Messages API (/v1/messages)",
+                    "responses": "OpenAI's Responses API (/v1/responses)"}
+"""APIs clients try that Shoal does not serve yet: named in the 404, not "no such route"."""
+
+
+async def _unsupported(request: web.Request) -> web.Response:
+    api = UNSUPPORTED_APIS[request.match_info["api"]]
+    raise NotFound(f"{api} is not supported yet: use /v1/chat/completions (or "
+                   f"/v1/completions)", code="unsupported_endpoint")
+
+
+for _api in UNSUPPORTED_APIS:
+    routes.route("*", f"/v1/{{api:{_api}}}")(_unsupported)
+    routes.route("*", f"/v1/{{api:{_api}}}/{{rest:.*}}")(_unsupported)
 
 
 @routes.post("/v1/completions")

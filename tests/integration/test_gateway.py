@@ -88,6 +88,50 @@ async def test_health_version_openapi_metrics(gateway: str, http: aiohttp.Client
         assert r.status == 404 and (await r.json())["error"]["type"] == "not_found_error"
 
 
+async def test_a_v1_model_entry_is_the_same_listed_or_alone(gateway: str,
+                                                              http: aiohttp.ClientSession) -> None:
+    """Issue 24: /v1/models/{id} lacked max_model_len and root. Both answers give vLLM's model
+    card: id, object, created, owned_by, root, parent (null), max_model_len."""
+    from shoal.services.engine.model_prep import smollm2_gguf_path
+
+    model_name = name()
+    async with http.post(f"{gateway}/api/v1/models", json={
+            "name": model_name, "source": str(smollm2_gguf_path()), "replicas": 0,
+            "device": "cpu", "max_model_len": 256}) as r:
+        assert r.status == 201, await r.text()
+    async with http.get(f"{gateway}/v1/models") as r:
+        [listed] = [m for m in (await r.json())["data"] if m["id"] == model_name]
+    async with http.get(f"{gateway}/v1/models/{model_name}") as r:
+        assert r.status == 200
+        alone = await r.json()
+    assert alone == listed
+    assert {k: alone[k] for k in ("id", "object", "owned_by", "root", "parent",
+                                  "max_model_len")} == {
+        "id": model_name, "object": "model", "owned_by": "shoal", "root": model_name,
+        "parent": None, "max_model_len": 256}
+    card = await sdk(gateway).models.retrieve(model_name)
+    assert card.id == model_name and card.model_extra["max_model_len"] == 256
+    async with http.get(f"{gateway}/v1/models/{name()}") as r:
+        assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize("method,path,api", [
+    ("POST", "/v1/messages", "Messages"), ("POST", "/v1/messages/count_tokens", "Messages"),
+    ("POST", "/v1/responses", "Responses"), ("GET", "/v1/responses/resp_1", "Responses"),
+    ("DELETE", "/v1/responses/resp_1/", "Responses")])
+async def test_apis_not_served_yet_say_so_by_name(gateway: str, http: aiohttp.ClientSession,
+                                                  method: str, path: str, api: str) -> None:
+    """Issue 24: clients that try Anthropic's Messages or OpenAI's Responses API hear that it
+    is not supported yet (404, OpenAI's shape), not a generic "no such route"."""
+    async with http.request(method, f"{gateway}{path}", json={"model": "m"}) as r:
+        body = await r.json()
+    assert r.status == 404, body
+    error = body["error"]
+    assert error["type"] == "not_found_error" and error["code"] == "unsupported_endpoint"
+    assert f"{api} API" in error["message"] and "not supported" in error["message"]
+    assert "/v1/chat/completions" in error["message"]
+
+
 async def test_management_models_crud_with_stale_version(gateway: str,
                                                          http: aiohttp.ClientSession) -> None:
     model_name = name()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from shoal.cli.serve import add_serve_arguments, refuse_unknown
+from shoal.cli.serve import add_data_dir_argument, add_serve_arguments, refuse_unknown
 from shoal.shared.errors import ShoalError
 from shoal.shared.version import VERSION
 
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start the whole local stack in the foreground")
     up.add_argument("--simulate-devices", help="run the local worker as a simulated one")
     up.add_argument("--no-model", action="store_true", help="do not deploy the default model")
+    add_data_dir_argument(up)
     sub.add_parser("scheduler", help="run the scheduler service")
     gateway = sub.add_parser("gateway", help="run the OpenAI-compatible gateway")
     gateway.add_argument("--host", help="listen address (default 127.0.0.1)")

@@ -46,6 +46,10 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                        help="only 'vllm': sampling defaults are the request's (OpenAI's)")
     serve.add_argument("--tool-call-parser", choices=["hermes"],
                        help='parse tool calls of tool_choice "auto" answers')
+    serve.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help='vLLM\'s switch for tool_choice "auto": taken with --tool-call-parser '
+                            "(which alone already enables it), refused without one")
+    add_data_dir_argument(serve)
     serve.add_argument("--quantization", "-q",
                        help="CPU weights: int8, int4 (groups of 32) or gguf (a .gguf model's own "
                             "Q4_1 blocks); README: which is faster when")
@@ -55,6 +59,13 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--otlp-traces-endpoint",
                        help="send traces there over OTLP (gRPC unless OTEL_EXPORTER_OTLP_PROTOCOL "
                             "says http/protobuf)")
+
+
+def add_data_dir_argument(command: argparse.ArgumentParser) -> None:
+    """`shoal serve MODEL --data-dir DIR`: the top-level --data-dir, also after the command
+    (where vLLM users put flags); unset there, the top-level one stands."""
+    command.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS,
+                         help="where the stack keeps its files (default ~/.shoal)")
 
 
 def refuse_unknown(extra: list[str]) -> None:
@@ -73,6 +84,9 @@ def model_spec(args: argparse.Namespace) -> ModelCreate:
         raise InvalidRequest("--generation-config: Shoal takes sampling defaults from the request "
                              "(vLLM's `--generation-config vllm`); a model's "
                              "generation_config.json is not applied", param="generation_config")
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise InvalidRequest("--enable-auto-tool-choice requires --tool-call-parser (vLLM's "
+                             "rule; Shoal's parser: hermes)", param="tool_call_parser")
     source, default_name = resolve_source(args.model)
     engine_args = {"max_num_seqs": args.max_num_seqs,
                    "max_num_batched_tokens": args.max_num_batched_tokens,

@@ -84,6 +84,31 @@ def test_unsupported_vllm_flags_are_refused_by_name(folder: Path,
         main(["workers", "list", "--quantization", "awq"])
 
 
+def test_enable_auto_tool_choice_is_taken_with_a_parser_as_vllm_takes_it(
+        folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 24: vLLM command lines carry --enable-auto-tool-choice beside --tool-call-parser
+    (refused by name before); alone it is vLLM's startup error, before anything starts."""
+    s = spec(str(folder), "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    assert s.engine_args.given() == {"tool_call_parser": "hermes"}
+    with pytest.raises(InvalidRequest, match="--enable-auto-tool-choice requires "
+                                             "--tool-call-parser"):
+        spec(str(folder), "--enable-auto-tool-choice")
+    assert main(["serve", str(folder), "--enable-auto-tool-choice"]) == 1
+    assert "--enable-auto-tool-choice requires --tool-call-parser" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["serve", "m", "--data-dir", "D"], ["--data-dir", "D", "serve", "m"],
+    ["up", "--data-dir", "D"], ["--data-dir", "D", "up"]])
+def test_data_dir_is_taken_after_the_command_too(argv: list[str]) -> None:
+    """`shoal serve MODEL --data-dir DIR` (where vLLM users put flags) was refused as a vLLM
+    flag shoal serve does not take."""
+    args, extra = build_parser().parse_known_args(argv)
+    assert extra == [] and args.data_dir == Path("D")
+    args, extra = build_parser().parse_known_args([a for a in argv if a not in ("--data-dir", "D")])
+    assert extra == [] and args.data_dir is None
+
+
 def test_version() -> None:
     out = subprocess.run([sys.executable, "-m", "shoal", "--version"], capture_output=True,
                          text=True, check=True).stdout

@@ -231,10 +231,13 @@ class EngineHandlers(Intake):
             return None
         parser = self.engine.core.config.tool_call_parser
         if parser is None:
-            raise InvalidRequest(
-                f'"auto" tool choice needs a model served with a tool call parser (engine_args '
-                f'tool_call_parser=hermes); model {self.model_name} has none: use tool_choice '
-                f'"required", a named function or "none"', param="tool_choice")
+            raise InvalidRequest(  # vLLM's words first: clients' docs and checks know them
+                f'"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                f'to be set: model {self.model_name} was served without a tool call parser '
+                f'(`shoal serve MODEL --enable-auto-tool-choice --tool-call-parser hermes`, or '
+                f'`shoal models deploy ... --engine-arg tool_call_parser=hermes`); tools '
+                f'without tool_choice mean "auto": send "none", "required" or a named '
+                f'function instead', param="tool_choice")
         return parser
 
     def tokenize(self, req: TokenizeRequest) -> TokenizeReply:

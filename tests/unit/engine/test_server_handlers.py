@@ -88,6 +88,19 @@ def test_auto_tool_choice_needs_a_parser() -> None:
     assert handlers(parser="hermes")[0].tool_call_parser(plain) is None
 
 
+def test_auto_without_a_parser_says_what_vllm_says_and_how_to_serve_one() -> None:
+    """Clients that default to tool_choice "auto" (Open-WebUI, CrewAI, opencode) hear vLLM's
+    words, which their docs and error classifiers know, and Shoal's ways to set a parser."""
+    request = GenerateRequest(request_id="r", model="m", messages=[], tools=[TOOL],
+                              needs_tool_call_parser=True)
+    with pytest.raises(InvalidRequest) as err:
+        handlers(parser=None)[0].tool_call_parser(request)
+    message = err.value.message
+    assert message.startswith('"auto" tool choice requires --enable-auto-tool-choice and '
+                              '--tool-call-parser to be set'), message
+    assert "--engine-arg tool_call_parser=hermes" in message and "model m" in message
+
+
 def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing() -> None:
     """max_model_len 100, tokens of at most 8 bytes: more than 1,600 bytes (twice 800) cannot
     fit, so the tokenizer (which would fail the test on any other text) is never asked."""

@@ -17,6 +17,7 @@ from shoal.services.gateway.errors import error_middleware
 from shoal.services.gateway.infer_client import InferClient
 from shoal.services.gateway.instances import InstanceTable
 from shoal.services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from shoal.services.gateway.model_names import ModelNames
 from shoal.services.gateway.openapi import openapi_document
 from shoal.services.gateway.quota import Quota, add_ratelimit_headers
 from shoal.services.gateway.router import Router
@@ -82,6 +83,7 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
             metrics=GatewayMetrics(lambda: admission.num_requests),
             keys=keys, quota=Quota(registry, flush_interval=settings.gateway_usage_flush_interval,
                                    flush_requests=settings.gateway_usage_flush_requests),
+            names=ModelNames(registry, table.model_names, ttl=settings.gateway_instance_refresh),
         )
         host = advertised_host(settings.gateway_host, settings.metrics_advertise_host)
         await answer_discovery(bus, MetricsTarget(service="gateway",

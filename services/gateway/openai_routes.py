@@ -34,11 +34,11 @@ routes = web.RouteTableDef()
 @routes.get("/v1/models")
 async def list_models(request: web.Request) -> web.Response:
     st = request.app[STATE]
-    try:
-        models = [(m.name, int(m.created_at.timestamp()), m.max_model_len)
-                  for m in await st.registry.list_models()]
+    try:  # each name a model answers to is listed, its aliases too (as vLLM lists them)
+        models = [(served, m.name, int(m.created_at.timestamp()), m.max_model_len)
+                  for m in await st.registry.list_models() for served in (m.name, *m.aliases)]
     except ShoalError:  # the registry is away: still list what is being served
-        models = [(name, int(st.started_at), None) for name in st.table.model_names()]
+        models = [(name, name, int(st.started_at), None) for name in st.table.model_names()]
     data = [_model_card(request, *model) for model in models]
     return web.json_response({"object": "list", "data": data})
 
@@ -48,19 +48,21 @@ async def get_model(request: web.Request) -> web.Response:
     st = request.app[STATE]
     name = request.match_info["name"]
     for model in await st.registry.list_models():
-        if model.name == name:
-            return web.json_response(_model_card(request, name, int(model.created_at.timestamp()),
-                                                 model.max_model_len))
+        if name == model.name or name in model.aliases:
+            return web.json_response(_model_card(
+                request, name, model.name, int(model.created_at.timestamp()),
+                model.max_model_len))
     raise await st.client.no_instance(name)
 
 
-def _model_card(request: web.Request, name: str, created: int,
+def _model_card(request: web.Request, served: str, name: str, created: int,
                 max_len: int | None) -> dict[str, object]:
-    """vLLM's model card (root: what the name serves, parent: null), the same listed or alone.
-    max_model_len is what the engines serve (the model's config when it was not set)."""
+    """vLLM's model card for a name the model answers to (root: the model that name serves,
+    parent: null), the same listed or alone. max_model_len is what the engines serve (the
+    model's config when it was not set)."""
     table = request.app[STATE].table
-    return {"id": name, "object": "model", "created": created, "owned_by": "shoal", "root": name,
-            "parent": None, "max_model_len": table.max_model_len(name) or max_len,
+    return {"id": served, "object": "model", "created": created, "owned_by": "shoal",
+            "root": name, "parent": None, "max_model_len": table.max_model_len(name) or max_len,
             "has_running_instance": name in table.model_names()}
 
 
@@ -84,6 +86,7 @@ for _api in UNSUPPORTED_APIS:
 async def completions(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
     body = parse_body(await read_body(request), CompletionRequest)
+    body.model = await st.names.resolve(body.model)  # an alias: the model's own name
     prompts = body.prompts()
     with st.admission.slot(len(prompts) * body.n, param="prompt" if len(prompts) > 1 else "n"):
         builder = ResponseBuilder("completion", body.model, want_logprobs=body.logprobs is not None)
@@ -103,6 +106,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
     body = parse_body(await read_body(request), ChatCompletionRequest)
+    body.model = await st.names.resolve(body.model)  # an alias: the model's own name
     with st.admission.slot(body.n, param="n"):
         builder = ResponseBuilder("chat", body.model, want_logprobs=body.logprobs,
                                   tool_mode=body.tool_plan().mode)
@@ -141,6 +145,7 @@ async def embeddings(request: web.Request) -> web.Response:
     """Batches of the input go to the model's instances in parallel (embeddings.py)."""
     st = request.app[STATE]
     body = parse_body(await read_body(request), EmbeddingBody)
+    body.model = await st.names.resolve(body.model)  # an alias: the model's own name
     batches = body.batches()  # each is one engine request in flight: what admission counts
     with st.admission.slot(len(batches), param="input"), log_context(model=body.model):
         ticket = await st.quota.admit(request, body.model)
@@ -156,6 +161,7 @@ async def embeddings(request: web.Request) -> web.Response:
 async def tokenize(request: web.Request) -> web.Response:
     st = request.app[STATE]
     body = parse_body(await read_body(request), TokenizeBody)
+    body.model = await st.names.resolve(body.model)  # an alias: the model's own name
     messages = None
     if body.messages is not None:
         messages = ChatCompletionRequest(model=body.model, messages=body.messages).wire_messages()
@@ -173,6 +179,7 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     st = request.app[STATE]
     body = parse_body(await read_body(request), DetokenizeBody)
+    body.model = await st.names.resolve(body.model)  # an alias: the model's own name
     reply = await st.client.call(body.model,
                                  DetokenizeRequest(model=body.model, tokens=body.tokens),
                                  DetokenizeReply, st.settings.gateway_accept_timeout)

@@ -12,6 +12,7 @@ from shoal.services.gateway.auth import KeyCache
 from shoal.services.gateway.infer_client import InferClient
 from shoal.services.gateway.instances import InstanceTable
 from shoal.services.gateway.metrics import GatewayMetrics
+from shoal.services.gateway.model_names import ModelNames
 from shoal.services.gateway.quota import Quota
 from shoal.services.gateway.router import Router
 from shoal.shared.bus.client import Bus
@@ -31,6 +32,8 @@ class GatewayState:
     metrics: GatewayMetrics
     keys: KeyCache
     quota: Quota
+    names: ModelNames
+    """A request's model name or alias -> the model's name (model_names.py)."""
     started_at: float = field(default_factory=time.time)
 
 

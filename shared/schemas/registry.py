@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import date, datetime
 from enum import Enum
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -171,6 +171,17 @@ class ModelSpec(Wire):
     """Engine settings (max_num_seqs, max_num_batched_tokens, kv_cache_memory, ...)."""
     autoscaling: AutoscaleSpec | None = None
     """When set, the scheduler sets `replicas` from the load (docs: README "Autoscaling")."""
+    aliases: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(default_factory=list,
+                                                                       max_length=16)
+    """More names the model answers to (vLLM's `--served-model-name a b`: `b` here): each is
+    unique among every model's names and aliases; answers carry the model's own name."""
+
+    @field_validator("aliases")
+    @classmethod
+    def _aliases_once_each(cls, aliases: list[str]) -> list[str]:
+        if len(set(aliases)) != len(aliases):
+            raise ValueError("each alias once")
+        return aliases
 
     @model_validator(mode="after")
     def _replicas_within_autoscaling(self) -> ModelSpec:
@@ -202,6 +213,12 @@ class ModelSpec(Wire):
 class ModelCreate(ModelSpec):
     name: str = Field(pattern=NAME_PATTERN)
 
+    @model_validator(mode="after")
+    def _name_is_no_alias(self) -> ModelCreate:
+        if self.name in self.aliases:
+            raise ValueError(f"aliases: {self.name!r} is the model's name already")
+        return self
+
 
 class ModelUpdate(Wire):
     """A partial update; `version` must be the version the caller read (optimistic)."""
@@ -222,6 +239,8 @@ class ModelUpdate(Wire):
     max_model_len: int | None = Field(default=None, ge=1)
     engine_args: EngineArgs | None = None
     autoscaling: AutoscaleSpec | None = None
+    aliases: list[Annotated[str, Field(pattern=NAME_PATTERN)]] | None = Field(default=None,
+                                                                              max_length=16)
     scale_event: ScaleEvent | None = None
     """Set by the scheduler's autoscaler with `replicas`: why it scaled (kept on the model)."""
 

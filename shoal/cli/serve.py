@@ -23,7 +23,9 @@ DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "
 def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("model", help="a Hugging Face id (org/name; the Hugging Face cache first), "
                                      "a Hugging Face folder or a .gguf file")
-    serve.add_argument("--served-model-name", help="the name clients use (default: from MODEL)")
+    serve.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                       help="the names clients use (default: from MODEL); answers carry the "
+                            "first, the others are its aliases")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8000)")
     serve.add_argument("--api-key", help="clients must send `Authorization: Bearer KEY` (or a key "
@@ -97,7 +99,8 @@ def model_spec(args: argparse.Namespace) -> ModelCreate:
                    "tool_call_parser": args.tool_call_parser, "quantization": args.quantization,
                    "chat_template": chat_template(args.chat_template),
                    "speculative_config": speculative_config(args.speculative_config)}
-    spec = {"name": args.served_model_name or default_name, "source": source,
+    name, *aliases = args.served_model_name or [default_name]
+    spec = {"name": name, "aliases": aliases or None, "source": source,
             "device": DeviceKind.AUTO if (args.tp or args.pp) else DeviceKind.CPU,
             "tp": args.tp, "pp": args.pp, "max_model_len": args.max_model_len,
             "dtype": DTYPES[args.dtype], "gpu_memory_utilization": args.gpu_memory_utilization,

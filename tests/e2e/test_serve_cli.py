@@ -54,11 +54,14 @@ def test_serve_a_hub_id_from_the_cache_offline(tmp_path: Path) -> None:
     populate_hf_cache(tmp_path / "hf")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHOAL_", "HF_"))}
-    env.update(SHOAL_DATA_DIR=str(tmp_path / "stack"), SHOAL_HEARTBEAT_INTERVAL="1",
-               HF_HUB_CACHE=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
-    serve = subprocess.Popen(
+    env.update(SHOAL_HEARTBEAT_INTERVAL="1", HF_HUB_CACHE=str(tmp_path / "hf"),
+               HF_HUB_OFFLINE="1")
+    serve = subprocess.Popen(  # as vLLM users type it: flags after the model, several names
         [sys.executable, "-m", "shoal", "serve", REPO, "--port", str(port), "--api-key", "sekrit",
-         "--max-num-seqs", "4", "--kv-cache-memory-bytes", str(64 * 2**20), "--seed", "1"],
+         "--max-num-seqs", "4", "--kv-cache-memory-bytes", str(64 * 2**20), "--seed", "1",
+         "--served-model-name", "SmolLM2-135M-Instruct", "smol",
+         "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+         "--data-dir", str(tmp_path / "stack")],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output: list[str] = []
     try:
@@ -80,16 +83,23 @@ def test_serve_a_hub_id_from_the_cache_offline(tmp_path: Path) -> None:
         for _ in range(40):  # the gateway hears the engine's first load within a moment
             status, models = call(f"{base}/v1/models", key="sekrit")
             assert status == 200
-            (entry,) = models["data"]
+            entry, alias = models["data"]
             if entry["has_running_instance"] and entry["max_model_len"] is not None:
                 break
             time.sleep(0.25)
         assert entry["id"] == "SmolLM2-135M-Instruct" and entry["max_model_len"] == 8192
+        assert alias == {**entry, "id": "smol"}  # the second served name, same model
+        assert (tmp_path / "stack" / "stack.json").exists()  # --data-dir after the model
         chat = {"model": "SmolLM2-135M-Instruct", "max_tokens": 8, "temperature": 0,
                 "messages": [{"role": "user", "content": "What is the capital of France?"}]}
         assert call(f"{base}/v1/chat/completions", chat)[0] == 401
         status, reply = call(f"{base}/v1/chat/completions", chat, key="sekrit")
         assert status == 200 and reply["choices"][0]["message"]["content"]
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}}}}]
+        status, reply = call(f"{base}/v1/chat/completions",  # tools: "auto", a parser serves it
+                             {**chat, "model": "smol", "tools": tools}, key="sekrit")
+        assert status == 200 and reply["model"] == "SmolLM2-135M-Instruct", reply
     finally:
         serve.send_signal(signal.SIGINT)
         try:

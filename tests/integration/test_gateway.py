@@ -115,6 +115,32 @@ async def test_a_v1_model_entry_is_the_same_listed_or_alone(gateway: str,
         assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
 
 
+async def test_an_alias_is_listed_and_reaches_its_model(gateway: str,
+                                                         http: aiohttp.ClientSession) -> None:
+    """vLLM's `--served-model-name a b`: b is listed (root: a) and a request for b is a request
+    for a (here 503: a has no running instance), where an unknown name is a 404."""
+    model_name, alias = name(), name()
+    async with http.post(f"{gateway}/api/v1/models", json={
+            "name": model_name, "source": "/models/x.gguf", "replicas": 0,
+            "aliases": [alias]}) as r:
+        assert r.status == 201, await r.text()
+    async with http.get(f"{gateway}/v1/models") as r:
+        cards = {m["id"]: m for m in (await r.json())["data"]}
+    assert cards[alias]["root"] == cards[model_name]["root"] == model_name
+    async with http.get(f"{gateway}/v1/models/{alias}") as r:
+        assert (await r.json()) == cards[alias]
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with http.post(f"{gateway}/v1/chat/completions", json={"model": alias, **chat}) as r:
+        body = await r.json()
+    assert r.status == 503 and f"`{model_name}`" in body["error"]["message"], body
+    async with http.post(f"{gateway}/v1/chat/completions", json={"model": name(), **chat}) as r:
+        assert r.status == 404
+    async with http.post(f"{gateway}/api/v1/models", json={
+            "name": name(), "source": "/models/x.gguf", "replicas": 0,
+            "aliases": [alias]}) as r:
+        assert r.status == 409 and (await r.json())["error"]["param"] == "aliases"
+
+
 @pytest.mark.parametrize("method,path,api", [
     ("POST", "/v1/messages", "Messages"), ("POST", "/v1/messages/count_tokens", "Messages"),
     ("POST", "/v1/responses", "Responses"), ("GET", "/v1/responses/resp_1", "Responses"),

@@ -51,6 +51,39 @@ async def test_duplicate_model_name_is_a_conflict(client: RegistryClient) -> Non
         await client.create_model(ModelCreate(name=model.name, source="/elsewhere"))
 
 
+async def test_a_name_reaches_one_model_aliases_included(client: RegistryClient) -> None:
+    """vLLM's `--served-model-name a b`: b is an alias of a. No alias may be another model's
+    name or alias (409 naming the field), also when two creates race for it."""
+    first = await new_model(client, aliases=[unique("alias")])
+    alias = first.aliases[0]
+    with pytest.raises(Conflict) as err:
+        await new_model(client, aliases=[unique("other"), alias])
+    assert err.value.param == "aliases" and first.name in err.value.message
+    with pytest.raises(Conflict) as err:
+        await client.create_model(ModelCreate(name=alias, source="/models/x"))
+    assert err.value.param == "name"
+    with pytest.raises(Conflict):
+        await new_model(client, aliases=[first.name])
+    second = await new_model(client)
+    with pytest.raises(Conflict):
+        await client.update_model(ModelUpdate(id=second.id, version=second.version,
+                                              aliases=[alias]))
+    with pytest.raises(InvalidRequest) as err:
+        await client.update_model(ModelUpdate(id=second.id, version=second.version,
+                                              aliases=[second.name]))
+    assert err.value.param == "aliases"
+    renamed = await client.update_model(ModelUpdate(id=first.id, version=first.version,
+                                                    aliases=[unique("new")]))
+    moved = await client.update_model(ModelUpdate(id=second.id, version=second.version,
+                                                  aliases=[alias]))  # free again
+    assert moved.aliases == [alias] and renamed.aliases != [alias]
+    racing = unique("race")
+    results = await asyncio.gather(*(new_model(client, aliases=[racing]) for _ in range(4)),
+                                   return_exceptions=True)
+    assert sum(not isinstance(r, BaseException) for r in results) == 1
+    assert all(isinstance(r, Conflict) for r in results if isinstance(r, BaseException))
+
+
 async def test_concurrent_updates_one_wins_nothing_lost(client: RegistryClient) -> None:
     model = await new_model(client, replicas=1)
     results = await asyncio.gather(

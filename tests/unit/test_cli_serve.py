@@ -97,6 +97,16 @@ def test_enable_auto_tool_choice_is_taken_with_a_parser_as_vllm_takes_it(
     assert "--enable-auto-tool-choice requires --tool-call-parser" in capsys.readouterr().err
 
 
+def test_several_served_model_names_make_aliases(folder: Path) -> None:
+    """vLLM's `--served-model-name a b`: the model answers to both, under a."""
+    s = spec(str(folder), "--served-model-name", "smol", "smol-latest", "gpt-4o",
+             "--max-model-len", "512")
+    assert (s.name, s.aliases, s.max_model_len) == ("smol", ["smol-latest", "gpt-4o"], 512)
+    assert spec(str(folder), "--served-model-name", "smol").aliases == []
+    with pytest.raises(ValueError, match="each alias once"):
+        spec(str(folder), "--served-model-name", "a", "b", "b")
+
+
 @pytest.mark.parametrize("argv", [
     ["serve", "m", "--data-dir", "D"], ["--data-dir", "D", "serve", "m"],
     ["up", "--data-dir", "D"], ["--data-dir", "D", "up"]])

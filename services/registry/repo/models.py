@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shoal.services.registry.repo.common import check_version, get_or_404, unit_of_work
@@ -23,8 +23,10 @@ class ModelRepo:
     async def create(self, req: ModelCreate) -> ModelPublic:
         spec = ModelSpec.model_validate(req.model_dump(exclude={"name"}))
         async with unit_of_work(self.sessions, f"model {req.name!r}") as s:
+            await _lock_names(s)
             if await s.scalar(select(ModelRow.id).where(ModelRow.name == req.name)):
                 raise Conflict(f"a model named {req.name!r} already exists", code="model_exists")
+            await _check_names_free(s, None, [req.name, *spec.aliases])
             row = ModelRow(name=req.name, spec=spec.model_dump(mode="json"))
             s.add(row)
             await s.flush()
@@ -48,6 +50,12 @@ class ModelRepo:
             changes = req.model_dump(exclude={"id", "version"}, exclude_unset=True, mode="json")
             event = changes.pop("scale_event", None)
             spec = ModelSpec.model_validate({**row.spec, **changes})
+            if "aliases" in changes:
+                if row.name in spec.aliases:
+                    raise InvalidRequest(f"aliases: {row.name!r} is the model's name already",
+                                         param="aliases")
+                await _lock_names(s)
+                await _check_names_free(s, row.id, spec.aliases)
             row.spec = spec.model_dump(mode="json")
             if event is not None:  # the autoscaler's reason, kept with the model
                 row.scale_events = [*(row.scale_events or []), event][-MAX_SCALE_EVENTS:]
@@ -78,3 +86,27 @@ class ModelRepo:
         if row is None:
             raise NotFound(f"model {req.name!r} not found", code="model_not_found")
         return row
+
+
+_NAMES_LOCK = 0x5340A3
+"""A transaction advisory lock around the writes that claim model names and aliases: two
+creates giving one alias cannot both pass the check (names alone have a unique index)."""
+
+
+async def _lock_names(s: AsyncSession) -> None:
+    await s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _NAMES_LOCK})
+
+
+async def _check_names_free(s: AsyncSession, model_id: str | None, names: list[str]) -> None:
+    """Conflict (409) when one of `names` is another model's name or alias: a request for a
+    name must reach one model. Models are few: their specs are read whole. On create
+    (model_id None) names[0] is the new model's name."""
+    wanted = set(names)
+    for row in await s.scalars(select(ModelRow)):
+        if row.id == model_id:
+            continue
+        taken = wanted & {row.name, *(row.spec or {}).get("aliases", [])}
+        if taken:
+            param = "name" if model_id is None and names[0] in taken else "aliases"
+            raise Conflict(f"{', '.join(sorted(taken))}: already a name or alias of model "
+                           f"{row.name!r}", param=param, code="model_exists")

@@ -18,6 +18,7 @@ const LAYOUT = [
 ];
 const LABELS = {
   max_model_len: "Max model length",
+  aliases: "Aliases (more names it answers to)",
   tp: "Tensor parallel (tp)",
   pp: "Pipeline parallel (pp)",
   gpu_memory_utilization: "GPU memory utilization",

@@ -27,6 +27,8 @@ class ModelNames:
         self._miss_every = miss_every
         self._aliases: dict[str, str] = {}
         self._loaded_at = -float("inf")
+        self._next_try = -float("inf")
+        """No read before this (monotonic): a failed read is not retried by every request."""
         self._lock = asyncio.Lock()
 
     async def resolve(self, name: str) -> str:
@@ -40,10 +42,13 @@ class ModelNames:
         return self._aliases.get(name, name)
 
     def _stale(self, name: str) -> bool:
-        age = time.monotonic() - self._loaded_at
-        return age > self._ttl or (name not in self._aliases and age > self._miss_every)
+        now = time.monotonic()
+        age = now - self._loaded_at
+        return now >= self._next_try and (
+            age > self._ttl or (name not in self._aliases and age > self._miss_every))
 
     async def _load(self) -> None:
+        self._next_try = time.monotonic() + self._miss_every
         try:
             models = await self._registry.list_models()
         except ShoalError:  # the registry is away: the names known so far stand

@@ -18,7 +18,7 @@ const LAYOUT = [
 ];
 const LABELS = {
   max_model_len: "Max model length",
-  aliases: "Aliases (more names it answers to)",
+  aliases: "Aliases (it answers to these too)",
   tp: "Tensor parallel (tp)",
   pp: "Pipeline parallel (pp)",
   gpu_memory_utilization: "GPU memory utilization",

@@ -167,6 +167,12 @@ async def list_keys(request: web.Request) -> web.Response:
     return _json(await request.app[STATE].registry.list_keys(_page(request)))
 
 
+@routes.get("/api/v1/keys/{id}")
+async def get_key(request: web.Request) -> web.Response:
+    """A key by id or name (the registry resolves names for every key route)."""
+    return _json(await request.app[STATE].registry.get_key(request.match_info["id"]))
+
+
 @routes.post("/api/v1/keys")
 async def create_key(request: web.Request) -> web.Response:
     body = parse_body(await read_body(request), ApiKeyCreate)
@@ -175,7 +181,8 @@ async def create_key(request: web.Request) -> web.Response:
 
 @routes.patch("/api/v1/keys/{id}")
 async def update_key(request: web.Request) -> web.Response:
-    """Change a key's scope or replace its limits: {"scope", "limits", "version"}."""
+    """Change a key's scope or replace its limits: {"scope", "limits", "version"}; {id} is
+    the key's id or name, as on every key route."""
     data = load_json(await read_body(request))
     body = parse_body(json.dumps({**data, "id": request.match_info["id"]}).encode(), ApiKeyUpdate)
     return _json(await request.app[STATE].registry.update_key(body))
@@ -187,6 +194,9 @@ async def usage(request: web.Request) -> web.Response:
     query = {k: request.query[k] for k in ("key_id", "model", "since", "until")
              if k in request.query}
     body = parse_body(json.dumps(query).encode(), UsageQuery)
+    if body.key_id is not None:  # an id or a name; an unknown key is a 404, not no rows
+        key = await request.app[STATE].registry.get_key(body.key_id)
+        body = body.model_copy(update={"key_id": key.id})
     report = await request.app[STATE].registry.usage(body)
     return web.json_response({"items": [r.model_dump(mode="json") for r in report.rows],
                               "total": len(report.rows)})

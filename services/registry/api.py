@@ -99,6 +99,7 @@ class RegistryApi:
             ("workers", "delete", DeleteRequest, self.delete_worker),
             ("workers", "leave", WorkerLeave, self.leave_worker),
             ("keys", "create", ApiKeyCreate, self.create_key),
+            ("keys", "get", ById, self.keys.get),
             ("keys", "list", ListRequest, self.keys.list),
             ("keys", "revoke", ById, self.revoke_key),
             ("keys", "verify", ApiKeyVerify, self.keys.verify),

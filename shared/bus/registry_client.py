@@ -90,8 +90,13 @@ class RegistryClient:
                                       Page[ApiKeyPublic])
         return page.items
 
-    async def revoke_key(self, id: str) -> ApiKeyPublic:
-        return await self.bus.request(self._on("keys", "revoke"), ById(id=id),
+    async def get_key(self, id_or_name: str) -> ApiKeyPublic:
+        """The key with this id, else the one with this name (the registry resolves it)."""
+        return await self.bus.request(self._on("keys", "get"), ById(id=id_or_name),
+                                      ApiKeyPublic)
+
+    async def revoke_key(self, id_or_name: str) -> ApiKeyPublic:
+        return await self.bus.request(self._on("keys", "revoke"), ById(id=id_or_name),
                                       ApiKeyPublic)
 
     async def verify_key(self, secret: str) -> ApiKeyVerified:

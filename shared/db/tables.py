@@ -11,8 +11,8 @@ from datetime import date, datetime
 from typing import Any
 
 from sqlalchemy import (
-    JSON, BigInteger, Boolean, Date, DateTime, ForeignKey, Integer, LargeBinary, String, Text,
-    func,
+    JSON, BigInteger, Boolean, Date, DateTime, ForeignKey, Index, Integer, LargeBinary, String,
+    Text, func, text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -63,6 +63,9 @@ class InstanceRow(RowMixin, Base):
 
 class ApiKeyRow(RowMixin, Base):
     __tablename__ = "api_keys"
+    __table_args__ = (Index("uq_api_keys_active_name", "name", unique=True,
+                            postgresql_where=text("revoked_at IS NULL")),)
+    """A name means one key not revoked (migration 0007); revoked keys keep theirs."""
 
     name: Mapped[str] = mapped_column(String(64), nullable=False)
     prefix: Mapped[str] = mapped_column(String(16), nullable=False)

@@ -397,6 +397,7 @@ class ApiKeyUpdate(Wire):
     partial: ClassVar[bool] = True
 
     id: str
+    """The key's id, or its name (the registry resolves it)."""
     version: int | None = None
     """The version read (a stale one: 409); unset: no check."""
     scope: ApiKeyScope | None = None

@@ -213,13 +213,6 @@ def parse_limit(spec: str) -> KeyLimit:
     return KeyLimit.model_validate(fields)
 
 
-async def _key(c: RegistryClient, target: str) -> ApiKeyPublic:
-    for key in await c.list_keys():
-        if target in (key.id, key.name) and key.revoked_at is None:
-            return key
-    raise NotFound(f"no active API key {target!r}")
-
-
 def keys_cmd(settings: Settings, args: argparse.Namespace) -> int:
     if args.verb == "create":
         limits = [parse_limit(x) for x in args.limit or []]
@@ -237,7 +230,7 @@ def keys_cmd(settings: Settings, args: argparse.Namespace) -> int:
             [parse_limit(x) for x in args.limit] if args.limit else None)
 
         async def update(c: RegistryClient) -> ApiKeyPublic:
-            key = await _key(c, args.target)
+            key = await c.get_key(args.target)  # a name or an id: the registry resolves it
             fields: dict[str, object] = {"id": key.id, "version": key.version}
             if args.scope is not None:
                 fields["scope"] = args.scope
@@ -248,7 +241,7 @@ def keys_cmd(settings: Settings, args: argparse.Namespace) -> int:
         emit(run(settings, update), args.json, keys_table)
     elif args.verb == "usage":
         async def usage(c: RegistryClient) -> list[UsageRow]:
-            key_id = (await _key(c, args.key)).id if args.key else None
+            key_id = (await c.get_key(args.key)).id if args.key else None
             report = await c.usage(UsageQuery(key_id=key_id, model=args.model, since=args.since,
                                               until=args.until))
             return report.rows

@@ -49,3 +49,48 @@ async def test_old_keys_become_admin_and_the_first_key_bootstraps(servers) -> No
         assert explicit.scope is ApiKeyScope.ADMIN
     finally:
         await engine.dispose()
+
+
+def _upgrade_to(revision: str):  # noqa: ANN202 - a run_sync callable
+    def upgrade(connection: Connection) -> None:
+        cfg = alembic_config()
+        cfg.attributes["connection"] = connection
+        command.upgrade(cfg, revision)
+    return upgrade
+
+
+async def test_duplicate_key_names_are_renamed_and_then_refused(servers) -> None:
+    """Issue 24: names could repeat (the README's quick start made `my-app` twice) and a name
+    meant the first match. The migration keeps a name on its oldest key not revoked and renames
+    the later ones NAME-2, NAME-3, ... (the first free); revoked keys keep theirs; from then on
+    a second key not revoked with one name is refused by the database itself."""
+    from sqlalchemy.exc import IntegrityError
+
+    url = await asyncio.to_thread(_fresh_database, servers.database_url)
+    engine = make_engine(url)
+    try:
+        async with engine.begin() as conn:  # the schema and keys as before this change
+            await conn.run_sync(_upgrade_to("0006_usage_batches"))
+            for i, (key_id, name, revoked) in enumerate((
+                    ("k1", "my-app", False), ("k2", "my-app", False), ("k3", "my-app", True),
+                    ("k4", "my-app", False), ("k5", "my-app-2", False), ("k6", "x" * 63, False),
+                    ("k7", "x" * 63, False))):
+                await conn.execute(text(
+                    "INSERT INTO api_keys (id, version, name, prefix, secret_hash, created_at, "
+                    "revoked_at) VALUES (:id, 1, :name, 'sk-shoal-xxxx', :h, "
+                    "now() - make_interval(secs => :age), "
+                    "CASE WHEN :revoked THEN now() ELSE NULL END)"),
+                    {"id": key_id, "name": name, "h": hash_secret(new_secret()), "age": 100 - i,
+                     "revoked": revoked})
+        await run_migrations(engine)
+        async with engine.begin() as conn:
+            names = dict((await conn.execute(text("SELECT id, name FROM api_keys"))).all())
+        assert names == {"k1": "my-app", "k2": "my-app-3", "k3": "my-app", "k4": "my-app-4",
+                         "k5": "my-app-2", "k6": "x" * 63, "k7": "x" * 61 + "-2"}
+        with pytest.raises(IntegrityError):
+            async with engine.begin() as conn:
+                await conn.execute(text(
+                    "INSERT INTO api_keys (id, version, name, prefix, secret_hash) "
+                    "VALUES ('k8', 1, 'my-app', 'sk-shoal-xxxx', 'h8')"))
+    finally:
+        await engine.dispose()

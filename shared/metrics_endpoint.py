@@ -11,18 +11,17 @@ in Prometheus' HTTP service-discovery format, as GPUStack's server lists its wor
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 from typing import Any
 
 from aiohttp import web
-from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from shoal.shared.bus.client import Bus, encode
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.gather import answer, gather
 from shoal.shared.config import Settings
 from shoal.shared.schemas.metrics import MetricsTarget
 
@@ -50,32 +49,13 @@ def advertised_host(host: str, advertise: str | None = None) -> str:
 async def answer_discovery(bus: Bus, target: MetricsTarget) -> Subscription:
     """Reply with `target` to every shoal.<ns>.metrics.targets request (no queue group: all
     answer)."""
-
-    async def on_request(msg: Msg) -> None:
-        if msg.reply:
-            await bus.nc.publish(msg.reply, encode(target))
-
-    return await bus.nc.subscribe(bus.subjects.metrics_targets, cb=on_request)
+    return await answer(bus, bus.subjects.metrics_targets, target)
 
 
 async def discover_targets(bus: Bus, wait: float = DISCOVERY_WAIT_S) -> list[MetricsTarget]:
     """Every target that answers within `wait` seconds, sorted by service and address."""
-    found: dict[str, MetricsTarget] = {}
-    inbox = bus.nc.new_inbox()
-
-    async def on_reply(msg: Msg) -> None:
-        try:
-            target = MetricsTarget.model_validate_json(msg.data)
-        except ValueError:
-            return
-        found[target.address] = target
-
-    sub = await bus.nc.subscribe(inbox, cb=on_reply)
-    try:
-        await bus.nc.publish(bus.subjects.metrics_targets, b"{}", reply=inbox)
-        await asyncio.sleep(wait)
-    finally:
-        await sub.unsubscribe()
+    found = {t.address: t for t in await gather(bus, bus.subjects.metrics_targets,
+                                                  MetricsTarget, wait)}
     return sorted(found.values(), key=lambda t: (t.service, t.address))
 
 

@@ -14,8 +14,10 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
+from shoal.services.gateway.auth import keys_required
 from shoal.services.gateway.errors import read_body
 from shoal.services.gateway.json_body import load_json, parse_body
+from shoal.services.gateway.quota import API_KEY
 from shoal.services.gateway.state import STATE
 from shoal.shared.bus.scheduler_client import SchedulerClient
 from shoal.shared.errors import InvalidRequest, NotFound
@@ -162,6 +164,17 @@ async def delete_worker(request: web.Request) -> web.Response:
 
 
 # ---------------------------------------------------------------- API keys
+@routes.get("/api/v1/auth")
+async def auth_info(request: web.Request) -> web.Response:
+    """Whether this gateway requires keys, and the key this request presented (None: none):
+    the dashboard says so on its API keys page when keys are not required."""
+    settings, key = request.app[STATE].settings, request.get(API_KEY)
+    return web.json_response({
+        "keys_required": keys_required(settings), "fixed_key": bool(settings.api_key),
+        "key": None if key is None else {"id": key.key_id, "name": key.name,
+                                         "scope": key.scope.value if key.scope else None}})
+
+
 @routes.get("/api/v1/keys")
 async def list_keys(request: web.Request) -> web.Response:
     return _json(await request.app[STATE].registry.list_keys(_page(request)))

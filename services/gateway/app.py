@@ -12,7 +12,9 @@ from aiohttp import web
 from shoal.services.gateway import admin_routes, edge, openai_routes
 from shoal.services.gateway.ui_routes import add_ui
 from shoal.services.gateway.admission import Admission
-from shoal.services.gateway.auth import KeyCache, auth_middleware, watch_keys
+from shoal.services.gateway.auth import (
+    KeyCache, answer_gateway_info, auth_middleware, watch_keys
+)
 from shoal.services.gateway.errors import error_middleware
 from shoal.services.gateway.infer_client import InferClient
 from shoal.services.gateway.instances import InstanceTable
@@ -86,8 +88,9 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
             names=ModelNames(registry, table.model_names, ttl=settings.gateway_instance_refresh),
         )
         host = advertised_host(settings.gateway_host, settings.metrics_advertise_host)
-        await answer_discovery(bus, MetricsTarget(service="gateway",
-                                                  address=f"{host}:{settings.gateway_port}"))
+        address = f"{host}:{settings.gateway_port}"
+        await answer_discovery(bus, MetricsTarget(service="gateway", address=address))
+        await answer_gateway_info(bus, settings, address)
         await table.start()
         try:
             yield

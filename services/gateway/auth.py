@@ -1,7 +1,14 @@
-"""API-key auth (only when `settings.require_api_key` or a fixed `settings.api_key`, vLLM's
---api-key): `Authorization: Bearer <key>`, the fixed key or one verified by the registry, cached
-for `gateway_key_cache_ttl` seconds so a request costs no bus round trip. Scopes: the management
-API needs an admin key (403 otherwise); the verified key rides on the request for quota.py.
+"""API-key auth: `Authorization: Bearer <key>`, the fixed key (vLLM's --api-key) or one verified
+by the registry, cached for `gateway_key_cache_ttl` seconds so a request costs no bus round
+trip. Scopes: the management API needs an admin key (403 otherwise); the verified key rides on
+the request for quota.py (limits, usage).
+
+A key that is presented is always honoured; keys are required only with
+`settings.require_api_key` or a fixed `settings.api_key`. On an open gateway a request without
+a key is served in full (vLLM without --api-key), but one that presents a Shoal key
+(`Bearer sk-shoal-...`) gets exactly that key: 401 if it is unknown, revoked or expired, its
+scope, its limits, its usage. A bearer token that cannot be a Shoal key there (the placeholder
+OpenAI clients must send, such as vLLM's `EMPTY`) is no key, as vLLM treats it.
 
 Revocation (or any change of a key) is an event, not a wait: every gateway listens to the
 registry's key events and drops the key at once (`watch_keys`), and empties its cache when it
@@ -31,9 +38,12 @@ from nats.aio.msg import Msg
 from shoal.services.gateway.quota import API_KEY
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.bus.gather import answer
+from shoal.shared.config import Settings
 from shoal.shared.errors import Forbidden, Timeout, Unauthorized, Unavailable
 from shoal.shared.schemas.events import ApiKeyEvent
-from shoal.shared.schemas.registry import ApiKeyScope, ApiKeyVerified
+from shoal.shared.schemas.gateway import GatewayInfo
+from shoal.shared.schemas.registry import SECRET_PREFIX, ApiKeyScope, ApiKeyVerified
 
 PUBLIC_PATHS = frozenset({"/health", "/version", "/metrics", "/metrics/targets", "/openapi.json",
                           "/ping", "/", "/ui", "/docs"})
@@ -48,6 +58,7 @@ key costs no registry call per request, and no number of made-up tokens evicts a
 log = logging.getLogger(__name__)
 
 
+REFUSED = ApiKeyVerified(valid=False)
 FIXED_KEY = ApiKeyVerified(valid=True, name="--api-key", scope=ApiKeyScope.ADMIN)
 """The fixed key (vLLM's --api-key) can do everything and has no limits or usage."""
 ADMIN_PREFIXES = ("/api/v1/",)
@@ -172,6 +183,17 @@ async def watch_keys(bus: Bus, keys: KeyCache) -> object:
     return await bus.subscribe(bus.subjects.events_of("keys"), ApiKeyEvent, on_event)
 
 
+def keys_required(settings: Settings) -> bool:
+    """Keys are required with SHOAL_REQUIRE_API_KEY, or with a fixed key (vLLM's --api-key)."""
+    return settings.require_api_key or bool(settings.api_key)
+
+
+async def answer_gateway_info(bus: Bus, settings: Settings, address: str) -> object:
+    """Tell whoever asks (`shoal keys create`) whether this gateway requires keys."""
+    info = GatewayInfo(address=address, keys_required=keys_required(settings))
+    return await answer(bus, bus.subjects.gateway_info, info)
+
+
 def bearer(header: str | None) -> str:
     if not header:
         raise Unauthorized("missing API key: send `Authorization: Bearer <key>` "
@@ -182,27 +204,48 @@ def bearer(header: str | None) -> str:
     return secret.strip()
 
 
+def presented_key(header: str | None) -> str | None:
+    """The Shoal key a request presents where none is required (`Bearer sk-shoal-...`); None for
+    no header, another scheme, or a token that cannot be a Shoal key (a placeholder)."""
+    if not header:
+        return None
+    scheme, _, secret = header.partition(" ")
+    secret = secret.strip()
+    return secret if scheme.lower() == "bearer" and secret.startswith(SECRET_PREFIX) else None
+
+
 def is_public(path: str) -> bool:
     return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
 
 
+async def _verification(settings: Settings, keys: KeyCache, registry: RegistryClient,
+                        secret: str) -> ApiKeyVerified:
+    fixed = settings.api_key
+    if fixed and hmac.compare_digest(secret.encode(), fixed.encode()):
+        return FIXED_KEY
+    if not secret.startswith(SECRET_PREFIX):
+        return REFUSED  # no key the registry makes looks like this: nothing to ask
+    return await verify(keys, registry, secret)
+
+
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Only when `require_api_key`: every route but the public ones needs a valid key."""
+    """Every route but the public ones: the key presented (module docstring), required or not."""
     from shoal.services.gateway.state import STATE  # the state module imports this one
 
     st = request.app[STATE]
-    fixed = st.settings.api_key
-    if (not (st.settings.require_api_key or fixed) or is_public(request.path)
-            or request.method == "OPTIONS"):
+    if is_public(request.path) or request.method == "OPTIONS":
         return await handler(request)
-    secret = bearer(request.headers.get("Authorization"))
-    if fixed and hmac.compare_digest(secret.encode(), fixed.encode()):
-        verified = FIXED_KEY
-    else:
-        verified = await verify(st.keys, st.registry, secret)
+    required = keys_required(st.settings)
+    header = request.headers.get("Authorization")
+    secret = bearer(header) if required else presented_key(header)
+    if secret is None:  # an open gateway and no key: served in full
+        return await handler(request)
+    verified = await _verification(st.settings, st.keys, st.registry, secret)
     if not verified.valid:
-        raise Unauthorized("invalid, expired or revoked API key")
+        raise Unauthorized("invalid, expired or revoked API key" + (
+            "" if required else " (this gateway does not require keys: a key that is sent "
+            "must be valid; send none to be served without one)"))
     if request.path.startswith(ADMIN_PREFIXES) and verified.scope is not ApiKeyScope.ADMIN:
         raise Forbidden("this key is not allowed to manage the cluster: the management API "
                         "needs an admin key (`shoal keys create NAME --scope admin`)")

@@ -51,6 +51,8 @@ _OPS: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
     ("get", "/api/v1/workers", "List workers", None, "management"),
     ("get", "/api/v1/workers/{id}", "Get a worker", None, "management"),
     ("delete", "/api/v1/workers/{id}", "Delete a worker", None, "management"),
+    ("get", "/api/v1/auth", "Whether keys are required here, and the key presented", None,
+     "management"),
     ("get", "/api/v1/keys", "List API keys", None, "management"),
     ("post", "/api/v1/keys", "Create an API key (the secret is shown once)", ApiKeyCreate,
      "management"),

@@ -137,6 +137,12 @@ class Subjects:
         return f"{self.prefix}.autoscale.demand"
 
     @property
+    def gateway_info(self) -> str:
+        """Request, answered by every gateway (GatewayInfo): whether it requires API keys, for
+        `shoal keys create`'s warning."""
+        return f"{self.prefix}.gateway.info"
+
+    @property
     def metrics_targets(self) -> str:
         """Request, answered by every process that serves /metrics (each replies with its
         address): how a gateway's /metrics/targets lists them for Prometheus."""

@@ -345,6 +345,11 @@ class InstanceFilter(Wire):
 
 
 # ---------------------------------------------------------------- API keys
+SECRET_PREFIX = "sk-shoal-"
+"""Every secret the registry makes begins so: a gateway can tell a Shoal key from a placeholder
+token (vLLM's `EMPTY`) without asking, and refuse the latter where keys are required."""
+
+
 class ApiKeyScope(str, Enum):
     INFERENCE = "inference"
     """The OpenAI-compatible API (/v1/*, /tokenize, /detokenize) only."""

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from shoal.cli import SERVICES, _labels
 from shoal.cli.resources import (
     emit, instances_table, keys_table, models_table, run, usage_table, workers_table
 )
 from shoal.cli.runner import resolve_settings, run_service
+from shoal.shared.bus.gather import gather
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.errors import InvalidRequest, NotFound
+from shoal.shared.schemas.gateway import GatewayInfo
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate, ApiKeyPublic, ApiKeyUpdate, DeleteRequest, DeviceKind, InstanceFilter, KeyLimit,
-    ModelCreate, ModelPublic, ModelUpdate, UsageQuery, UsageRow,
+    ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyUpdate, DeleteRequest, DeviceKind,
+    InstanceFilter, KeyLimit, ModelCreate, ModelPublic, ModelUpdate, UsageQuery, UsageRow,
 )
 
 
@@ -213,16 +216,37 @@ def parse_limit(spec: str) -> KeyLimit:
     return KeyLimit.model_validate(fields)
 
 
+def open_gateways_warning(gateways: list[GatewayInfo]) -> str | None:
+    """What `keys create` says when a gateway does not require keys (None: every gateway that
+    answered does): the key works where it is sent, but requests without one are served."""
+    open_ones = sorted(g.address for g in gateways if not g.keys_required)
+    if not open_ones:
+        return None
+    return (f"warning: the gateway at {', '.join(open_ones)} does not require API keys "
+            "(SHOAL_REQUIRE_API_KEY is not set): requests without a key are still served with "
+            "full access, the management API included. This key is honoured when it is sent "
+            "(its scope, limits and usage); set SHOAL_REQUIRE_API_KEY=true on the gateway to "
+            "require keys.")
+
+
 def keys_cmd(settings: Settings, args: argparse.Namespace) -> int:
     if args.verb == "create":
         limits = [parse_limit(x) for x in args.limit or []]
-        created = run(settings, lambda c: c.create_key(ApiKeyCreate(
-            name=args.target, scope=args.scope, limits=limits)))
+
+        async def create(c: RegistryClient) -> tuple[ApiKeyCreated, list[GatewayInfo]]:
+            created = await c.create_key(ApiKeyCreate(name=args.target, scope=args.scope,
+                                                      limits=limits))
+            return created, await gather(c.bus, c.bus.subjects.gateway_info, GatewayInfo)
+
+        created, gateways = run(settings, create)
         if args.json:
             emit(created, True, keys_table)
         else:
             print(f"API key {created.name} ({created.id}, {created.scope.value}) created. Its "
                   f"secret is shown once:\n\n    {created.secret}\n")
+        warning = open_gateways_warning(gateways)
+        if warning:
+            print(warning, file=sys.stderr)
     elif args.verb == "list":
         emit(run(settings, lambda c: c.list_keys()), args.json, keys_table)
     elif args.verb == "update":

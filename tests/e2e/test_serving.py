@@ -7,6 +7,7 @@ trace from the client's traceparent through gateway and engine, at real OTLP rec
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import signal
@@ -27,7 +28,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from shoal.services.engine.model_prep import prepare_model, smollm2_gguf_path
 from shoal.shared.bus.registry_client import RegistryClient
-from shoal.shared.schemas.registry import InstanceFilter, ModelCreate
+from shoal.shared.schemas.registry import (
+    ApiKeyCreate, ApiKeyScope, InstanceFilter, ModelCreate, UsageQuery
+)
 from shoal.shared.states import InstanceState
 from tests.integration.conftest import make_settings, running_services
 from shoal.shared.embedded import free_port
@@ -407,6 +410,32 @@ def _service_of(text: str) -> str:
         if marker in text:
             return service
     return ""
+
+
+async def test_a_key_on_an_open_stack_is_counted_and_bad_numbers_are_400(stack) -> None:
+    """Issue 24: without SHOAL_REQUIRE_API_KEY a key's usage was never recorded (the key did
+    nothing); and `repetition_penalty: 1e309` was a 503 "malformed reply from the engine" with
+    Retry-After, which SDKs retry. The key is counted; the number is a 400 naming it."""
+    settings, client, model, inst, url = stack
+    key = await client.create_key(ApiKeyCreate(name=f"open-{uuid.uuid4().hex[:6]}",
+                                               scope=ApiKeyScope.INFERENCE))
+    api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key.secret, max_retries=0,
+                             timeout=120)
+    reply = await api.chat.completions.create(model=model.name, messages=FRANCE, max_tokens=4)
+    rows = []
+    for _ in range(100):  # keys without limits have their usage sent every second
+        rows = (await client.usage(UsageQuery(key_id=key.id))).rows
+        if rows:
+            break
+        await asyncio.sleep(0.1)
+    assert [(r.requests, r.output_tokens) for r in rows] == [(1, reply.usage.completion_tokens)]
+    chat = {"model": model.name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    body = json.dumps(chat)[:-1] + ', "repetition_penalty": 1e309}'  # json.dumps cannot write it
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{url}/v1/chat/completions", data=body,
+            headers={"Content-Type": "application/json"}) as r:
+        assert r.status == 400 and "Retry-After" not in r.headers, await r.text()
+        assert (await r.json())["error"]["param"] == "repetition_penalty"
 
 
 async def test_client_disconnect_frees_the_engine(stack) -> None:

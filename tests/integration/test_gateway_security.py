@@ -135,3 +135,70 @@ async def test_a_flood_of_made_up_keys_evicts_no_valid_key(
             assert await models(f"sk-shoal-{uuid.uuid4().hex}") == 503  # never verified
         finally:
             await registry.start()
+
+
+# ---------------------------------------------------------------- item 3: keys on an open stack
+def _bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+async def test_a_key_presented_to_an_open_gateway_is_honoured(
+        open_gw: str, http: aiohttp.ClientSession, client: RegistryClient) -> None:
+    """Without SHOAL_REQUIRE_API_KEY, an inference key reached the management API, `Bearer
+    garbage` got 200 and limits never answered 429. A request without a key is still served
+    (as vLLM without --api-key); one with a Shoal key gets exactly that key."""
+    from shoal.shared.schemas.registry import ApiKeyScope, KeyLimit
+
+    admin = await client.create_key(ApiKeyCreate(name=_key_name("adm"), scope=ApiKeyScope.ADMIN))
+    app = await client.create_key(ApiKeyCreate(name=_key_name("inf"),
+                                               scope=ApiKeyScope.INFERENCE))
+    revoked = await client.create_key(ApiKeyCreate(name=_key_name("old")))
+    await client.revoke_key(revoked.id)
+    made_up = f"sk-shoal-{uuid.uuid4().hex}"
+    for headers, path, status in (
+            ({}, "/api/v1/models", 200),  # no key: the open default
+            (_bearer("EMPTY"), "/api/v1/models", 200),  # a placeholder is no key (vLLM's)
+            ({"Authorization": "Basic dXNlcjpwdw=="}, "/api/v1/models", 200),
+            (_bearer(admin.secret), "/api/v1/models", 200),
+            (_bearer(app.secret), "/v1/models", 200),
+            (_bearer(app.secret), "/api/v1/models", 403),  # its scope
+            (_bearer(app.secret), "/api/v1/keys", 403),
+            (_bearer(made_up), "/v1/models", 401),  # a key that is not one
+            (_bearer(revoked.secret), "/v1/models", 401)):
+        async with http.get(f"{open_gw}{path}", headers=headers) as r:
+            assert r.status == status, (headers, path, await r.text())
+            if status == 401:
+                error = (await r.json())["error"]
+                assert error["code"] == "invalid_api_key"
+                assert "does not require keys" in error["message"]
+    limited = await client.create_key(ApiKeyCreate(
+        name=_key_name("lim"), scope=ApiKeyScope.INFERENCE, limits=[KeyLimit(rpm=1)]))
+    statuses = []
+    for _ in range(2):  # counts against rpm even when refused (an unknown model): README
+        async with http.post(f"{open_gw}/v1/chat/completions", json=CHAT,
+                             headers=_bearer(limited.secret)) as r:
+            statuses.append(r.status)
+            assert r.headers.get("x-ratelimit-limit-requests") == "1"
+    assert statuses == [404, 429]
+    async with http.post(f"{open_gw}/v1/chat/completions", json=CHAT) as r:
+        assert r.status == 404  # the same request without the key: not limited
+
+
+async def test_the_gateway_says_whether_keys_are_required(
+        open_gw: str, locked_gw: str, http: aiohttp.ClientSession,
+        client: RegistryClient) -> None:
+    """GET /api/v1/auth (the dashboard's notice) and the bus answer `shoal keys create` warns
+    from; a fixed or required key is not asked about for a token no registry key looks like."""
+    from shoal.shared.schemas.registry import ApiKeyScope
+
+    admin = await client.create_key(ApiKeyCreate(name=_key_name("who"), scope=ApiKeyScope.ADMIN))
+    async with http.get(f"{open_gw}/api/v1/auth") as r:
+        assert await r.json() == {"keys_required": False, "fixed_key": False, "key": None}
+    async with http.get(f"{locked_gw}/api/v1/auth", headers=_bearer(admin.secret)) as r:
+        body = await r.json()
+    assert body["keys_required"] is True and body["key"] == {
+        "id": admin.id, "name": admin.name, "scope": "admin"}
+    async with http.get(f"{locked_gw}/v1/models", headers=_bearer("EMPTY")) as r:
+        assert r.status == 401  # required: a placeholder is refused
+        assert "does not require" not in (await r.json())["error"]["message"]
+

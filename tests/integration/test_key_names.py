@@ -111,3 +111,16 @@ async def test_the_management_api_takes_a_name_where_it_takes_an_id(
             assert r.status == 200 and (await r.json())["id"] == made["id"]
         async with http.get(f"{gateway}/api/v1/keys/{_name('nobody')}") as r:
             assert r.status == 404
+
+
+async def test_keys_create_warns_when_a_gateway_does_not_require_keys(
+        gateway: str, settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 24: a key made for an open stack silently did nothing; `shoal keys create` now
+    says that the gateway serves requests without a key (it asks every gateway on the bus)."""
+    args = build_parser().parse_args(["keys", "create", _name("warned")])
+    assert await asyncio.to_thread(keys_cmd, settings, args) == 0
+    captured = capsys.readouterr()
+    assert "created" in captured.out
+    port = gateway.rsplit(":", 1)[1]
+    assert "does not require API keys" in captured.err and f":{port}" in captured.err
+    assert "SHOAL_REQUIRE_API_KEY=true" in captured.err

@@ -25,11 +25,8 @@ from shoal.shared.errors import Conflict, NotFound
 from shoal.shared.schemas.common import Page, utcnow
 from shoal.shared.schemas.registry import (
     ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyScope, ApiKeyUpdate, ApiKeyVerified,
-    ApiKeyVerify, ById, ListRequest
+    ApiKeyVerify, ById, ListRequest, SECRET_PREFIX
 )
-
-SECRET_PREFIX = "sk-shoal-"
-
 
 def new_secret() -> str:
     return SECRET_PREFIX + secrets.token_urlsafe(32)

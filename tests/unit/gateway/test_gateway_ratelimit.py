@@ -57,3 +57,14 @@ def test_cli_limit_specs() -> None:
     assert (args.key, args.since, args.model) == ("app", "2026-11-01", None)
     with pytest.raises(ValueError):  # one limit per model
         ApiKeyCreate(name="a", limits=[KeyLimit(rpm=1), KeyLimit(tpm=2)])
+
+
+def test_keys_create_warns_only_about_gateways_that_do_not_require_keys() -> None:
+    from shoal.cli.commands import open_gateways_warning
+    from shoal.shared.schemas.gateway import GatewayInfo
+
+    locked = GatewayInfo(address="10.0.0.1:8000", keys_required=True)
+    assert open_gateways_warning([]) is None and open_gateways_warning([locked]) is None
+    warning = open_gateways_warning([locked, GatewayInfo(address="h:8000", keys_required=False)])
+    assert warning is not None and "h:8000" in warning and "10.0.0.1" not in warning
+    assert "SHOAL_REQUIRE_API_KEY=true" in warning

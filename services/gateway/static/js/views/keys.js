@@ -29,11 +29,18 @@ export function create() {
     h("thead", {}, h("tr", {}, ["Name", "Key", "Scope", "Limits", "Created", "Expires", "State", ""].map(
       (c) => h("th", { scope: "col" }, c)))),
     rows));
+  // GET /api/v1/auth says whether this gateway requires keys; when it does not, say what that
+  // means before anyone relies on a key to keep others out
+  const openNotice = h("p", { class: "warning", id: "keys-open-notice", role: "note", hidden: true },
+    h("strong", {}, "This gateway does not require API keys. "),
+    "Requests without a key are still served with full access, the management API included; a key "
+      + "that is sent is honoured (its scope, limits and usage). Set ",
+    h("code", {}, "SHOAL_REQUIRE_API_KEY=true"), " on the gateway to require keys.");
   const root = h("section", { "aria-labelledby": "keys-h" },
     h("h1", { id: "keys-h", tabindex: "-1" }, "API keys"),
     h("p", { class: "muted" }, "Clients send a key as ", h("code", {}, "Authorization: Bearer <key>"),
       ". Keys are required when the gateway runs with ", h("code", {}, "SHOAL_REQUIRE_API_KEY=true"), "."),
-    form, formError, secretBox, listError, table);
+    openNotice, form, formError, secretBox, listError, table);
 
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -54,6 +61,8 @@ export function create() {
   async function refresh() {
     let keys;
     try {
+      const auth = await api("GET", "/api/v1/auth");
+      openNotice.hidden = auth.keys_required;
       keys = await list("/api/v1/keys");
       showError(listError, null);
     } catch (err) {

@@ -94,6 +94,11 @@ class Settings(BaseSettings):
     api_key: str | None = None
     """A fixed key (vLLM's --api-key): when set, keys are required and this one is valid beside
     those made with `shoal keys create`."""
+    gateway_allowed_hosts: str = ""
+    """More names the gateway answers to, comma separated (`*`: any), beside localhost, this
+    machine's name, its bind and advertised addresses, and any IP address: a request whose Host
+    is another name is a 400 (DNS rebinding). Set it to the names clients use (a DNS alias, a
+    proxy's name, compose's service name)."""
     gateway_max_outstanding: int = 1024
     """Inference requests one gateway holds at once; beyond it new ones get 429 (bounded memory)."""
     gateway_engine_dead_after: float = 3.0

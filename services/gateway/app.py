@@ -106,7 +106,7 @@ def make_app(settings: Settings) -> web.Application:
     instrument_http()  # HTTP server spans (web.Application, wrapped before it is built here)
     app = web.Application(client_max_size=settings.gateway_max_body_bytes,
                           middlewares=[error_middleware, auth_middleware])
-    edge.install(app)
+    edge.install(app, settings)
     app[SETTINGS] = settings
     app.cleanup_ctx.append(_lifetime)
     app.on_response_prepare.append(add_ratelimit_headers)

@@ -78,12 +78,15 @@ def _is_json(content_type: str) -> bool:
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The raw JSON body. A body sent as another media type (text/plain, a form) is a 400, as
-    OpenAI's and vLLM's servers refuse it; no Content-Type at all is read as JSON. Larger than
-    the gateway's limit is a 413 (README "The largest request"); never a 500."""
+    """The raw JSON body. A body sent as another media type (text/plain, a form), or with no
+    Content-Type at all, is a 400: OpenAI clients always send application/json, and a browser
+    sends a body without preflight only as text/plain, a form or with no type (issue 24: a
+    cross-site `fetch(..., {mode: "no-cors", body: blob})` deployed a model). Larger than the
+    gateway's limit is a 413 (README "The largest request"); never a 500."""
     content_type = request.headers.get("Content-Type")
-    if content_type is not None and not _is_json(content_type):
-        raise InvalidRequest(f"Content-Type must be application/json, got {content_type[:80]!r}",
+    if content_type is None or not _is_json(content_type):
+        got = "none" if content_type is None else repr(content_type[:80])
+        raise InvalidRequest(f"Content-Type must be application/json, got {got}",
                              param="Content-Type", code="invalid_content_type")
     try:
         return await request.read()

@@ -202,3 +202,80 @@ async def test_the_gateway_says_whether_keys_are_required(
         assert r.status == 401  # required: a placeholder is refused
         assert "does not require" not in (await r.json())["error"]["message"]
 
+
+
+# ---------------------------------------------------------------- item 2: cross-site and rebinding
+async def test_json_routes_need_a_json_content_type(open_gw: str, client: RegistryClient) -> None:
+    """A body with no Content-Type was read as JSON: what a cross-site `no-cors` fetch with a
+    Blob sends. Every JSON route (management and OpenAI) now answers 400 naming it."""
+    import httpx
+
+    name = _key_name("no-type")
+    deploy = json.dumps({"name": name, "source": "/x.gguf", "replicas": 0}).encode()
+    async with httpx.AsyncClient(base_url=open_gw) as http:
+        for method, path, body in (("POST", "/api/v1/models", deploy),
+                                   ("POST", "/api/v1/keys", b'{"name": "k"}'),
+                                   ("PATCH", "/api/v1/models/x", b'{"replicas": 2}'),
+                                   ("POST", "/v1/chat/completions", json.dumps(CHAT).encode()),
+                                   ("POST", "/v1/completions", b'{"model": "m", "prompt": "a"}'),
+                                   ("POST", "/tokenize", b'{"model": "m", "prompt": "a"}')):
+            r = await http.request(method, path, content=body)  # httpx sends no Content-Type
+            assert r.status_code == 400, (path, r.text)
+            error = r.json()["error"]
+            assert error["param"] == "Content-Type" and error["code"] == "invalid_content_type"
+            assert "got none" in error["message"], error
+        assert name not in [m.name for m in await client.list_models()]
+        r = await http.post("/api/v1/models", content=deploy,
+                            headers={"Content-Type": "application/json"})
+        assert r.status_code == 201  # the same body, typed: deployed
+        assert (await http.delete(f"/api/v1/models/{name}")).status_code == 200
+
+
+async def test_hosts_that_are_not_the_gateways_are_refused(settings: Settings, registry,
+                                                           open_gw: str) -> None:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=open_gw) as http:
+        for host in ("localhost:1", "127.0.0.1", "[::1]:8000", "10.9.8.7"):
+            r = await http.get("/v1/models", headers={"Host": host})
+            assert r.status_code == 200, host
+        for host in ("rebound.test:8000", "localhost.attacker.example"):
+            for method, path in (("GET", "/v1/models"), ("POST", "/api/v1/models"),
+                                 ("GET", "/ui/")):
+                r = await http.request(method, path, headers={"Host": host})
+                assert r.status_code == 400, (host, path)
+                error = r.json()["error"]
+                assert error["code"] == "host_not_allowed" and error["param"] == "host"
+                assert "SHOAL_GATEWAY_ALLOWED_HOSTS" in error["message"]
+        assert (await http.get("/health", headers={"Host": "rebound.test"})).status_code == 200
+    extra = {"gateway_allowed_hosts": "shoal.example.com,gateway"}
+    async with running_gateway(settings.model_copy(update=extra)) as url, \
+            httpx.AsyncClient(base_url=url) as http:
+        for host in ("shoal.example.com", "Gateway:8000", "localhost"):
+            assert (await http.get("/v1/models", headers={"Host": host})).status_code == 200
+        assert (await http.get("/v1/models", headers={"Host": "other"})).status_code == 400
+    async with running_gateway(settings.model_copy(update={"gateway_allowed_hosts": "*"})) \
+            as url, httpx.AsyncClient(base_url=url) as http:
+        assert (await http.get("/v1/models", headers={"Host": "other"})).status_code == 200
+
+
+async def test_browsers_from_another_origin_are_refused(open_gw: str) -> None:
+    import httpx
+
+    deploy = {"name": _key_name("xo"), "source": "/x.gguf", "replicas": 0}
+    async with httpx.AsyncClient(base_url=open_gw) as http:
+        for headers in ({"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"},
+                        {"Origin": "http://localhost:9999"}, {"Origin": "null"}):
+            for method, path in (("POST", "/api/v1/models"), ("GET", "/api/v1/keys"),
+                                 ("POST", "/v1/chat/completions")):
+                r = await http.request(method, path, headers=headers, json=deploy)
+                assert r.status_code == 403, (headers, path, r.text)
+                error = r.json()["error"]
+                assert error["code"] == "cross_origin", error
+        own = open_gw.removeprefix("http://")
+        r = await http.post("/api/v1/models", json=deploy,
+                            headers={"Origin": f"http://{own}", "Sec-Fetch-Site": "same-origin"})
+        assert r.status_code == 201
+        r = await http.get("/v1/models", headers={"Sec-Fetch-Site": "cross-site"})
+        assert r.status_code == 200  # reading the model list changes nothing
+        assert (await http.delete(f"/api/v1/models/{deploy['name']}")).status_code == 200

@@ -42,6 +42,8 @@ def test_compose_file_shape() -> None:
     assert services["scheduler"]["command"] == ["scheduler"]
     assert services["gateway"]["command"] == ["gateway"]
     assert services["gateway"]["environment"]["SHOAL_GATEWAY_HOST"] == "0.0.0.0"
+    # reached by its service name (Prometheus' http_sd url): an allowed Host
+    assert "gateway" in services["gateway"]["environment"]["SHOAL_GATEWAY_ALLOWED_HOSTS"]
     assert services["gateway"]["ports"] == ["8000:8000"]
     assert (ROOT / services["registry"]["build"]["dockerfile"]).exists()
 

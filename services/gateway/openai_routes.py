@@ -124,6 +124,7 @@ async def _answer(request: web.Request, answer: Answer, stream: bool,
     context, counted against the key's limits and usage (quota.py). An engine 400 about the
     output constraint names the field the client sent."""
     quota = request.app[STATE].quota
+    answer.spec_source = spec_source
     ticket = await quota.admit(request, answer.builder.model)
     with log_context(request_id=answer.builder.id, model=answer.builder.model), \
             inference_span(answer.jobs[0].request, answer.builder, stream):

@@ -18,7 +18,8 @@ from shoal.services.gateway.infer_client import InferClient
 from shoal.services.gateway.metrics import RequestObserver
 from shoal.services.gateway.responses import ChoiceState, ResponseBuilder, add_usage
 from shoal.services.gateway.streaming import DONE, SSE_HEADERS, sse_error, sse_event
-from shoal.shared.errors import ShoalError
+from shoal.services.gateway.structured import rename_param
+from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.schemas.infer import GenerateRequest, InferChunk, InferEnd, Usage
 
 Reply = InferChunk | InferEnd
@@ -81,6 +82,9 @@ class Answer:
         self.include_usage = include_usage
         self.continuous_usage = continuous_usage
         self.prompt_tokens: dict[int, int] = {}  # job index -> its prompt's length (seq 0)
+        self.spec_source: str | None = None
+        """The request field its output constraint came from: an engine 400 about the
+        constraint names it, in a streamed error event too (structured.rename_param)."""
 
     def usage_so_far(self) -> Usage:
         """Prompt tokens of the jobs accepted so far and every token streamed until now."""
@@ -140,6 +144,8 @@ class Answer:
                     await response.write(sse_event(self.builder.chunk([], self.builder.usage,
                                                                       True)))
             except ShoalError as exc:
+                if isinstance(exc, InvalidRequest):
+                    exc = rename_param(exc, self.spec_source)
                 await response.write(sse_error(exc))
             await response.write(DONE)
             await response.write_eof()

@@ -17,6 +17,7 @@ import pydantic
 import pytest
 
 from shoal.services.engine.model_prep import smollm2_gguf_path
+from shoal.services.gateway.streaming import parse_sse
 from shoal.shared.embedded import free_port
 from shoal.shared.schemas.registry import ModelCreate
 from tests.e2e.test_serving import ENGINE_ARGS, async_api, running_instance, sync_api
@@ -244,6 +245,17 @@ async def test_grammars_and_schemas_that_never_end_are_400s_before_generating(st
             logit_bias={str(x): 100},
             extra_body={"guided_grammar": 'root ::= "x" dead | "y"\ndead ::= dead'})
     assert err.value.param == "guided_grammar" and "allows no token" in str(err.value)
+    async with httpx.AsyncClient(timeout=60) as http:  # streamed: an error event, named so too
+        streamed = await http.post(f"{url}/v1/completions", json={
+            "model": model.name, "prompt": "Say x:", "max_tokens": 8, "temperature": 0,
+            "stream": True, "logit_bias": {str(x): 100},
+            "guided_grammar": 'root ::= "x" dead | "y"\ndead ::= dead'})
+    events = parse_sse(streamed.content)
+    assert events[-1] == "[DONE]"
+    [error] = [json.loads(e)["error"] for e in events[:-1] if "error" in json.loads(e)]
+    assert error["param"] == "guided_grammar" and error["status"] == 400, error
+    texts = [c["text"] for e in events[:-1] for c in json.loads(e).get("choices", [])]
+    assert "".join(texts) == "x", texts  # what the grammar allowed, then the error: no garbage
     ok = await api.completions.create(model=model.name, prompt="Say x:", max_tokens=4,
                                       temperature=0, extra_body={"guided_choice": ["x", "y"]})
     assert ok.choices[0].text in ("x", "y")

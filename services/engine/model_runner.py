@@ -31,6 +31,7 @@ from shoal.services.engine.input_batch import ModelInputs, build_model_inputs
 from shoal.services.engine.kv_cache import bind_kv_caches, num_kv_blocks
 from shoal.services.engine.layers.cpu_weights import gguf_source, prepare_cpu_weights
 from shoal.services.engine.loader import load_weights
+from shoal.services.engine.model_limits import context_limit, resolve_max_model_len
 from shoal.services.engine.models.registry import model_class
 from shoal.services.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput, TokenLogprob
 from shoal.services.engine.sampler import SeqState, logprob_entries, mix_seed, sample
@@ -211,15 +212,9 @@ class ModelRunner:
 
 
 def _max_model_len(config: EngineConfig, hf_config: Any) -> int:
-    """The user's limit, or the model's whole length (sliding-window layers need no cap: the
-    kernels apply the window, as vLLM does)."""
-    limit = (int(getattr(hf_config, "max_position_embeddings", 0) or 0)
-             or ENGINE_DEFAULTS.max_model_len_fallback)
-    if config.max_model_len is None:
-        return limit
-    if config.max_model_len > limit:
-        raise ConfigError(f"max_model_len {config.max_model_len} exceeds the model's limit {limit}")
-    return config.max_model_len
+    """The user's limit, or the model's whole length (model_limits.py: rope scaling considered;
+    sliding-window layers need no cap: the kernels apply the window, as vLLM does)."""
+    return resolve_max_model_len(config.max_model_len, context_limit(hf_config.to_dict()))
 
 
 def _eos_token_ids(model_dir: Path, hf_config: Any) -> frozenset[int]:

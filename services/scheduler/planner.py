@@ -10,7 +10,9 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from shoal.services.scheduler.claim import ModelProfile, compute_claim, read_profile
+from shoal.services.scheduler.claim import (
+    ModelProfile, check_runnable, compute_claim, read_profile
+)
 from shoal.services.scheduler.claim.model_claim import device_kinds
 from shoal.services.scheduler.policies.base import PlacementRequest
 from shoal.services.scheduler.policies.fleet import FleetIndex
@@ -19,6 +21,9 @@ from shoal.shared.schemas.registry import InstancePublic, ModelSpec, WorkerPubli
 
 
 def build_request(model: ModelSpec, profile: ModelProfile) -> PlacementRequest:
+    """The claims of one instance of `model`; InvalidRequest naming the field when the model can
+    never run as specified (claim/runnable.py)."""
+    check_runnable(model, profile)
     kinds = device_kinds(model)
     return PlacementRequest(
         model=model,

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shoal.services.engine.config import ConfigError
+from shoal.services.engine.model_limits import check_parallel_sizes
 
 
 @dataclass
@@ -149,29 +149,10 @@ def kv_heads_per_rank(num_kv_heads: int, tp_size: int) -> int:
 
 
 def check_parallel_shapes(hf_config: Any, tp_size: int, pp_size: int) -> None:
-    """ConfigError naming what tp (or pp) fails to divide; called before any rank starts."""
-    if tp_size < 1 or pp_size < 1:
-        raise ConfigError(f"tensor_parallel_size and pipeline_parallel_size must be >= 1, got "
-                          f"{tp_size} and {pp_size}", param="tensor_parallel_size")
+    """ConfigError naming what tp (or pp) fails to divide; called before any rank starts (the
+    rule is model_limits.py's, which the scheduler applies too)."""
     heads = hf_config.num_attention_heads
-    kv = getattr(hf_config, "num_key_value_heads", None) or heads
-    name = "/".join(getattr(hf_config, "architectures", None) or ["the model"])
-    problems = []
-    if heads % tp_size:
-        problems.append(f"its {heads} attention heads")
-    if (kv % tp_size) if tp_size <= kv else (tp_size % kv):
-        problems.append(f"its {kv} KV heads (tp must divide them, or be a multiple of them to "
-                        f"replicate them)")
-    if hf_config.intermediate_size % tp_size:
-        problems.append(f"its MLP size {hf_config.intermediate_size}")
-    if problems:
-        sizes = [t for t in range(1, heads + 1) if heads % t == 0
-                 and ((kv % t == 0) if t <= kv else (t % kv == 0))
-                 and hf_config.intermediate_size % t == 0]
-        raise ConfigError(f"tensor_parallel_size={tp_size} cannot split {name}: it does not "
-                          f"divide {' nor '.join(problems)}; sizes that work: "
-                          f"{', '.join(map(str, sizes))}", param="tensor_parallel_size")
-    if pp_size > hf_config.num_hidden_layers:
-        raise ConfigError(f"pipeline_parallel_size={pp_size} exceeds the "
-                          f"{hf_config.num_hidden_layers} layers of {name}",
-                          param="pipeline_parallel_size")
+    check_parallel_sizes("/".join(getattr(hf_config, "architectures", None) or ["the model"]),
+                         heads, getattr(hf_config, "num_key_value_heads", None) or heads,
+                         hf_config.intermediate_size, hf_config.num_hidden_layers, tp_size,
+                         pp_size)

@@ -24,6 +24,7 @@ from shoal.services.engine.cpu_threads import cpu_threads
 from shoal.services.engine.config import ENGINE_DEFAULTS, ConfigError, EngineConfig
 from shoal.services.engine.embedding.bert import BertModel
 from shoal.services.engine.embedding.pooling import read_pooling
+from shoal.services.engine.model_limits import context_limit, resolve_max_model_len
 from shoal.shared.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -69,12 +70,10 @@ class EmbeddingEngine:
         self.pooling = read_pooling(self.model_dir)
         self.model, hf = _load_bert(self.model_dir, self.dtype, self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
-        limit = min(self.pooling.max_seq_length or hf.max_position_embeddings,
-                    hf.max_position_embeddings)
-        if config.max_model_len is not None and config.max_model_len > hf.max_position_embeddings:
-            raise ConfigError(f"max_model_len {config.max_model_len} exceeds the model's "
-                              f"{hf.max_position_embeddings} positions", param="max_model_len")
-        self.max_model_len: int = config.max_model_len or limit
+        limit = context_limit(vars(hf))  # the config.json fields (a SimpleNamespace)
+        self.max_model_len: int = (
+            resolve_max_model_len(config.max_model_len, limit) if config.max_model_len else
+            min(self.pooling.max_seq_length or limit.max_model_len, limit.max_model_len))
         self.vocab_size: int = hf.vocab_size
         self.dimension = self.pooling.dimension
         log.info("embedding engine: %s, %s pooling%s, %d dims, max %d tokens, %s %s",

@@ -13,6 +13,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from shoal.services.engine import ENGINE_DEFAULTS, context_limit
 from shoal.services.scheduler.claim.profile import ModelProfile, ModelShape
 from shoal.shared.errors import InvalidRequest
 
@@ -24,29 +25,80 @@ _DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16"
                 "I64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
+JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+              type(None): "null"}
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """A config.json as a dict, or InvalidRequest (param `source`) saying what is wrong with it."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise InvalidRequest(f"cannot read {path}: {exc.strerror or exc}", param="source") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"{path} is not UTF-8 text: {exc}", param="source") from None
+    return json_object(text, path)
+
+
+def json_object(text: str | bytes, path: Path) -> dict[str, Any]:
+    """`text` parsed as one JSON object; InvalidRequest naming `path` and the flaw otherwise."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+        raise InvalidRequest(f"{path} is not valid JSON: {exc}", param="source") from None
+    if not isinstance(value, dict):
+        kind = JSON_TYPES.get(type(value), type(value).__name__)
+        raise InvalidRequest(f"{path} is a JSON {kind}, not an object", param="source")
+    return value
+
+
+def _count(config: dict[str, Any], key: str, default: int | None = None) -> int:
+    """A positive integer field of config.json (`default` when absent or null)."""
+    value = config.get(key)
+    if value is None:
+        if default is None:
+            raise InvalidRequest(f"config.json lacks {key}: cannot size the model",
+                                 param="source")
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidRequest(f"config.json: {key} must be a positive integer, got {value!r}",
+                             param="source")
+    return value
+
+
+def _architecture(config: dict[str, Any]) -> str:
+    names = config.get("architectures")
+    if names is None or names == []:
+        return str(config.get("model_type") or "unknown")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise InvalidRequest(f"config.json: architectures must be a list of class names, got "
+                             f"{names!r}", param="source")
+    return names[0]
+
+
 def shape_from_config(config: dict[str, Any]) -> ModelShape:
-    """The shape fields of a transformers config.json (Llama, Mistral, Qwen, BERT and kin)."""
+    """The shape fields of a transformers config.json (Llama, Mistral, Qwen, BERT and kin); any
+    field that is missing or not a positive integer is an InvalidRequest naming it."""
     text = config.get("text_config")
     if isinstance(text, dict):  # multimodal wrappers keep the language model under text_config
         config = {**config, **text}
-    architectures = config.get("architectures") or [config.get("model_type", "unknown")]
-    architecture = str(architectures[0])
-    try:
-        hidden = int(config["hidden_size"])
-        heads = int(config["num_attention_heads"])
-        layers = int(config["num_hidden_layers"])
-    except KeyError as exc:
-        raise InvalidRequest(f"config.json lacks {exc.args[0]}: cannot size the model") from exc
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    head_dim = int(config.get("head_dim") or hidden // heads)
+    architecture = _architecture(config)
+    hidden = _count(config, "hidden_size")
+    heads = _count(config, "num_attention_heads")
+    layers = _count(config, "num_hidden_layers")
     return ModelShape(
         architecture=architecture, num_layers=layers, hidden_size=hidden,
-        num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-        intermediate_size=int(config.get("intermediate_size") or 4 * hidden),
-        vocab_size=int(config.get("vocab_size") or 32000),
-        max_position_embeddings=int(config.get("max_position_embeddings") or 2048),
+        num_attention_heads=heads, num_kv_heads=_count(config, "num_key_value_heads", heads),
+        head_dim=_count(config, "head_dim", max(1, hidden // heads)),
+        intermediate_size=_count(config, "intermediate_size", 4 * hidden),
+        vocab_size=_count(config, "vocab_size", 32000),
+        max_position_embeddings=_count(config, "max_position_embeddings",
+                                       ENGINE_DEFAULTS.max_model_len_fallback),
         is_causal_lm=architecture.endswith(("ForCausalLM", "LMHeadModel",
                                             "ForConditionalGeneration")),
+        context=context_limit(config),
     )
 
 
@@ -65,16 +117,32 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
     with path.open("rb") as f:
         prefix = f.read(8)
         if len(prefix) != 8:
-            raise InvalidRequest(f"{path} is too short to be a safetensors file")
+            raise InvalidRequest(f"{path} is too short to be a safetensors file", param="source")
         (length,) = struct.unpack("<Q", prefix)
         if length > MAX_HEADER_BYTES:
-            raise InvalidRequest(f"{path}: safetensors header of {length} bytes is implausible")
-        header: dict[str, Any] = json.loads(f.read(length))
-    return header
+            raise InvalidRequest(f"{path}: safetensors header of {length} bytes is implausible",
+                                 param="source")
+        return json_object(f.read(length), path)
+
+
+def _tensors(path: Path) -> list[tuple[str, int, int]]:
+    """(dtype, element count, bytes) of each tensor a safetensors header lists."""
+    out = []
+    for name, info in read_safetensors_header(path).items():
+        if name == "__metadata__":
+            continue
+        try:
+            start, end = info["data_offsets"]
+            out.append((str(info["dtype"]), math.prod(int(d) for d in info["shape"]),
+                        int(end) - int(start)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidRequest(f"{path}: malformed safetensors header entry {name!r}: "
+                                 f"{type(exc).__name__} {exc}", param="source") from None
+    return out
 
 
 def read_hf_profile(folder: Path) -> ModelProfile:
-    config = json.loads((folder / "config.json").read_text())
+    config = read_config(folder / "config.json")
     shape = shape_from_config(config)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -86,14 +154,10 @@ def read_hf_profile(folder: Path) -> ModelProfile:
     num_params = file_bytes = 0
     dtype_bytes: dict[str, int] = {}
     for file in files:
-        for name, info in read_safetensors_header(file).items():
-            if name == "__metadata__":
-                continue
-            count = math.prod(int(d) for d in info["shape"])
-            start, end = info["data_offsets"]
+        for dtype, count, size in _tensors(file):
             num_params += count
-            file_bytes += int(end) - int(start)
-            dtype_bytes[info["dtype"]] = dtype_bytes.get(info["dtype"], 0) + int(end) - int(start)
+            file_bytes += size
+            dtype_bytes[dtype] = dtype_bytes.get(dtype, 0) + size
     main = max(dtype_bytes, key=lambda d: dtype_bytes[d]) if dtype_bytes else "F32"
     return ModelProfile(source=str(folder), format="safetensors", shape=shape,
                         num_params=num_params, file_bytes=file_bytes,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from shoal.services.engine import DTYPE_BYTES, ENGINE_DEFAULTS
+from shoal.services.engine import DTYPE_BYTES, ENGINE_DEFAULTS, tp_problems
 from shoal.services.scheduler.claim.profile import ModelProfile, ModelShape
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.registry import DeviceKind, ModelSpec
@@ -53,12 +53,10 @@ class ModelClaim:
         return math.ceil((self.weights + self.kv_cache) / num_gpus) + self.activations
 
     def valid_tp(self, tp: int) -> bool:
-        """The engine's rule (vLLM's): TP divides the attention heads and the MLP size, and
-        divides the KV heads or is a multiple of them (each then replicated on tp / kv ranks)."""
+        """The engine's rule (vLLM's; services/engine/model_limits.py owns it): TP divides the
+        attention heads and the MLP size, and divides the KV heads or is a multiple of them."""
         s = self.shape
-        kv_ok = s.num_kv_heads % tp == 0 if tp <= s.num_kv_heads else tp % s.num_kv_heads == 0
-        return (s.num_attention_heads % tp == 0 and kv_ok
-                and (not s.intermediate_size or s.intermediate_size % tp == 0))
+        return not tp_problems(s.num_attention_heads, s.num_kv_heads, s.intermediate_size, tp)
 
     def kv_bytes_per_token(self) -> int:
         s = self.shape
@@ -98,7 +96,7 @@ def compute_claim(profile: ModelProfile, spec: ModelSpec, device: str) -> ModelC
     shape = profile.shape
     dtype = resolve_dtype(spec.dtype, device)
     dtype_bytes = DTYPE_BYTES[dtype]
-    max_model_len = spec.max_model_len or shape.max_position_embeddings
+    max_model_len = spec.max_model_len or shape.context_limit.max_model_len
     weights = profile.num_params * dtype_bytes
     kv_cache = 0
     if shape.is_causal_lm:

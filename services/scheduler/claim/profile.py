@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from shoal.shared.errors import InvalidRequest, NotFound
+from shoal.services.engine import ContextLimit
+from shoal.shared.errors import InvalidRequest, NotFound, ShoalError
 from shoal.shared.hf_hub import hub_config_folder, is_hub_id
 
 
@@ -30,10 +31,19 @@ class ModelShape:
     max_position_embeddings: int
     is_causal_lm: bool = True
     """False for encoders (embedding models): no KV cache, and the claim is not a GPU fraction."""
+    context: ContextLimit | None = None
+    """The longest context the engine takes (rope scaling considered: the engine's own rule);
+    None: max_position_embeddings."""
 
     def __post_init__(self) -> None:
         if self.num_layers < 1 or self.num_attention_heads < 1 or self.num_kv_heads < 1:
-            raise InvalidRequest(f"model shape has no layers or heads: {self}")
+            raise InvalidRequest(f"model shape has no layers or heads: {self}", param="source")
+
+    @property
+    def context_limit(self) -> ContextLimit:
+        return self.context or ContextLimit(
+            self.max_position_embeddings,
+            f"max_position_embeddings={self.max_position_embeddings} in the model's config")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +63,22 @@ class ModelProfile:
 
 
 def read_profile(source: str | Path) -> ModelProfile:
-    """Read a model's profile from a .gguf file or a Hugging Face folder; nothing is loaded."""
+    """Read a model's profile from a .gguf file or a Hugging Face folder; nothing is loaded.
+
+    Whatever is wrong with the files (unreadable, not UTF-8, not JSON, a crafted header) is a
+    ShoalError with param `source` and the reason, never another exception: one bad model must
+    not stop the scheduler from placing the others."""
+    try:
+        return _read_profile(source)
+    except ShoalError as exc:
+        exc.param = exc.param or "source"
+        raise
+    except Exception as exc:  # noqa: BLE001 - any flaw of the files is the caller's bad source
+        raise InvalidRequest(f"cannot read the model from {source}: {type(exc).__name__}: {exc}",
+                             param="source") from exc
+
+
+def _read_profile(source: str | Path) -> ModelProfile:
     path = Path(source).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         from shoal.services.scheduler.claim.gguf_profile import read_gguf_profile

@@ -79,9 +79,6 @@ class SchedulingPipeline:
         if claim is None:
             return PlacementResult(None, None, None, messages + ["The model has no claim for "
                                                                  "this device."])
-        invalid = self._invalid_parallelism(request, claim)
-        if invalid:
-            return PlacementResult(None, None, claim, messages + [invalid])
         if not workers:
             messages.append("No worker is eligible.")
             return PlacementResult(None, None, claim, messages)
@@ -140,19 +137,3 @@ class SchedulingPipeline:
         if device is DeviceKind.GPU or request.model.gpu_selector or request.model.gpu_type:
             return True
         return any(w.gpus for w in workers)
-
-    @staticmethod
-    def _invalid_parallelism(request: PlacementRequest, claim: ModelClaim) -> str | None:
-        fixed = request.fixed_parallelism()
-        if fixed is None:
-            return None
-        tp, pp = fixed
-        s = claim.shape
-        if not claim.valid_tp(tp):
-            return (f"tp={tp} cannot work: the tensor-parallel size must divide the "
-                    f"{s.num_attention_heads} attention heads and the MLP size "
-                    f"{s.intermediate_size}, and divide the {s.num_kv_heads} KV heads or be a "
-                    f"multiple of them.")
-        if pp > s.num_layers:
-            return f"pp={pp} cannot work: the model has only {s.num_layers} layers."
-        return None

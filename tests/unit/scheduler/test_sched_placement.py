@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from tests.unit.scheduler.sched_fleet import GIB, claimed_gpu, placed, profile, spec, worker
 
 from shoal.services.scheduler.planner import Planner, plan_placement
+from shoal.shared.errors import InvalidRequest
 from shoal.shared.states import WorkerState
 
 SMALL = profile(7)  # ~14.3 GiB in bf16: one GPU
@@ -104,8 +106,9 @@ def test_explicit_tp_pp_fix_the_gpu_count() -> None:
     fleet = [worker("a", 2), worker("b", 2)]
     r = plan_placement(spec(tp=2, pp=2), fleet, [], profile=SMALL)
     assert (r.placement.tp, r.placement.pp) == (2, 2) and len(r.placement.subordinate_workers) == 1
-    r = plan_placement(spec(tp=2), [worker("a", 4)], [], profile=NINE)
-    assert not r.ok and "tp=2 cannot work" in r.reason
+    with pytest.raises(InvalidRequest) as refused:  # never, on any fleet: refused, not PENDING
+        plan_placement(spec(tp=2), [worker("a", 4)], [], profile=NINE)
+    assert refused.value.param == "tp" and "tp=2 cannot work" in refused.value.message
 
 
 def test_manual_selection_and_overcommit_warning() -> None:
@@ -151,8 +154,10 @@ def test_cpu_placement_with_tp_pp_splits_a_workers_cores() -> None:
     r = plan_placement(spec(device="cpu", tp=3), [small], [], profile=smol)
     assert not r.ok and "runs 3 engine ranks, one CPU core each" in r.reason
     assert "small, has 2" in r.reason
-    r = plan_placement(spec(device="cpu", tp=2), fleet, [], profile=smol)
-    assert not r.ok and "tp=2 cannot work" in r.reason and "9 attention heads" in r.reason
+    with pytest.raises(InvalidRequest) as refused:
+        plan_placement(spec(device="cpu", tp=2), fleet, [], profile=smol)
+    assert refused.value.param == "tp" and "tp=2 cannot work" in refused.value.message
+    assert "9 attention heads" in refused.value.message
 
 
 def test_filters_status_labels_gpu_type() -> None:

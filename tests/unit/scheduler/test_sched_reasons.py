@@ -51,9 +51,10 @@ def test_utilisation_threshold_is_explained() -> None:
 def test_tp_rule_is_explained_for_nine_heads() -> None:
     nine = profile(70, layers=30, heads=9, kv_heads=3, hidden=576 * 8)
     r = plan_placement(spec(distributed=False), [worker("a", 2)], [], profile=nine)
-    assert ("No multi-GPU split on one worker is possible: the tensor-parallel size must divide "
-            "the 9 attention heads and 3 KV heads (sizes: 3), and the largest worker has 2 GPUs."
-            ) in r.reason
+    assert ("No multi-GPU split on one worker is possible: the tensor-parallel size must split "
+            "the 9 attention heads and 3 KV heads (divide the heads and the MLP size, and divide "
+            "the KV heads or be a multiple of them: sizes 3, 9), and the largest worker has 2 "
+            "GPUs.") in r.reason
     fleet = [worker("a", 4), worker("b", 2)]
     claimed = [claimed_gpu("wid-a", i, 40 * GIB) for i in (0, 1)]
     r = plan_placement(spec(distributed=False), fleet, claimed, profile=nine)

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import math
 
+from shoal.services.engine import valid_tp_sizes as engine_tp_sizes
 from shoal.services.scheduler.policies.base import Candidate, PlacementRequest, Stage
 from shoal.services.scheduler.policies.fleet import GpuSlot, WorkerSlot
 from shoal.shared.units import fmt_bytes, fmt_pct
 
 
 def valid_tp_sizes(request: PlacementRequest, upto: int) -> list[int]:
-    """TP sizes >= 2 that divide both the attention heads and the KV heads, up to `upto`."""
+    """TP sizes >= 2, up to `upto`, that split the model (the engine's rule: model_limits.py)."""
     assert request.gpu_claim is not None
-    shape = request.gpu_claim.shape
-    common = math.gcd(shape.num_attention_heads, shape.num_kv_heads)
-    return [n for n in range(2, min(upto, common) + 1) if common % n == 0]
+    s = request.gpu_claim.shape
+    return [n for n in engine_tp_sizes(s.num_attention_heads, s.num_kv_heads,
+                                       s.intermediate_size) if 2 <= n <= upto]
 
 
 def capacities(slot: WorkerSlot, request: PlacementRequest) -> list[int]:

@@ -54,8 +54,9 @@ class MultiGpuSelector:
             sizes = [str(n) for n in valid_tp_sizes(request, 1 << 16)] or ["none"]
             most = max((len(w.gpus) for w in index.workers), default=0)
             return (f"No multi-GPU split on one worker is possible: the tensor-parallel size must "
-                    f"divide the {s.num_attention_heads} attention heads and {s.num_kv_heads} KV "
-                    f"heads (sizes: {', '.join(sizes)}), and the largest worker has "
+                    f"split the {s.num_attention_heads} attention heads and {s.num_kv_heads} KV "
+                    f"heads (divide the heads and the MLP size, and divide the KV heads or be a "
+                    f"multiple of them: sizes {', '.join(sizes)}), and the largest worker has "
                     f"{most} GPUs.")
         best: tuple[int, int, str, int, int, int] | None = None  # shortfall, n, name, tp, pp, cap
         most = 0

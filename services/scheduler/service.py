@@ -28,7 +28,7 @@ from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.db.leader_lock import NOT_LEADER
 from shoal.shared.errors import Conflict, NotFound, ShoalError
-from shoal.shared.loops import run_every
+from shoal.shared.loops import PassGuard, run_every
 from shoal.shared.schemas.common import utcnow
 from shoal.shared.schemas.registry import (
     InstanceCreate, InstanceDelete, InstancePublic, InstanceTransition, LeaderFence, ListRequest,
@@ -67,6 +67,8 @@ class SchedulerService:
         """The current term's fence, sent with every write (None without an election)."""
         self.snapshot: tuple[list[WorkerPublic], list[InstancePublic]] | None = None
         """The fleet as the last pass read it (PENDING instances carry why in their message)."""
+        self.failures: dict[str, str] = {}
+        """The last unexpected error of each model (by id), so its traceback is logged once."""
 
     # ------------------------------------------------------------ loop
     async def run(self, bus: Bus, stop: asyncio.Event, ready: asyncio.Event | None = None,
@@ -101,14 +103,10 @@ class SchedulerService:
         consumer = asyncio.create_task(self._consume(bus, halt), name="scheduler-events")
         autoscaler = AutoscaleLoop(self.registry, self.config.autoscale_interval, self.kick.set)
         scaling = asyncio.create_task(autoscaler.run(bus, halt), name="scheduler-autoscale")
+        guard = PassGuard("reconcile", log)  # a failed pass is logged; the next one comes
         try:
             while not halt.is_set():
-                try:
-                    await self.reconcile()
-                except ShoalError as exc:
-                    log.warning("reconcile failed: %s", exc.message)
-                except Exception:  # noqa: BLE001 - the loop must survive one bad pass
-                    log.exception("reconcile failed")
+                await guard.run(self.reconcile)
                 await self._wait(halt)
         finally:
             halt.set()
@@ -154,6 +152,7 @@ class SchedulerService:
             current = {i.id: i for i in instances}
             await self._execute(plan, current, stats)
             models_by_id = {m.id: m for m in models}
+            self.failures = {k: v for k, v in self.failures.items() if k in models_by_id}
             planner = Planner(workers, current.values(), self.profiles)
             requests: dict[str, PlacementRequest | str] = {}
             pending = sorted((i for i in current.values() if i.state is InstanceState.PENDING),
@@ -219,19 +218,40 @@ class SchedulerService:
             return None
 
     async def _request(self, model: ModelPublic) -> PlacementRequest | str:
-        """The model's placement request, or why it cannot be sized (kept as its message)."""
+        """The model's placement request, or why it cannot be sized or run (kept as its
+        instances' message). Never raises: one bad model must not stop the pass."""
         try:
             profile: ModelProfile = await asyncio.to_thread(self.profiles.get, model.source)
-            return build_request(model, profile)
         except ShoalError as exc:
             return f"Cannot size the model from {model.source}: {exc.message}"
+        except Exception as exc:  # noqa: BLE001 - a bug for one model: that model fails alone
+            return self._unexpected(model, "sizing", exc)
+        try:
+            return build_request(model, profile)
+        except ShoalError as exc:
+            return f"The model cannot run as deployed: {exc.message}"
+        except Exception as exc:  # noqa: BLE001
+            return self._unexpected(model, "sizing", exc)
+
+    def _unexpected(self, model: ModelPublic, doing: str, exc: Exception) -> str:
+        """An error no rule expected, for one model: logged with its traceback once (not every
+        pass), and the reason its instances wait with."""
+        reason = (f"The scheduler failed {doing} the model ({type(exc).__name__}: {exc}); its "
+                  "log has the traceback")
+        if self.failures.get(model.id) != reason:
+            self.failures[model.id] = reason
+            log.error("%s failed for model %s", doing, model.name, exc_info=exc)
+        return reason
 
     async def place(self, inst: InstancePublic, model: ModelPublic,
                     request: PlacementRequest | str, planner: Planner) -> str:
         """Place one PENDING instance: 'scheduled', 'pending', 'unchanged' or 'conflict'."""
         if isinstance(request, str):
             return await self._keep_pending(inst, request)
-        result = planner.place_request(request)
+        try:
+            result = planner.place_request(request)
+        except Exception as exc:  # noqa: BLE001 - the policy is pure: a bug, for this model only
+            return await self._keep_pending(inst, self._unexpected(model, "placing", exc))
         if result.placement is None:
             return await self._keep_pending(inst, result.reason)
         try:

@@ -32,7 +32,7 @@ from shoal.services.worker.stages import StageRanks
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
-from shoal.shared.errors import ShoalError
+from shoal.shared.loops import run_every
 from shoal.shared.process import alive, cmdline
 from shoal.shared.schemas.events import InstanceEvent
 from shoal.shared.schemas.registry import InstanceFilter, InstancePublic, InstanceTransition
@@ -177,20 +177,13 @@ class Supervisor:
         return {i: self.states[i] for i, e in self.engines.items() if e.alive and i in self.states}
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Reconcile on instance events and every few seconds until `stop`; a failed pass is
+        logged and the next one comes (shared/loops.py): the engines run on whatever fails."""
         sub = await self.bus.nc.subscribe(self.bus.subjects.events_of("instances"),
                                           cb=self._on_event)
         try:
-            while not stop.is_set():
-                try:
-                    await self.reconcile()
-                except ShoalError as exc:
-                    log.warning("reconcile failed: %s", exc.message)
-                self._wake.clear()
-                waiters = [asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())]
-                await asyncio.wait(waiters, timeout=RECONCILE_EVERY_S,
-                                   return_when=asyncio.FIRST_COMPLETED)
-                for waiter in waiters:
-                    waiter.cancel()
+            await run_every(RECONCILE_EVERY_S, stop, self.reconcile, "reconcile", log,
+                            wake=self._wake)
         finally:
             await sub.unsubscribe()
             await asyncio.to_thread(self.stop_all)
@@ -228,8 +221,24 @@ class Supervisor:
                 await self._report_crash(instance, engine)
                 self.next_start[instance_id] = now + self._backoff(instance.restart_count + 1)
             if now >= self.next_start.get(instance_id, 0.0):
-                self.engines[instance_id] = self._spawn(instance)
-                self._record(self.engines[instance_id])
+                await self._start(instance, now)
+
+    async def _start(self, instance: InstancePublic, now: float) -> None:
+        """Start the instance's engine; one that cannot be started (an OSError: its log, the
+        executable, the CPU set) fails only its instance: ERROR with the reason, retried after
+        the restart back-off, while the other engines go on."""
+        try:
+            engine = self._spawn(instance)
+        except Exception as exc:  # noqa: BLE001 - reported on the instance, not fatal to the loop
+            log.warning("cannot start the engine of %s: %s: %s", instance.name,
+                        type(exc).__name__, exc)
+            self.next_start[instance.id] = now + self._backoff(instance.restart_count + 1)
+            await self._to_error(await self.registry.get_instance(instance.id),
+                                 f"the worker cannot start the engine: {type(exc).__name__}: "
+                                 f"{exc}")
+            return
+        self.engines[instance.id] = engine
+        self._record(engine)
 
     def _backoff(self, restarts: int) -> float:
         return min(self.settings.engine_restart_max_backoff, 2.0 ** min(restarts, 16))
@@ -260,12 +269,15 @@ class Supervisor:
         if fresh.state is InstanceState.ERROR:  # the engine reported its own error already
             message = fresh.state_message or f"engine exited with {code}"
         else:
-            message = f"engine exited with {code}: {engine.log_tail()}"[-2000:]
+            message = f"engine exited with {code}: {engine.log_tail()}"
+        await self._to_error(fresh, message)
+
+    async def _to_error(self, fresh: InstancePublic, message: str) -> None:
+        """ERROR with `message`, one more failure counted (the scheduler's back-off reads it)."""
         if fresh.state is InstanceState.ERROR or can_transition(fresh.state, InstanceState.ERROR):
             await self.registry.transition_instance(InstanceTransition(
                 id=fresh.id, version=fresh.version, state=InstanceState.ERROR,
-                state_message=message,
-                restart_count=fresh.restart_count + 1))
+                state_message=message[-2000:], restart_count=fresh.restart_count + 1))
 
     def _stop(self, engine: EngineProcess) -> None:
         if not engine.alive:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import struct
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,7 +17,8 @@ from tests.integration.sched_helpers import (
     wait_for,
 )
 
-from shoal.services.scheduler.planner import Planner, plan_placement
+from shoal.services.scheduler.claim import ModelProfile
+from shoal.services.scheduler.planner import Planner, ProfileCache, plan_placement
 from shoal.services.scheduler.reconcile import SchedulerConfig
 from shoal.services.scheduler.service import SchedulerService
 from shoal.services.engine.model_prep import smollm2_gguf_path
@@ -23,7 +26,7 @@ from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.schemas.registry import (
-    InstanceCreate, InstancePublic, ModelCreate, ModelUpdate,
+    InstanceCreate, InstanceDelete, InstancePublic, ModelCreate, ModelUpdate,
 )
 from shoal.shared.states import InstanceState, WorkerState
 
@@ -157,6 +160,109 @@ async def test_two_schedulers_never_double_place(client: RegistryClient, bus: Bu
         assert sorted(i.id for i in again) == sorted(i.id for i in found)
         gpus = [(i.worker_id, g) for i in again for g in i.gpu_indexes]
         assert len(gpus) == 4 and len(set(gpus)) == 4
+    finally:
+        await stop_workers(workers)
+        await delete_models(client, tag)
+
+
+def _bad_sources(root: Path) -> dict[str, tuple[str, str]]:
+    """Model sources whose files cannot be parsed, with the reason each must be named by."""
+    def folder(name: str, config: bytes) -> str:
+        (root / name).mkdir(parents=True)
+        (root / name / "config.json").write_bytes(config)
+        return str(root / name)
+
+    crafted = root / "crafted.gguf"  # a valid magic and version, then an absurd tensor count
+    crafted.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 2**40, 1) + bytes(64))
+    return {
+        "comma": (folder("comma", b'{"hidden_size": 64,\n "num_attention_heads": 4,\n}'),
+                  "config.json is not valid JSON: Expecting property name"),
+        "latin": (folder("latin", b"\xff\xfe{}"), "config.json is not UTF-8 text"),
+        "array": (folder("array", b"[1, 2]"), "config.json is a JSON array, not an object"),
+        "gguf": (str(crafted), "crafted.gguf is not a readable GGUF file"),
+    }
+
+
+async def test_a_bad_model_fails_alone(client: RegistryClient, settings: Settings,
+                                       tmp_path: Path) -> None:
+    """Models whose files are malformed (broken after the deploy, or deployed while no scheduler
+    answered) stay PENDING with the reason, and every other model is still placed in the same
+    passes: a deleted instance is replaced and placed."""
+    tag = uuid.uuid4().hex[:6]
+    labels = {"suite": tag}
+    workers = [await start_worker(settings, f"{tag}-w1", "2xH100-80GB", labels)]
+    bad = _bad_sources(tmp_path)
+    try:
+        async with running_scheduler(settings):
+            broken = {key: await client.create_model(ModelCreate(  # older: placed first
+                name=f"{key}-{tag}", source=source, worker_selector=labels, device="gpu"))
+                for key, (source, _) in bad.items()}
+            good = await client.create_model(ModelCreate(
+                name=f"good-{tag}", source=llama_config(tmp_path / "good", 2048, 16, 8, 16),
+                worker_selector=labels, device="gpu"))
+            (placed,) = await wait_for(lambda: all_scheduled(client, good.id, 1), 20,
+                                       "the good model SCHEDULED")
+            for key, model in broken.items():
+                async def pending(m=model):  # noqa: ANN001, ANN202
+                    found = await instances_of(client, m.id)
+                    ok = found and found[0].state is InstanceState.PENDING and \
+                        found[0].state_message
+                    return found[0] if ok else None
+
+                inst = await wait_for(pending, 10, f"{key}: PENDING with its reason")
+                assert bad[key][1] in inst.state_message, inst.state_message
+                assert inst.state_message.startswith("Cannot size the model from "), key
+
+            await client.delete_instance(InstanceDelete(id=placed.id))
+
+            async def replaced():  # noqa: ANN202
+                found = await all_scheduled(client, good.id, 1)
+                return found if found and found[0].id != placed.id else None
+
+            await wait_for(replaced, 20, "the deleted instance replaced and placed")
+    finally:
+        await stop_workers(workers)
+        await delete_models(client, tag)
+
+
+class FlakyProfiles(ProfileCache):
+    """A profile reader with a bug for one source (defence in depth: an exception the reader
+    never meant to raise must still fail only that model)."""
+
+    def __init__(self, broken: str) -> None:
+        super().__init__()
+        self.broken = broken
+
+    def get(self, source: str) -> ModelProfile:
+        if source == self.broken:
+            raise RuntimeError("a bug in the reader")
+        return super().get(source)
+
+
+async def test_an_unexpected_error_fails_only_its_model(
+        client: RegistryClient, bus: Bus, settings: Settings, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    tag = uuid.uuid4().hex[:6]
+    labels = {"suite": tag}
+    workers = [await start_worker(settings, f"{tag}-w1", "2xH100-80GB", labels)]
+    bug = llama_config(tmp_path / "bug", 2048, 16, 8, 16)
+    service = SchedulerService(client, SchedulerConfig(interval=0.2), FlakyProfiles(bug))
+    try:
+        buggy = await client.create_model(ModelCreate(name=f"bug-{tag}", source=bug,
+                                                      worker_selector=labels, device="gpu"))
+        good = await client.create_model(ModelCreate(
+            name=f"good-{tag}", source=llama_config(tmp_path / "good", 2048, 16, 8, 16),
+            worker_selector=labels, device="gpu"))
+        with caplog.at_level(logging.ERROR, logger="shoal.services.scheduler.service"):
+            for _ in range(3):  # three passes: the traceback is logged once
+                await service.reconcile()
+        assert await all_scheduled(client, good.id, 1)
+        (inst,) = await instances_of(client, buggy.id)
+        assert inst.state is InstanceState.PENDING
+        assert "RuntimeError: a bug in the reader" in inst.state_message
+        logged = [r for r in caplog.records if r.exc_info and "a bug in the reader" in str(
+            r.exc_info[1])]
+        assert len(logged) == 1, caplog.text
     finally:
         await stop_workers(workers)
         await delete_models(client, tag)

@@ -3,7 +3,8 @@
 Bodies are the registry's own pydantic payloads (unknown fields refused, 400); a stale `version`
 comes back from the registry as Conflict, answered 409; nothing is written on either.
 `POST /api/v1/models?dry_run=true` asks the scheduler where the model would go, over the bus
-(shoal.scheduler.placement.plan), and writes nothing.
+(shoal.scheduler.placement.plan), and writes nothing; a deploy asks it too and is refused what
+the dry run refuses (shared/bus/deploy.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from shoal.services.gateway.errors import read_body
 from shoal.services.gateway.json_body import load_json, parse_body
 from shoal.services.gateway.quota import API_KEY
 from shoal.services.gateway.state import STATE
+from shoal.shared.bus.deploy import check_update, deploy
 from shoal.shared.bus.scheduler_client import SchedulerClient
 from shoal.shared.errors import InvalidRequest, NotFound
 from shoal.shared.schemas.registry import (
@@ -79,7 +81,7 @@ async def create_model(request: web.Request) -> web.Response:
     st = request.app[STATE]
     if _bool_query(request, "dry_run"):
         return _json(await SchedulerClient(st.bus).plan(body))
-    return _json(await st.registry.create_model(body), status=201)
+    return _json(await deploy(st.bus, body), status=201)  # what the dry run refuses: a 400
 
 
 async def _model(request: web.Request, key: str) -> ModelPublic:
@@ -103,6 +105,7 @@ async def update_model(request: web.Request) -> web.Response:
                              param="scale_event")
     model = await _model(request, request.match_info["id"])
     body = parse_body(json.dumps({**data, "id": model.id}).encode(), ModelUpdate)
+    await check_update(request.app[STATE].bus, model, body)  # refused what a deploy would be
     return _json(await request.app[STATE].registry.update_model(body))
 
 

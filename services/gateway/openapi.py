@@ -36,7 +36,7 @@ _OPS: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
     ("get", "/openapi.json", "This document", None, "ops"),
     ("get", "/api/v1/models", "List models", None, "management"),
     ("post", "/api/v1/models", "Deploy a model (?dry_run=true: where it would go, nothing "
-     "written)", ModelCreate, "management"),
+     "written); what can never run is a 400 naming the field", ModelCreate, "management"),
     ("get", "/api/v1/models/{id}", "Get a model by id or name", None, "management"),
     ("patch", "/api/v1/models/{id}", "Update a model (send the version you read; stale: 409)",
      ModelUpdate, "management"),

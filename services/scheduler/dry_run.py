@@ -20,8 +20,9 @@ PAGE_SIZE = 1000
 
 async def plan_dry_run(registry: RegistryClient, profiles: ProfileCache,
                        model: ModelCreate) -> PlacementPlan:
-    """Place one instance of `model` on a snapshot of the fleet; a source that cannot be read is
-    a 400 naming `source` (the caller sent it), not a plan."""
+    """Place one instance of `model` on a snapshot of the fleet. What can never run is a 400
+    naming the field, not a plan: a source that cannot be read (`source`), a tp, pp or
+    max_model_len the model refuses (claim/runnable.py)."""
     try:
         profile = await asyncio.to_thread(profiles.get, model.source)
     except ShoalError as exc:
@@ -29,10 +30,11 @@ async def plan_dry_run(registry: RegistryClient, profiles: ProfileCache,
                              param="source") from None
     workers = await _all_workers(registry)
     instances = await registry.list_instances()
-    result = Planner(workers, instances, profiles).place(model, profile)
+    result = Planner(workers, instances, profiles).place(model, profile)  # 400 if it never runs
     names = {w.id: w.name for w in workers}
     placement = result.placement
-    return PlacementPlan(fits=placement is not None, placement=placement,
+    idle = placement is not None or Planner(workers, [], profiles).place(model, profile).ok
+    return PlacementPlan(fits=placement is not None, fits_when_idle=idle, placement=placement,
                          worker_name=names.get(placement.worker_id) if placement else None,
                          message=result.describe())
 

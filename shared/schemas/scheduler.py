@@ -24,6 +24,9 @@ class PlacementPlan(Wire):
     """Where one more instance of a model would go on the fleet as it is now, or why nowhere."""
 
     fits: bool
+    fits_when_idle: bool = True
+    """Whether it would fit on the current workers were nothing placed on them: false means no
+    worker there can ever hold it as it is (it waits PENDING for a larger one to join)."""
     placement: Placement | None = None
     worker_name: str | None = None
     """The name of `placement.worker_id` (the first stage's worker)."""

@@ -11,6 +11,7 @@ from shoal.cli.resources import (
     emit, instances_table, keys_table, models_table, run, usage_table, workers_table
 )
 from shoal.cli.runner import resolve_settings, run_service
+from shoal.shared.bus.deploy import deploy
 from shoal.shared.bus.gather import gather
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
@@ -20,6 +21,7 @@ from shoal.shared.schemas.registry import (
     ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyUpdate, DeleteRequest, DeviceKind,
     InstanceFilter, KeyLimit, ModelCreate, ModelPublic, ModelUpdate, UsageQuery, UsageRow,
 )
+from shoal.shared.states import InstanceState
 
 
 def dispatch(args: argparse.Namespace) -> int:
@@ -41,7 +43,7 @@ def dispatch(args: argparse.Namespace) -> int:
         if args.api_key:
             overrides["api_key"] = args.api_key
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
-        return up(settings, SERVICES, {}, spec)
+        return up(settings, SERVICES, {}, spec, strict=True)
     if args.command == "up":
         from shoal.cli.stack import up
 
@@ -103,7 +105,7 @@ def models_cmd(settings: Settings, args: argparse.Namespace) -> int:
         )
         if args.dry_run:
             return dry_run(settings, req, args.json)
-        model = run(settings, lambda c: c.create_model(req))
+        model = run(settings, lambda c: deploy(c.bus, req))  # refused what the dry run refuses
         emit(model, args.json, models_table)
         if args.wait:
             return wait_for(settings, model)
@@ -131,11 +133,12 @@ def models_cmd(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def wait_for(settings: Settings, model: ModelPublic) -> int:
-    """`models deploy --wait`: show an instance's progress until it is RUNNING (0), or give up
-    after an hour (1). Ctrl-C stops the wait, not the deployment."""
+    """`models deploy --wait`: show an instance's progress until it is RUNNING (0), or until it
+    fails (ERROR: its reason, 1) or an hour has passed (1). Ctrl-C stops the wait, not the
+    deployment."""
     import time
 
-    from shoal.cli.progress import wait_running
+    from shoal.cli.progress import failed_start, wait_running
 
     deadline = time.monotonic() + 3600
     try:
@@ -144,6 +147,11 @@ def wait_for(settings: Settings, model: ModelPublic) -> int:
         return 130
     if inst is None:
         print(f"shoal: {model.name} has no RUNNING instance yet; see `shoal instances list`")
+        return 1
+    if inst.state is InstanceState.ERROR:
+        print(f"shoal: {failed_start(model.name, inst)}\nshoal: the model stays deployed and "
+              f"the worker retries it with back-off; `shoal instances list --model {model.name}` "
+              f"follows it, `shoal models delete {model.name}` removes it", file=sys.stderr)
         return 1
     print(f"shoal: {model.name} RUNNING as {inst.name}")
     return 0
@@ -162,18 +170,15 @@ def _scalar(text: str) -> int | float | bool | str:
 
 
 def dry_run(settings: Settings, req: ModelCreate, as_json: bool) -> int:
-    """Where one instance of the model would go on the current fleet, or why not."""
-    from shoal.services.scheduler.planner import plan_placement
+    """Where one instance of the model would go on the current fleet, or why not: the
+    scheduler's answer (it reads the model's files); what can never run is refused (exit 1)."""
+    from shoal.shared.bus.scheduler_client import SchedulerClient
 
-    async def fleet(c: RegistryClient):  # noqa: ANN202
-        return await c.list_workers(), await c.list_instances()
-
-    workers, instances = run(settings, fleet)
-    result = plan_placement(req, workers, instances)
+    plan = run(settings, lambda c: SchedulerClient(c.bus).plan(req))
     if as_json:
-        print(result.placement.model_dump_json(indent=2) if result.placement else "null")
-    print(result.describe())
-    return 0 if result.placement is not None else 2
+        print(plan.placement.model_dump_json(indent=2) if plan.placement else "null")
+    print(plan.message)
+    return 0 if plan.fits else 2
 
 
 def instances_cmd(settings: Settings, args: argparse.Namespace) -> int:

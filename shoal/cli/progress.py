@@ -72,21 +72,28 @@ async def wait_running(client: RegistryClient, model_id: str, deadline: float,
                        stopping: Callable[[], bool] = lambda: False,
                        since: datetime | None = None,
                        view: ProgressView | None = None) -> InstancePublic | None:
-    """Until an instance of the model is RUNNING (since `since`: RUNNING rows older than that
-    belong to engines of a previous run); None when stopped or past the deadline. An instance in
-    ERROR is shown and waited on: the worker restarts it."""
+    """Until an instance of the model is RUNNING, or one fails (ERROR: returned, its reason in
+    its message, so the caller says it rather than wait on restarts that may fail the same way
+    forever); None when stopped or past the deadline. Rows that last changed before `since`
+    belong to engines of a previous run and do not count."""
     view = view or ProgressView()
     try:
         while time.monotonic() < deadline and not stopping():
             instances = await client.list_instances(InstanceFilter(model_id=model_id))
-            running = [i for i in instances if i.state is InstanceState.RUNNING
-                       and (since is None or i.state_changed_at >= since)]
-            if running:
-                view.close()
-                return running[0]
+            fresh = [i for i in instances if since is None or i.state_changed_at >= since]
+            for state in (InstanceState.RUNNING, InstanceState.ERROR):
+                done = [i for i in fresh if i.state is state]
+                if done:
+                    view.show(done[0])
+                    return done[0]
             if instances:
                 view.show(instances[0])
             await asyncio.sleep(POLL_S)
         return None
     finally:
         view.close()
+
+
+def failed_start(model: str, inst: InstancePublic) -> str:
+    """What a wait says when the model's instance fails: which instance, and the reason."""
+    return f"{model} failed to start ({inst.name} ERROR): {inst.state_message}"

@@ -31,13 +31,16 @@ from shoal.shared.embedded import (
     Credentials, EmbeddedNats, EmbeddedPostgres, end_orphans, write_stack_file,
 )
 from shoal.shared.errors import NotFound, ShoalError
-from shoal.cli.progress import wait_running
+from shoal.cli.progress import failed_start, wait_running
+from shoal.shared.bus.deploy import preflight
 from shoal.shared.schemas.registry import InstancePublic, ModelCreate
-from shoal.shared.states import WorkerState
+from shoal.shared.states import InstanceState, WorkerState
 
 STOP_TIMEOUT_S = 40.0
 READY_TIMEOUT_S = 120.0
 MODEL_TIMEOUT_S = 900.0
+SCHEDULER_WAIT_S = 30.0
+"""How long a deploy waits for this stack's scheduler to answer its dry run."""
 
 
 class StartFailed(Exception):
@@ -222,12 +225,19 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 
 async def deploy_and_wait(settings: Settings, spec: ModelCreate, deadline: float,
-                          stopping: Callable[[], bool], since: datetime) -> InstancePublic | None:
+                          stopping: Callable[[], bool], since: datetime,
+                          strict: bool = False) -> InstancePublic | None:
     """Deploy `spec` (unless a model of that name exists) and wait for a RUNNING instance,
-    showing its progress. None when stopped or timed out (the stack keeps running)."""
+    showing its progress; an instance in ERROR is returned too (the caller says why). What the
+    scheduler refuses raises InvalidRequest before anything is deployed, and with `strict` (the
+    one-machine stack of `shoal serve`) so does a model no worker here can ever hold
+    (StartFailed). None when stopped or timed out (the stack keeps running)."""
     bus = await Bus.connect(settings, name="shoal-up")
     try:
         client = RegistryClient(bus)
+        plan = await preflight(bus, spec, wait_s=SCHEDULER_WAIT_S)  # this stack's scheduler
+        if strict and plan is not None and not plan.fits_when_idle:
+            raise StartFailed(f"{spec.name} can never be placed on this stack: {plan.message}")
         try:
             model = await client.get_model(name=spec.name)
         except NotFound:
@@ -282,8 +292,10 @@ def _answers(url: str) -> bool:
 
 
 def up(settings: Settings, services: list[str], extra_args: dict[str, list[str]],
-       model: ModelCreate | None = None) -> int:
-    """Run the stack; with `model`, deploy it and wait until it serves."""
+       model: ModelCreate | None = None, strict: bool = False) -> int:
+    """Run the stack; with `model`, deploy it and wait until it serves. `strict` (`shoal
+    serve`): a model that is refused, can never be placed here or fails to start ends the stack
+    with the reason and exit status 1; otherwise (`shoal up`) the stack keeps running."""
     started = time.monotonic()
     since = datetime.now(UTC)
     stopping = False
@@ -312,8 +324,13 @@ def up(settings: Settings, services: list[str], extra_args: dict[str, list[str]]
         if model is not None:
             instance = asyncio.run(deploy_and_wait(stack.settings, model,
                                                    time.monotonic() + MODEL_TIMEOUT_S,
-                                                   lambda: stopping, since))
-            if instance is not None:
+                                                   lambda: stopping, since, strict))
+            if instance is not None and instance.state is InstanceState.ERROR:
+                if strict:  # `shoal serve` exits, as `vllm serve` does when its engine fails
+                    raise StartFailed(failed_start(model.name, instance))
+                print(f"shoal: {failed_start(model.name, instance)}; the worker retries it "
+                      "with back-off (`shoal instances list`)", file=sys.stderr, flush=True)
+            elif instance is not None:
                 print(f"shoal: {model.name} RUNNING as {instance.name} after "
                       f"{time.monotonic() - started:.1f}s", flush=True)
                 if "gateway" in services:

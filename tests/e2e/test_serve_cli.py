@@ -6,6 +6,7 @@ the console shows the instance's way to RUNNING, and /v1/models gives max_model_
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -121,3 +122,30 @@ def test_serve_an_uncached_hub_id_offline_says_so(tmp_path: Path) -> None:
     assert "'org/not-cached' is not in the Hugging Face cache" in done.stderr
     assert "cannot be reached" in done.stderr
     assert not (tmp_path / "stack" / "stack.json").exists()  # nothing was started
+
+
+async def test_serve_exits_with_the_reason_when_the_model_can_never_run_here(
+        servers, tmp_path: Path) -> None:
+    """`shoal serve` runs a stack of its own, one worker: a tp its only worker can never give
+    (3 ranks, one core each, on a worker of 1 core) is not a PENDING forever but an exit with
+    the scheduler's reason; a tp the heads cannot split is refused with the engine's rule."""
+    from tests.integration.test_namespaces import _second_database
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
+    env.update(SHOAL_DATA_DIR=str(tmp_path / "stack"), SHOAL_NATS_URL=servers.nats_url,
+               SHOAL_DATABASE_URL=await _second_database(servers.database_url),
+               SHOAL_WORKER_CPUS="[0]", SHOAL_HEARTBEAT_INTERVAL="1")
+    smol = str(smollm2_gguf_path())
+    for tp, reasons in (("3", ["can never be placed on this stack",
+                               "tp=3 x pp=1 runs 3 engine ranks, one CPU core each"]),
+                        ("2", ["tp=2 cannot work", "9 attention heads"])):
+        done = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "shoal", "serve", smol,
+                             "--tensor-parallel-size", tp, "--port", str(free_port())],
+            env=env, capture_output=True, text=True, timeout=240)
+        text = done.stdout + done.stderr
+        assert done.returncode == 1, text
+        for reason in reasons:
+            assert reason in text, text
+        assert "shoal: stopped" in done.stdout, text
+        assert "deployed" not in done.stdout, text  # refused before anything was deployed

@@ -4,6 +4,7 @@ and nothing is written. Real registry, scheduler replica, simulated worker and g
 
 from __future__ import annotations
 
+import struct
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,9 +15,11 @@ from tests.integration.conftest import running_service
 from tests.integration.sched_helpers import llama_config, start_worker, stop_workers
 from tests.integration.test_gateway import running_gateway
 
+from shoal.services.engine import smollm2_gguf_path
 from shoal.services.scheduler.replica import run_scheduler
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
+from shoal.shared.schemas.registry import DeleteRequest
 
 pytestmark = pytest.mark.integration
 
@@ -77,3 +80,85 @@ async def test_dry_run_places_refuses_and_writes_nothing(fleet, settings: Settin
         assert status == 400 and err["error"]["param"] == "dry_run"
     names = {m.name for m in await client.list_models()}
     assert not {f"smol-{tag}", f"huge-{tag}", f"gone-{tag}", f"bad-{tag}"} & names
+
+
+def _never_runs(root: Path) -> list[tuple[dict, str, str]]:
+    """(body, param, words) of deployments no fleet can run: sources that cannot be parsed, a
+    tp SmolLM2's 9 heads cannot split, a context past its 8192 tokens."""
+    def folder(name: str, config: bytes) -> str:
+        (root / name).mkdir(parents=True)
+        (root / name / "config.json").write_bytes(config)
+        return str(root / name)
+
+    crafted = root / "crafted.gguf"
+    crafted.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 2**40, 1) + bytes(64))
+    smol = str(smollm2_gguf_path())
+    return [
+        ({"source": folder("comma", b'{"hidden_size": 64,\n}')}, "source",
+         "config.json is not valid JSON: Expecting property name enclosed in double quotes: "
+         "line 2 column 1"),
+        ({"source": folder("latin", b"\xff{}")}, "source", "config.json is not UTF-8 text"),
+        ({"source": folder("array", b"[]")}, "source", "config.json is a JSON array"),
+        ({"source": str(crafted)}, "source", "crafted.gguf is not a readable GGUF file"),
+        ({"source": "/no/such/model.gguf"}, "source", "does not exist"),
+        ({"source": smol, "device": "cpu", "tp": 2}, "tp",
+         "tp=2 cannot work: tensor_parallel_size=2 cannot split LlamaForCausalLM: it does not "
+         "divide its 9 attention heads"),
+        ({"source": smol, "device": "cpu", "pp": 31}, "pp", "exceeds the 30 layers"),
+        ({"source": smol, "device": "cpu", "max_model_len": 100000}, "max_model_len",
+         "User-specified max_model_len (100000) is greater than the derived max_model_len "
+         "(llama.context_length=8192"),
+    ]
+
+
+async def test_dry_run_and_deploy_refuse_what_can_never_run(fleet, settings: Settings,
+                                                            client: RegistryClient,
+                                                            tmp_path: Path) -> None:
+    url, tag = fleet
+    cases = _never_runs(tmp_path)
+    async with running_service(run_scheduler, settings):
+        for i, (body, param, words) in enumerate(cases):
+            body = {"name": f"never{i}-{tag}", **body}
+            for query in ("?dry_run=true", ""):
+                status, err = await _dry_run(url, body, query)
+                assert status == 400, (query, body, err)
+                assert err["error"]["param"] == param, (query, err)
+                assert words in err["error"]["message"], (query, err)
+        # a model that fits nowhere now, nor on this fleet idle, is still deployed (PENDING)
+        huge = llama_config(tmp_path / "huge", 8192, 64, 8, 80)
+        status, plan = await _dry_run(url, {"name": f"huge-{tag}", "source": huge,
+                                            "worker_selector": {"dry": tag}})
+        assert status == 200 and plan["fits"] is False and plan["fits_when_idle"] is False
+        small = llama_config(tmp_path / "small", 2048, 16, 8, 16)
+        status, plan = await _dry_run(url, {"name": f"small-{tag}", "source": small,
+                                            "worker_selector": {"dry": tag}})
+        assert status == 200 and plan["fits"] is True and plan["fits_when_idle"] is True
+        status, made = await _dry_run(url, {"name": f"huge-{tag}", "source": huge,
+                                            "worker_selector": {"dry": tag}}, "")
+        assert status == 201 and made["name"] == f"huge-{tag}"
+        # an update that would make it unrunnable is refused the same way (nothing changes)
+        for change, param in (({"max_model_len": 100000}, "max_model_len"), ({"tp": 3}, "tp")):
+            async with aiohttp.ClientSession() as http, http.patch(
+                    f"{url}/api/v1/models/{made['id']}",
+                    json={**change, "version": made["version"]}) as resp:
+                err = await resp.json()
+                assert resp.status == 400 and err["error"]["param"] == param, err
+        assert (await client.get_model(id=made["id"])).version == made["version"]
+        async with aiohttp.ClientSession() as http, http.patch(
+                f"{url}/api/v1/models/{made['id']}",
+                json={"max_model_len": 2048, "version": made["version"]}) as resp:
+            assert resp.status == 200 and (await resp.json())["max_model_len"] == 2048
+        await client.delete_model(DeleteRequest(id=made["id"]))
+    names = {m.name for m in await client.list_models()}
+    assert not {f"never{i}-{tag}" for i in range(len(cases))} & names
+
+
+async def test_without_a_scheduler_a_deploy_goes_on_unchecked(fleet,
+                                                              client: RegistryClient) -> None:
+    """No scheduler answers (they restart, or none runs yet): the deploy is not refused for it;
+    the scheduler judges the model when it is back (its instances PENDING with the reason)."""
+    url, tag = fleet
+    status, made = await _dry_run(url, {"name": f"later-{tag}", "source": "/any/model.gguf",
+                                        "replicas": 0}, "")
+    assert status == 201, made
+    await client.delete_model(DeleteRequest(id=made["id"]))

@@ -1,7 +1,8 @@
-"""Entry points of the pure policy: `plan_placement` (the dry run) and `Planner` (the service's).
+"""Entry points of the pure policy: `Planner` (the service's incremental placer, and the dry run's,
+services/scheduler/dry_run.py) and `plan_placement`, one placement on a fleet snapshot.
 
-`plan_placement(model, workers, instances)` is what `shoal models deploy --dry-run` calls: it
-reads the model's files (headers only), builds the fleet index and returns a PlacementResult.
+`plan_placement(model, workers, instances)` reads the model's files (headers only), builds the
+fleet index and returns a PlacementResult; what the model can never run is an InvalidRequest.
 """
 
 from __future__ import annotations

@@ -75,10 +75,16 @@ def workers_table(workers: Sequence[WorkerPublic]) -> str:
 
 
 def instances_table(instances: Sequence[InstancePublic]) -> str:
-    rows = [[i.name, i.id, i.model_name, i.state.value, i.worker_name or "-",
-             ",".join(map(str, i.gpu_indexes)) or "-", f"tp={i.tp} pp={i.pp}",
-             (i.state_message or "")[:80]]
-            for i in instances]
+    """An instance across workers (pipeline stages) names each of them, the lead first, and
+    their GPUs in the same order (`0,1; 0,1`)."""
+    rows = []
+    for i in instances:
+        workers = [i.worker_name or "-"] + [s.worker_name for s in i.subordinate_workers]
+        gpus = [",".join(map(str, g)) or "-"
+                for g in [i.gpu_indexes] + [s.gpu_indexes for s in i.subordinate_workers]]
+        rows.append([i.name, i.id, i.model_name, i.state.value, ", ".join(workers),
+                     "; ".join(gpus) if any(g != "-" for g in gpus) else "-",
+                     f"tp={i.tp} pp={i.pp}", (i.state_message or "")[:80]])
     return tabulate(rows,
                     headers=["NAME", "ID", "MODEL", "STATE", "WORKER", "GPUS", "PARALLEL",
                              "MESSAGE"])

@@ -1,0 +1,40 @@
+"""The CLI's tables: an instance whose pipeline stages run on several workers names every one of
+them (README "Placement": `shoal instances list` shows one instance on both workers)."""
+
+from __future__ import annotations
+
+from datetime import datetime, UTC
+
+from shoal.cli.resources import instances_table
+from shoal.shared.schemas.registry import InstancePublic, ResourceClaim, SubordinateWorker
+from shoal.shared.states import InstanceState
+
+NOW = datetime(2026, 11, 27, tzinfo=UTC)
+
+
+def _instance(**fields: object) -> InstancePublic:
+    values: dict[str, object] = dict(id="i1", name="smol-pp2-1", model_id="m1",
+                                     model_name="smol-pp2", state=InstanceState.RUNNING,
+                                     worker_id="w1", worker_name="lead", created_at=NOW,
+                                     updated_at=NOW, state_changed_at=NOW, version=1)
+    values.update(fields)
+    return InstancePublic.model_validate(values)
+
+
+def test_instances_list_names_the_subordinate_workers() -> None:
+    across = _instance(pp=2, subordinate_workers=[
+        SubordinateWorker(worker_id="w2", worker_name="second", gpu_indexes=[],
+                          claim=ResourceClaim()),
+        SubordinateWorker(worker_id="w3", worker_name="third", gpu_indexes=[1],
+                          claim=ResourceClaim())])
+    row = instances_table([across]).splitlines()[2]
+    assert "lead, second, third" in row, row
+    assert "-; -; 1" in row, row  # each worker's GPUs, in the same order
+
+
+def test_a_single_worker_instance_is_shown_as_before() -> None:
+    row = instances_table([_instance(gpu_indexes=[0, 1], tp=2)]).splitlines()[2]
+    assert " lead " in f"{row} " and "0,1" in row and "tp=2 pp=1" in row, row
+    pending = instances_table([_instance(worker_id=None, worker_name=None,
+                                         state=InstanceState.PENDING)]).splitlines()[2]
+    assert "PENDING" in pending and " - " in pending, pending

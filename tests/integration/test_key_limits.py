@@ -142,3 +142,21 @@ async def test_a_usage_batch_sent_twice_counts_once(client: RegistryClient) -> N
     assert [(r.requests, r.prompt_tokens, r.output_tokens) for r in report.rows] == [(6, 120, 80)]
     grant = await client.acquire_quota(QuotaAcquire(key_id=key.id, model=model))
     assert grant.remaining_tokens == 1000 - 200
+
+
+async def test_usage_of_an_unknown_key_is_404_naming_it(settings: Settings,
+                                                        client: RegistryClient) -> None:
+    """`GET /api/v1/usage?key_id=` with an id no key has is a 404 naming it, not an empty list
+    (a typo must not read as "no usage"); a revoked key's usage is still reported."""
+    key = await client.create_key(ApiKeyCreate(name=name(), scope=ApiKeyScope.INFERENCE))
+    await client.record_usage(UsageRecord(key_id=key.id, model="m", prompt_tokens=5))
+    await client.revoke_key(key.id)
+    async with running_gateway(settings) as url, aiohttp.ClientSession() as http:
+        async with http.get(f"{url}/api/v1/usage", params={"key_id": "no-such-key"}) as r:
+            body = await r.json()
+            assert r.status == 404, body
+            assert body["error"]["type"] == "not_found_error" and body["error"]["param"] == "key_id"
+            assert "'no-such-key'" in body["error"]["message"], body
+        async with http.get(f"{url}/api/v1/usage", params={"key_id": key.id}) as r:
+            body = await r.json()
+            assert r.status == 200 and [row["prompt_tokens"] for row in body["items"]] == [5]

@@ -26,7 +26,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shoal.shared.db.tables import ApiKeyRow, ApiKeyUsageRow, RateWindowRow, UsageBatchRow
-from shoal.shared.errors import Unauthorized
+from shoal.shared.errors import NotFound, Unauthorized
 from shoal.shared.schemas.registry import (
     KeyLimit, QuotaAcquire, QuotaGrant, UsageQuery, UsageRecord, UsageReport, UsageRow
 )
@@ -179,6 +179,9 @@ class QuotaRepo:
         if req.until is not None:
             query = query.where(ApiKeyUsageRow.day <= req.until)
         async with self.sessions() as s:
+            if req.key_id is not None and await s.get(ApiKeyRow, req.key_id) is None:
+                # a typo must not read as "no usage" (a revoked key's row stays: it is found)
+                raise NotFound(f"api key {req.key_id!r} not found", param="key_id")
             rows = (await s.execute(query.limit(10000))).all()
         return UsageReport(rows=[UsageRow(
             key_id=u.key_id, key_name=name, model=u.model, day=u.day, requests=u.requests,

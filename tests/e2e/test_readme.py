@@ -388,6 +388,8 @@ def test_readme_block(block: Block, entry: Run | Shown, stack: Stack) -> None:
         lines = block.text.splitlines()
         missing = unmatched(lines, output, vary, one_line=True)
         assert missing is None, f"`shoal {entry.of}` never printed {missing!r}:\n{output}"
+        warned = re.findall(r"^.*\w+Warning: .*$", output, re.M)
+        assert not warned, f"`shoal {entry.of}` printed a warning the README does not: {warned}"
         return
     vary.update(entry.vary)
     code = stack.fill(block.text)

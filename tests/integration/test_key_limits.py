@@ -17,6 +17,7 @@ import pytest
 
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
+from shoal.shared.errors import NotFound
 from shoal.shared.schemas.registry import (
     ApiKeyCreate, ApiKeyScope, ApiKeyUpdate, KeyLimit, QuotaAcquire, UsageQuery, UsageRecord
 )
@@ -146,16 +147,19 @@ async def test_a_usage_batch_sent_twice_counts_once(client: RegistryClient) -> N
 
 async def test_usage_of_an_unknown_key_is_404_naming_it(settings: Settings,
                                                         client: RegistryClient) -> None:
-    """`GET /api/v1/usage?key_id=` with an id no key has is a 404 naming it, not an empty list
-    (a typo must not read as "no usage"); a revoked key's usage is still reported."""
+    """Usage for a key_id that is no key's id or name is a 404 naming it, on the management API
+    and on the bus, not an empty list (a typo must not read as "no usage"); a revoked key's
+    usage is still reported, by id or by name."""
     key = await client.create_key(ApiKeyCreate(name=name(), scope=ApiKeyScope.INFERENCE))
     await client.record_usage(UsageRecord(key_id=key.id, model="m", prompt_tokens=5))
     await client.revoke_key(key.id)
+    with pytest.raises(NotFound, match="'no-such-key'"):
+        await client.usage(UsageQuery(key_id="no-such-key"))
+    assert [r.prompt_tokens for r in (await client.usage(UsageQuery(key_id=key.name))).rows] == [5]
     async with running_gateway(settings) as url, aiohttp.ClientSession() as http:
         async with http.get(f"{url}/api/v1/usage", params={"key_id": "no-such-key"}) as r:
             body = await r.json()
-            assert r.status == 404, body
-            assert body["error"]["type"] == "not_found_error" and body["error"]["param"] == "key_id"
+            assert r.status == 404 and body["error"]["type"] == "not_found_error", body
             assert "'no-such-key'" in body["error"]["message"], body
         async with http.get(f"{url}/api/v1/usage", params={"key_id": key.id}) as r:
             body = await r.json()

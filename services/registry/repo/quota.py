@@ -25,8 +25,9 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from shoal.services.registry.repo.api_keys import ApiKeyRepo
 from shoal.shared.db.tables import ApiKeyRow, ApiKeyUsageRow, RateWindowRow, UsageBatchRow
-from shoal.shared.errors import NotFound, Unauthorized
+from shoal.shared.errors import Unauthorized
 from shoal.shared.schemas.registry import (
     KeyLimit, QuotaAcquire, QuotaGrant, UsageQuery, UsageRecord, UsageReport, UsageRow
 )
@@ -170,8 +171,6 @@ class QuotaRepo:
         query = (select(ApiKeyUsageRow, ApiKeyRow.name)
                  .join(ApiKeyRow, ApiKeyRow.id == ApiKeyUsageRow.key_id)
                  .order_by(ApiKeyUsageRow.day, ApiKeyRow.name, ApiKeyUsageRow.model))
-        if req.key_id is not None:
-            query = query.where(ApiKeyUsageRow.key_id == req.key_id)
         if req.model is not None:
             query = query.where(ApiKeyUsageRow.model == req.model)
         if req.since is not None:
@@ -179,9 +178,9 @@ class QuotaRepo:
         if req.until is not None:
             query = query.where(ApiKeyUsageRow.day <= req.until)
         async with self.sessions() as s:
-            if req.key_id is not None and await s.get(ApiKeyRow, req.key_id) is None:
-                # a typo must not read as "no usage" (a revoked key's row stays: it is found)
-                raise NotFound(f"api key {req.key_id!r} not found", param="key_id")
+            if req.key_id is not None:  # an id or a name; no such key is a 404, not "no usage"
+                key = await ApiKeyRepo.resolve(s, req.key_id)
+                query = query.where(ApiKeyUsageRow.key_id == key.id)
             rows = (await s.execute(query.limit(10000))).all()
         return UsageReport(rows=[UsageRow(
             key_id=u.key_id, key_name=name, model=u.model, day=u.day, requests=u.requests,

@@ -61,7 +61,7 @@ class Run:
     why: str = ""
     subs: tuple[tuple[str, str], ...] = ()
     vary: tuple[tuple[str, str], ...] = ()
-    """Shown output -> its real value ("..." for anything) where it varies by machine."""
+    """Shown output -> what stands for it here (`<x>` for anything) where it varies by machine."""
     rc: int = 0
     after: str = ""
     """The test's housekeeping (bash) once the block passed or failed; not the README's."""
@@ -205,7 +205,7 @@ def _on_both_workers(output: str, stack: Stack) -> None:
     """`instances list` shows the smol-pp2 instance on both workers."""
     rows = [line for line in output.splitlines() if line.startswith("smol-pp2-")]
     assert len(rows) == 1, output
-    assert stack.values["hostname"] in rows[0] and "second" in rows[0], rows[0]
+    assert f" {stack.values['hostname']}, second " in rows[0], rows[0]
 
 
 SMOL_SUB = "{smol}"

@@ -35,7 +35,7 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLengt
 
 def compile_times(llm: object) -> dict[str, float]:
     """Milliseconds for a cold compile (fresh compiler, tokenizer info built beforehand)."""
-    from shoal.services.gateway.tools import ToolBody, required_schema
+    from shoal.services.gateway.openai.tools import ToolBody, required_schema
     from shoal.services.engine.sampling_params import StructuredOutputsParams
     from shoal.services.engine.structured_output import GrammarCompiler, tokenizer_info
 

@@ -9,20 +9,22 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from shoal.services.gateway import admin_routes, edge, openai_routes
-from shoal.services.gateway.ui_routes import add_ui
-from shoal.services.gateway.admission import Admission
-from shoal.services.gateway.auth import (
+from shoal.services.gateway.auth import edge
+from shoal.services.gateway.auth.admission import Admission
+from shoal.services.gateway.auth.keys import (
     KeyCache, answer_gateway_info, auth_middleware, watch_keys
 )
+from shoal.services.gateway.auth.quota import Quota, add_ratelimit_headers
 from shoal.services.gateway.errors import error_middleware
-from shoal.services.gateway.infer_client import InferClient
-from shoal.services.gateway.instances import InstanceTable
+from shoal.services.gateway.management import routes as management_routes
+from shoal.services.gateway.management.openapi import openapi_document
+from shoal.services.gateway.management.ui import add_ui
 from shoal.services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from shoal.services.gateway.model_names import ModelNames
-from shoal.services.gateway.openapi import openapi_document
-from shoal.services.gateway.quota import Quota, add_ratelimit_headers
-from shoal.services.gateway.router import Router
+from shoal.services.gateway.openai import routes as openai_routes
+from shoal.services.gateway.routing.infer_client import InferClient
+from shoal.services.gateway.routing.instances import InstanceTable
+from shoal.services.gateway.routing.model_names import ModelNames
+from shoal.services.gateway.routing.router import Router
 from shoal.services.gateway.state import STATE, GatewayState
 from shoal.services.gateway.tracing import instrument_http
 from shoal.shared.bus.client import Bus
@@ -112,6 +114,6 @@ def make_app(settings: Settings) -> web.Application:
     app.on_response_prepare.append(add_ratelimit_headers)
     app.add_routes(ops)
     app.add_routes(openai_routes.routes)
-    app.add_routes(admin_routes.routes)
+    app.add_routes(management_routes.routes)
     add_ui(app)
     return app

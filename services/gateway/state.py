@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from shoal.services.gateway.admission import Admission
-from shoal.services.gateway.auth import KeyCache
-from shoal.services.gateway.infer_client import InferClient
-from shoal.services.gateway.instances import InstanceTable
+from shoal.services.gateway.auth.admission import Admission
+from shoal.services.gateway.auth.keys import KeyCache
+from shoal.services.gateway.auth.quota import Quota
 from shoal.services.gateway.metrics import GatewayMetrics
-from shoal.services.gateway.model_names import ModelNames
-from shoal.services.gateway.quota import Quota
-from shoal.services.gateway.router import Router
+from shoal.services.gateway.routing.infer_client import InferClient
+from shoal.services.gateway.routing.instances import InstanceTable
+from shoal.services.gateway.routing.model_names import ModelNames
+from shoal.services.gateway.routing.router import Router
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from opentelemetry import trace
 from opentelemetry.instrumentation.aiohttp_server import AioHttpServerInstrumentor
 
-from shoal.services.gateway.responses import ResponseBuilder
+from shoal.services.gateway.openai.responses import ResponseBuilder
 from shoal.shared.genai import operation_name, request_attributes, response_attributes
 from shoal.shared.schemas.infer import GenerateRequest
 from shoal.shared.telemetry import get_tracer

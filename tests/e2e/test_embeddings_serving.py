@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from shoal.services.engine.model_prep import minilm_path
-from shoal.services.gateway.embeddings import BATCH_INPUTS
+from shoal.services.gateway.openai.embeddings import BATCH_INPUTS
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.embedded import free_port
 from shoal.shared.schemas.registry import (

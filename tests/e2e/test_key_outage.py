@@ -41,7 +41,7 @@ async def test_keys_chat_through_a_postgres_outage(servers, tmp_path: Path) -> N
                                     name="key-outage") as stack:
             client, url = stack.client, stack.url
             # the keys first: a key event that reaches the gateway while it verifies a key
-            # keeps that verification out of its cache (auth.py), so none may be in flight
+            # keeps that verification out of its cache (auth/keys.py), so none may be in flight
             key = (await client.create_key(ApiKeyCreate(name="chatter"))).secret
             never_used = (await client.create_key(ApiKeyCreate(name="idle"))).secret
             model = await client.create_model(ModelCreate(

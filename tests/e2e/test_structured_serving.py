@@ -17,7 +17,7 @@ import pydantic
 import pytest
 
 from shoal.services.engine.model_prep import smollm2_gguf_path
-from shoal.services.gateway.streaming import parse_sse
+from shoal.services.gateway.openai.streaming import parse_sse
 from shoal.shared.embedded import free_port
 from shoal.shared.schemas.registry import ModelCreate
 from tests.e2e.test_serving import ENGINE_ARGS, async_api, running_instance, sync_api

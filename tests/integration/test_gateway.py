@@ -17,9 +17,9 @@ from shoal.services.gateway.service import run_gateway
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.embedded import free_port
-from shoal.services.gateway.infer_client import InferClient
-from shoal.services.gateway.instances import InstanceTable
-from shoal.services.gateway.router import Router
+from shoal.services.gateway.routing.infer_client import InferClient
+from shoal.services.gateway.routing.instances import InstanceTable
+from shoal.services.gateway.routing.router import Router
 from shoal.shared.bus.client import Bus
 from shoal.shared.errors import Unavailable
 from shoal.shared.schemas.infer import TokenizeReply, TokenizeRequest

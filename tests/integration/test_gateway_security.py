@@ -110,7 +110,7 @@ async def test_a_flood_of_made_up_keys_evicts_no_valid_key(
     with a valid key was a 503 instead of being served from its last verification. The cache's
     bound is 300 here, so the flood takes seconds (tests/unit/gateway/test_gateway_auth.py
     floods the real 10,000-entry cache)."""
-    from shoal.services.gateway import auth
+    from shoal.services.gateway.auth import keys as auth
 
     monkeypatch.setattr(auth, "MAX_CACHED_KEYS", 300)
     monkeypatch.setattr(auth, "MAX_REFUSED_KEYS", 100, raising=False)

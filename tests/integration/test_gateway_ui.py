@@ -13,7 +13,7 @@ import pytest
 from yarl import URL
 from tests.integration.test_gateway import running_gateway
 
-from shoal.services.gateway.ui_routes import STATIC
+from shoal.services.gateway.management.ui import STATIC
 from shoal.shared.config import Settings
 
 pytestmark = pytest.mark.integration
@@ -52,8 +52,8 @@ async def test_pages_load_without_a_key_and_the_api_still_needs_one(locked: str)
 
 async def test_nothing_outside_the_static_folder(locked: str) -> None:
     async with aiohttp.ClientSession() as http:
-        for path in ("/ui/../ui_routes.py", "/ui/%2e%2e/ui_routes.py", "/ui/..%2fui_routes.py",
-                     "/ui/js/../../ui_routes.py", "/ui/no-such-file.js"):
+        for path in ("/ui/../ui.py", "/ui/%2e%2e/ui.py", "/ui/..%2fui.py",
+                     "/ui/js/../../ui.py", "/ui/no-such-file.js"):
             async with http.get(URL(f"{locked}{path}", encoded=True)) as r:  # sent as written
                 assert r.status in (401, 403, 404), path  # 401: a path outside /ui/ is the API's
                 assert "STATIC" not in await r.text()

@@ -23,10 +23,11 @@ NETWORK = {"nats", "aiohttp", "sqlalchemy", "asyncpg"}
 PURE = ["kernels", "services/scheduler/policies", "services/scheduler/claim",
         "services/scheduler/planner.py", "shared/units.py", "shared/states.py", "shared/errors.py",
         "services/worker/devices.py"] + [
-    f"services/gateway/{name}" for name in ("body.py", "router.py", "protocol.py", "responses.py",
-                                            "streaming.py", "admission.py", "structured.py",
-                                            "tools.py", "tool_parsers.py", "embeddings.py",
-                                            "ratelimit.py", "json_body.py", "edge_rules.py")]
+    f"services/gateway/{name}" for name in (
+        "openai/body.py", "routing/router.py", "openai/protocol.py", "openai/responses.py",
+        "openai/streaming.py", "auth/admission.py", "openai/structured.py", "openai/tools.py",
+        "openai/tool_parsers.py", "openai/embeddings.py", "auth/ratelimit.py", "json_body.py",
+        "auth/edge_rules.py")]
 
 
 def python_files(entry: str | Path) -> list[Path]:

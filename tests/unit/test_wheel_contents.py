@@ -39,7 +39,7 @@ def test_the_wheel_carries_the_cpp_sources_and_package_data(wheel: Path) -> None
     for cpp in sorted((ROOT / "kernels" / "csrc").glob("*.cpp")):
         assert f"shoal/kernels/csrc/{cpp.name}" in names
     assert any(n.startswith("shoal/shared/db/migrations/versions/") for n in names)
-    assert "shoal/services/gateway/static/index.html" in names
+    assert "shoal/services/gateway/management/static/index.html" in names
     assert not any(n.split("/")[0] in ("services", "shared", "kernels") for n in names)
 
 

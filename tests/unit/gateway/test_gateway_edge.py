@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.services.gateway.edge_rules import check_header_text
+from shoal.services.gateway.auth.edge_rules import check_header_text
 from shoal.services.gateway.json_body import load_json
 from shoal.shared.errors import InvalidRequest
 
@@ -43,7 +43,7 @@ def test_finite_numbers_pass() -> None:
 
 
 def test_host_names_and_the_allowlist() -> None:
-    from shoal.services.gateway.edge_rules import check_host, host_name
+    from shoal.services.gateway.auth.edge_rules import check_host, host_name
 
     assert host_name("Gateway.:8000") == "gateway" and host_name("[::1]:80") == "::1"
     assert host_name("localhost") == "localhost" and host_name("fe80::1") == "fe80::1"
@@ -73,7 +73,7 @@ def test_host_names_and_the_allowlist() -> None:
 ])
 def test_cross_origin_requests(method: str, path: str, site: str | None, origin: str | None,
                                refused: bool) -> None:
-    from shoal.services.gateway.edge_rules import check_origin
+    from shoal.services.gateway.auth.edge_rules import check_origin
     from shoal.shared.errors import Forbidden
 
     if not refused:
@@ -87,7 +87,7 @@ def test_cross_origin_requests(method: str, path: str, site: str | None, origin:
 def test_the_default_allowed_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
     import socket
 
-    from shoal.services.gateway.edge import allowed_hosts
+    from shoal.services.gateway.auth.edge import allowed_hosts
     from shoal.shared.config import Settings
 
     monkeypatch.setattr(socket, "gethostname", lambda: "Box")

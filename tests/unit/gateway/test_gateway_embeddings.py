@@ -9,10 +9,10 @@ import struct
 
 import pytest
 
-from shoal.services.gateway.embeddings import (
+from shoal.services.gateway.openai.embeddings import (
     BATCH_INPUTS, EmbeddingBody, embedding_response
 )
-from shoal.services.gateway.protocol import parse_body
+from shoal.services.gateway.openai.protocol import parse_body
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.infer import EmbedReply
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from aiohttp import web
 
-from shoal.services.gateway.auth import KeyCache, bearer, verify
+from shoal.services.gateway.auth.keys import KeyCache, bearer, verify
 from shoal.shared.schemas.registry import ApiKeyVerified
 from shoal.services.gateway.errors import error_body
 from shoal.shared.errors import (
@@ -73,7 +73,7 @@ def test_key_cache_expires_and_is_bounded() -> None:
 def test_refusals_never_evict_a_valid_key() -> None:
     """Issue 24: 10,001 made-up tokens evicted every valid key from the shared 10,000-entry
     cache. Refusals are kept apart, bounded on their own, and never served stale."""
-    from shoal.services.gateway.auth import MAX_CACHED_KEYS, MAX_REFUSED_KEYS
+    from shoal.services.gateway.auth.keys import MAX_CACHED_KEYS, MAX_REFUSED_KEYS
 
     cache = KeyCache(ttl=10, stale_max=600)
     good = ApiKeyVerified(valid=True, key_id="a")

@@ -9,7 +9,7 @@ GATEWAY = Path(__file__).resolve().parents[3] / "services" / "gateway"
 
 
 def test_every_gateway_file_is_small_and_documented() -> None:
-    for path in GATEWAY.glob("*.py"):
+    for path in GATEWAY.rglob("*.py"):
         text = path.read_text()
         assert len(text.splitlines()) <= 260, path.name
         assert path.name == "__init__.py" or text.startswith('"""'), path.name

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from shoal.services.gateway.model_names import ModelNames
+from shoal.services.gateway.routing.model_names import ModelNames
 from shoal.shared.errors import Unavailable
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from shoal.services.gateway.json_body import MAX_JSON_DEPTH, parse_body
-from shoal.services.gateway.protocol import (
+from shoal.services.gateway.openai.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody,
 )
 from shoal.shared.errors import InvalidRequest

@@ -1,9 +1,9 @@
 """The gateway's usage records outlive a registry outage: retried with back-off for as long as
-keys are served from their last verification (auth.py), lost (and said so) only after that."""
+keys are served from their last verification (auth/keys.py), lost (and said so) only after that."""
 
 from __future__ import annotations
 
-from shoal.services.gateway.quota import Quota, Ticket
+from shoal.services.gateway.auth.quota import Quota, Ticket
 from shoal.shared.errors import Timeout, Unavailable
 from shoal.shared.schemas.infer import Usage
 from shoal.shared.schemas.registry import UsageRecord

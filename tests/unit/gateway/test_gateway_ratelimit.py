@@ -7,7 +7,7 @@ import pytest
 from shoal.cli import build_parser
 from shoal.cli.commands import parse_limit
 from shoal.services.gateway.errors import error_response
-from shoal.services.gateway.ratelimit import duration, ratelimit_headers, refusal
+from shoal.services.gateway.auth.ratelimit import duration, ratelimit_headers, refusal
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.registry import ApiKeyCreate, KeyLimit, QuotaGrant
 

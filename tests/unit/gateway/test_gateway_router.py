@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from shoal.services.gateway.router import (
+from shoal.services.gateway.routing.router import (
     Candidate, PrefixAffinity, Router, messages_prefix_hashes, text_prefix_hashes,
     token_prefix_hashes,
 )

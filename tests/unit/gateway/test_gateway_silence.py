@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from shoal.services.gateway.instances import EngineGone, InstanceTable, LiveInstance
-from shoal.services.gateway.router import Router
+from shoal.services.gateway.routing.instances import EngineGone, InstanceTable, LiveInstance
+from shoal.services.gateway.routing.router import Router
 from shoal.shared.config import Settings
 
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from shoal.services.gateway.admission import Admission
-from shoal.services.gateway.responses import ResponseBuilder, add_usage, usage_body
-from shoal.services.gateway.streaming import DONE, parse_sse, sse_error, sse_event
+from shoal.services.gateway.auth.admission import Admission
+from shoal.services.gateway.openai.responses import ResponseBuilder, add_usage, usage_body
+from shoal.services.gateway.openai.streaming import DONE, parse_sse, sse_error, sse_event
 from shoal.shared.errors import InvalidRequest, Overloaded, Unavailable
 from shoal.shared.schemas.infer import ChoiceDelta, TokenLogprobWire, TopLogprob, Usage
 

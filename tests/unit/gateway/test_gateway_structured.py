@@ -8,10 +8,10 @@ import json
 import pytest
 
 from shoal.services.gateway.json_body import parse_body
-from shoal.services.gateway.protocol import ChatCompletionRequest, CompletionRequest
-from shoal.services.gateway.responses import ResponseBuilder
-from shoal.services.gateway.structured import rename_param
-from shoal.services.gateway.tools import ToolMode
+from shoal.services.gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
+from shoal.services.gateway.openai.responses import ResponseBuilder
+from shoal.services.gateway.openai.structured import rename_param
+from shoal.services.gateway.openai.tools import ToolMode
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.infer import ChoiceDelta
 

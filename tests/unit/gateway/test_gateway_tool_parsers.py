@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from shoal.services.gateway.tool_parsers import (HermesToolCalls, NamedToolCall, ParsedDelta,
+from shoal.services.gateway.openai.tool_parsers import (HermesToolCalls, NamedToolCall, ParsedDelta,
                                                  RequiredToolCalls, ToolCallParser, make_parser)
 
 

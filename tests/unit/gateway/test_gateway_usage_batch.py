@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shoal.services.gateway.quota import UsageBatch
+from shoal.services.gateway.auth.quota import UsageBatch
 from shoal.shared.schemas.registry import UsageRecord
 
 

@@ -8,7 +8,7 @@ import tomllib
 from fnmatch import fnmatch
 from pathlib import Path
 
-from shoal.services.gateway.ui_routes import STATIC
+from shoal.services.gateway.management.ui import STATIC
 
 ROOT = Path(__file__).resolve().parents[3]
 FILES = sorted(p for p in STATIC.rglob("*") if p.is_file())
@@ -18,7 +18,7 @@ URL = re.compile(r"https?://(?!www\.w3\.org/2000/svg)[^\s\"'`)]+")
 
 def test_every_file_is_package_data() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    globs = config["tool"]["setuptools"]["package-data"]["shoal.services.gateway"]
+    globs = config["tool"]["setuptools"]["package-data"]["shoal.services.gateway.management"]
     assert FILES
     for path in FILES:
         rel = path.relative_to(STATIC.parent).as_posix()

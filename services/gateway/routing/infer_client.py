@@ -13,8 +13,8 @@ from typing import TypeVar
 from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 
-from shoal.services.gateway.instances import EngineGone, InstanceTable, LiveInstance
-from shoal.services.gateway.router import Router
+from shoal.services.gateway.routing.instances import EngineGone, InstanceTable, LiveInstance
+from shoal.services.gateway.routing.router import Router
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings

@@ -10,7 +10,7 @@ import socket
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from shoal.services.gateway.edge_rules import check_header_text, check_host, check_origin
+from shoal.services.gateway.auth.edge_rules import check_header_text, check_host, check_origin
 from shoal.services.gateway.errors import error_response
 from shoal.shared.config import Settings
 from shoal.shared.errors import ShoalError

@@ -10,8 +10,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from shoal.services.gateway.tool_parsers import ParsedDelta, ToolCallParser, make_parser
-from shoal.services.gateway.tools import ToolMode
+from shoal.services.gateway.openai.tool_parsers import ParsedDelta, ToolCallParser, make_parser
+from shoal.services.gateway.openai.tools import ToolMode
 from shoal.shared.schemas.infer import ChoiceDelta, TokenLogprobWire, Usage
 
 JSON = dict[str, Any]

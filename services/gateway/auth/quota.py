@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from shoal.services.gateway.ratelimit import ratelimit_headers, refusal
+from shoal.services.gateway.auth.ratelimit import ratelimit_headers, refusal
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.errors import ShoalError, Unavailable
 from shoal.shared.schemas.infer import Usage

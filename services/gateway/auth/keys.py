@@ -35,7 +35,7 @@ from aiohttp.typedefs import Handler
 
 from nats.aio.msg import Msg
 
-from shoal.services.gateway.quota import API_KEY
+from shoal.services.gateway.auth.quota import API_KEY
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.bus.gather import answer

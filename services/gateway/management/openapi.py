@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from shoal.services.gateway.embeddings import EmbeddingBody
-from shoal.services.gateway.protocol import (
+from shoal.services.gateway.openai.embeddings import EmbeddingBody
+from shoal.services.gateway.openai.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody
 )
 from shoal.shared.schemas.registry import ApiKeyCreate, ApiKeyUpdate, ModelCreate, ModelUpdate

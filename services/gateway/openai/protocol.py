@@ -10,11 +10,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from shoal.services.gateway.body import MAX_INT32, Body, TokenId
 from shoal.services.gateway.json_body import parse_body  # noqa: F401 - where callers import it
-
-from shoal.services.gateway.structured import StructuredFields
-from shoal.services.gateway.tools import ToolBody, ToolCallIn, ToolChoice, ToolPlan, plan_tools
+from shoal.services.gateway.openai.body import MAX_INT32, Body, TokenId
+from shoal.services.gateway.openai.structured import StructuredFields
+from shoal.services.gateway.openai.tools import (
+    ToolBody, ToolCallIn, ToolChoice, ToolPlan, plan_tools
+)
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.infer import (
     ChatMessage, GenerateRequest, SamplingOptions, StructuredOutputsOptions

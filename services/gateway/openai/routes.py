@@ -8,19 +8,19 @@ import asyncio
 
 from aiohttp import web
 
-from shoal.services.gateway.embeddings import EmbeddingBody, embedding_response
 from shoal.services.gateway.errors import read_body
 from shoal.services.gateway.json_body import parse_body
-from shoal.services.gateway.protocol import (
+from shoal.services.gateway.openai.embeddings import EmbeddingBody, embedding_response
+from shoal.services.gateway.openai.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody
 )
-from shoal.services.gateway.responses import ResponseBuilder
-from shoal.services.gateway.router import (
+from shoal.services.gateway.openai.responses import ResponseBuilder
+from shoal.services.gateway.openai.serve import Answer, Job
+from shoal.services.gateway.openai.structured import rename_param
+from shoal.services.gateway.routing.router import (
     messages_prefix_hashes, text_prefix_hashes, token_prefix_hashes
 )
-from shoal.services.gateway.serve import Answer, Job
 from shoal.services.gateway.state import STATE
-from shoal.services.gateway.structured import rename_param
 from shoal.services.gateway.tracing import inference_span
 from shoal.shared.errors import InvalidRequest, NotFound, ShoalError
 from shoal.shared.logging import log_context

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from shoal.services.gateway.body import Body
+from shoal.services.gateway.openai.body import Body
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.infer import StructuredOutputsOptions
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from shoal.services.gateway.infer_client import InferClient
 from shoal.services.gateway.metrics import RequestObserver
-from shoal.services.gateway.responses import ChoiceState, ResponseBuilder, add_usage
-from shoal.services.gateway.streaming import DONE, SSE_HEADERS, sse_error, sse_event
-from shoal.services.gateway.structured import rename_param
+from shoal.services.gateway.openai.responses import ChoiceState, ResponseBuilder, add_usage
+from shoal.services.gateway.openai.streaming import DONE, SSE_HEADERS, sse_error, sse_event
+from shoal.services.gateway.openai.structured import rename_param
+from shoal.services.gateway.routing.infer_client import InferClient
 from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.schemas.infer import GenerateRequest, InferChunk, InferEnd, Usage
 

@@ -4,7 +4,7 @@ Plain files shipped in the package (static/: HTML, CSS and ES modules, no build 
 Swagger UI from the `swagger-ui-bundle-v2` wheel; nothing is fetched from the network at run
 time, and the Content-Security-Policy makes the browser refuse anything that is not from here.
 The pages hold no data: everything comes from the public API with the user's key, so they are
-served without one (auth.PUBLIC_PREFIXES).
+served without one (auth/keys.py PUBLIC_PREFIXES).
 """
 
 from __future__ import annotations

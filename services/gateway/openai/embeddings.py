@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from shoal.services.gateway.body import Body, TokenId
+from shoal.services.gateway.openai.body import Body, TokenId
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.infer import EmbedReply, EmbedRequest
 

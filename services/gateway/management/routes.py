@@ -15,10 +15,10 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
-from shoal.services.gateway.auth import keys_required
+from shoal.services.gateway.auth.keys import keys_required
+from shoal.services.gateway.auth.quota import API_KEY
 from shoal.services.gateway.errors import read_body
 from shoal.services.gateway.json_body import load_json, parse_body
-from shoal.services.gateway.quota import API_KEY
 from shoal.services.gateway.state import STATE
 from shoal.shared.bus.deploy import check_update, deploy
 from shoal.shared.bus.scheduler_client import SchedulerClient

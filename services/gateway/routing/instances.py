@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
 
-from shoal.services.gateway.router import Candidate, Router
+from shoal.services.gateway.routing.router import Candidate, Router
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings

@@ -2,7 +2,7 @@
 They never leave the registry.
 
 JSON columns hold structured fields (labels, device status, placement claim) whose shape is
-defined and validated by the pydantic schemas in shared/schemas/registry.py.
+defined and validated by the pydantic schemas in shared/schemas/registry/.
 """
 
 from __future__ import annotations

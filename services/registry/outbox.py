@@ -28,7 +28,8 @@ from sqlalchemy.orm.exc import StaleDataError
 
 from shoal.services.registry.outage import OutageLog
 from shoal.services.registry.repo.common import database_down
-from shoal.shared.bus.client import Bus, encode
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.codec import encode
 from shoal.shared.db.tables import OutboxRow
 from shoal.shared.errors import Conflict
 from shoal.shared.telemetry import inject_headers

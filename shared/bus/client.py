@@ -3,6 +3,9 @@
 Every payload is a pydantic model (shared/schemas); replies that carry `{"error": ...}` and the
 micro error headers are raised back as the ShoalError kind the server raised. Connecting retries
 with back-off until `settings.connect_timeout`, then nats-py reconnects forever.
+
+Beside it: `codec.py` (payloads and error replies as bytes), `events.py` (JetStream: the event
+stream and durable consumers, a part of Bus), `connection.py` (what the connection reports).
 """
 
 from __future__ import annotations
@@ -19,72 +22,24 @@ from nats.aio.msg import Msg
 from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError, NotFoundError
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
+from shoal.shared.bus.codec import (
+    decode, encode, error_body, error_headers, raise_for_error, too_large
+)
+from shoal.shared.bus.connection import log_error, on_disconnected, on_reconnected, redacted
+from shoal.shared.bus.events import JetStreamEvents
 from shoal.shared.bus.subjects import Subjects
 from shoal.shared.config import Settings
-from shoal.shared.errors import (
-    InvalidRequest, PayloadTooLarge, ShoalError, Timeout, Unavailable
-)
-from shoal.shared.schemas.common import ErrorReply
+from shoal.shared.errors import InvalidRequest, ShoalError, Timeout, Unavailable
 from shoal.shared.telemetry import event_span, inject_headers
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T", bound=BaseModel)
-ERROR_CODE_HEADER = "Nats-Service-Error-Code"
-ERROR_HEADER = "Nats-Service-Error"
-EVENTS_MAX_AGE_S = 7 * 24 * 3600
 
 
-def encode(payload: BaseModel) -> bytes:
-    """A partial update (a model with `partial = True`, e.g. ModelUpdate) sends only the fields
-    that were set, so the receiver can tell "leave as is" from "set to null"."""
-    partial = bool(getattr(payload, "partial", False))
-    return payload.model_dump_json(exclude_unset=partial).encode()
-
-
-def decode(data: bytes, model: type[T]) -> T:
-    """Parse a payload; a malformed one is an InvalidRequest naming what is wrong."""
-    try:
-        return model.model_validate_json(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or None
-        raise InvalidRequest(f"malformed {model.__name__}: {where or 'body'}: {first['msg']}",
-                             param=where) from None
-
-
-def too_large(nc: NATS, data: bytes, what: str = "the request") -> PayloadTooLarge:
-    """Why a message cannot go on the bus: the server's max_payload (README "The largest
-    request"), so the client gets a 413, not a 500."""
-    return PayloadTooLarge(f"{what} is {len(data)} bytes on the bus; the NATS server "
-                           f"carries at most {nc.max_payload} bytes (its max_payload)")
-
-
-def raise_for_error(msg: Msg) -> None:
-    """Raise the ShoalError carried by an error reply (micro error headers + ErrorReply body)."""
-    code = (msg.headers or {}).get(ERROR_CODE_HEADER)
-    if code is None:
-        return
-    try:
-        body = ErrorReply.model_validate_json(msg.data).error.model_dump()
-    except ValidationError:
-        body = {"message": (msg.headers or {}).get(ERROR_HEADER, "error"), "type": ""}
-    raise ShoalError.from_dict(body, status=int(code) if code.isdigit() else None)
-
-
-def error_body(exc: ShoalError) -> bytes:
-    return ErrorReply.model_validate({"error": exc.to_dict()}).model_dump_json().encode()
-
-
-def error_headers(exc: ShoalError) -> dict[str, str]:
-    return {ERROR_CODE_HEADER: str(exc.http_status), ERROR_HEADER: exc.message[:200]}
-
-
-class Bus:
+class Bus(JetStreamEvents):
     def __init__(self, nc: NATS, settings: Settings) -> None:
         self.nc = nc
         self.closing = False
@@ -108,15 +63,15 @@ class Bus:
                 holder: list[Bus] = []
                 nc = await nats.connect(
                     servers, name=name, connect_timeout=2, allow_reconnect=True,
-                    max_reconnect_attempts=-1, reconnect_time_wait=1, error_cb=_log_error,
-                    disconnected_cb=_on_disconnected(holder),
-                    reconnected_cb=_on_reconnected(holder),
+                    max_reconnect_attempts=-1, reconnect_time_wait=1, error_cb=log_error,
+                    disconnected_cb=on_disconnected(holder),
+                    reconnected_cb=on_reconnected(holder),
                 )
                 holder.append(cls(nc, settings))
                 return holder[0]
             except (OSError, NatsTimeout, nats.errors.NoServersError) as exc:
                 if asyncio.get_running_loop().time() + delay > deadline:
-                    raise Unavailable(f"cannot reach NATS at {_redacted(settings.nats_url)}: "
+                    raise Unavailable(f"cannot reach NATS at {redacted(settings.nats_url)}: "
                                       f"{exc}") from exc
                 log.info("NATS not reachable yet (%s), retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
@@ -187,54 +142,6 @@ class Bus:
         if msg.reply:
             await self.nc.publish(msg.reply, error_body(exc), headers=error_headers(exc))
 
-    # ------------------------------------------------------------ JetStream events
-    async def ensure_events_stream(self) -> None:
-        """Create the namespace's SHOAL_EVENTS_<ns> (idempotent; updated when its config
-        drifted)."""
-        config = StreamConfig(name=self.subjects.events_stream, subjects=[self.subjects.events_all],
-                              storage=StorageType.FILE, max_age=EVENTS_MAX_AGE_S)
-        try:
-            await self.js.add_stream(config)
-        except BadRequestError:
-            await self.js.update_stream(config)
-
-    async def publish_event(self, subject: str, payload: BaseModel) -> None:
-        await self.js.publish(subject, encode(payload), headers=inject_headers())
-
-    async def consume(self, durable: str, subject: str, handler: Callable[[Msg], Awaitable[None]],
-                      stop: asyncio.Event, batch: int = 64) -> None:
-        """Run a durable pull consumer until `stop` is set: ack after the handler, nak on error.
-
-        Several processes consuming the same durable share the work (each event to one of them).
-        """
-        await self.ensure_events_stream()
-        sub = await self.js.pull_subscribe(
-            subject, durable=durable, stream=self.subjects.events_stream,
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW,
-                                  max_deliver=10, ack_wait=30),
-        )
-        try:
-            while not stop.is_set():
-                try:
-                    msgs = await sub.fetch(batch, timeout=1.0)
-                except (TimeoutError, NatsTimeout):  # nats-py raises either when idle
-                    continue
-                except (NotFoundError, nats.errors.ConnectionClosedError):
-                    if stop.is_set():
-                        return
-                    raise
-                for msg in msgs:
-                    try:
-                        with event_span(msg.subject, msg.headers):
-                            await handler(msg)
-                        await msg.ack()
-                    except Exception:  # noqa: BLE001 - redelivered later, with a delay
-                        log.exception("event handler failed for %s", msg.subject)
-                        await msg.nak(delay=1.0)
-        finally:
-            # an open pull subscription makes drain() wait its full 30 s timeout
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
 
     @contextlib.asynccontextmanager
     async def streamed_request(self, subject: str, payload: BaseModel,
@@ -263,51 +170,3 @@ class Bus:
         async with self.streamed_request(subject, payload, headers) as queue:
             while True:
                 yield await queue.get()
-
-
-def _redacted(urls: str) -> str:
-    from shoal.shared.embedded import redact_url
-
-    return ",".join(redact_url(url.strip()) for url in urls.split(","))
-
-
-def _log_event(holder: list[Bus], text: str) -> Callable[[], Awaitable[None]]:
-    async def callback() -> None:
-        if not (holder and holder[0].closing):
-            log.warning(text)
-
-    return callback
-
-
-def _on_disconnected(holder: list[Bus]) -> Callable[[], Awaitable[None]]:
-    log_it = _log_event(holder, "disconnected from NATS")
-
-    async def callback() -> None:
-        await log_it()
-        if not holder or holder[0].closing:
-            return
-        for hook in holder[0].on_disconnect:
-            try:
-                hook()
-            except Exception:  # noqa: BLE001 - one hook must not stop the others
-                log.exception("disconnect hook failed")
-
-    return callback
-
-
-def _on_reconnected(holder: list[Bus]) -> Callable[[], Awaitable[None]]:
-    log_it = _log_event(holder, "reconnected to NATS")
-
-    async def callback() -> None:
-        await log_it()
-        for hook in holder[0].on_reconnect if holder else ():
-            try:
-                hook()
-            except Exception:  # noqa: BLE001 - one hook must not stop the others
-                log.exception("reconnect hook failed")
-
-    return callback
-
-
-async def _log_error(exc: Exception) -> None:
-    log.warning("NATS error: %s", exc)

@@ -11,7 +11,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import BaseModel, ValidationError
 
-from shoal.shared.bus.client import Bus, encode
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.codec import encode
 
 T = TypeVar("T", bound=BaseModel)
 GATHER_WAIT_S = 0.5

@@ -20,7 +20,8 @@ from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import BaseModel
 
-from shoal.shared.bus.client import Bus, decode, error_body, error_headers
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.codec import decode, error_body, error_headers
 from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.metrics import TTFT_BUCKETS as LATENCY_BUCKETS
 from shoal.shared.telemetry import extract_context, get_tracer

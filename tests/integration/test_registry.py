@@ -11,7 +11,7 @@ import uuid
 import asyncpg
 import pytest
 
-from shoal.shared.bus.client import ERROR_CODE_HEADER
+from shoal.shared.bus.codec import ERROR_CODE_HEADER
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.errors import Conflict, InvalidRequest, NotFound
 from shoal.shared.schemas.events import ModelEvent

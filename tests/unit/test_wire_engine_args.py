@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from shoal.services.engine import ConfigError, EngineConfig
-from shoal.shared.bus.client import decode
+from shoal.shared.bus.codec import decode
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.engine_args import EngineArgs
 from shoal.shared.schemas.registry import ModelCreate, ModelSpec

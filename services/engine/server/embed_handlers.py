@@ -16,7 +16,7 @@ from nats.aio.msg import Msg
 
 from shoal.services.engine.embedding.async_engine import AsyncEmbeddingEngine
 from shoal.services.engine.server.intake import Intake
-from shoal.shared.bus.client import decode, encode
+from shoal.shared.bus.codec import decode, encode
 from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.schemas.common import ErrorBody
 from shoal.shared.schemas.infer import (

@@ -29,7 +29,7 @@ from shoal.services.engine.sampling_params import SamplingParams
 from shoal.services.engine.server.intake import Intake
 from shoal.services.engine.server.metrics import EngineMetrics
 from shoal.services.engine.server.tracing import generate_span, record_finished
-from shoal.shared.bus.client import decode, encode, too_large
+from shoal.shared.bus.codec import decode, encode, too_large
 from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.schemas.common import ErrorBody
 from shoal.shared.schemas.infer import (

@@ -21,7 +21,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from shoal.services.engine.config import EngineConfig
-from shoal.shared.bus.client import Bus, encode
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.codec import encode
 from shoal.shared.config import Settings
 from shoal.shared.embedded import free_port
 from shoal.shared.schemas.ranks import RankExit, RankPlan, RankPlanRequest, rank_layout

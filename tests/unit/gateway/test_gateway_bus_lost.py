@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from shoal.services.gateway.routing.instances import EngineGone, InstanceTable, LiveInstance
 from shoal.services.gateway.routing.router import Router
-from shoal.shared.bus.client import _on_disconnected
+from shoal.shared.bus.connection import on_disconnected
 
 
 async def test_the_bus_calls_its_disconnect_hooks_unless_closing() -> None:
@@ -17,10 +17,10 @@ async def test_the_bus_calls_its_disconnect_hooks_unless_closing() -> None:
     bus = SimpleNamespace(closing=False, on_disconnect=[lambda: calls.append("a"),
                                                         lambda: 1 / 0,  # one bad hook
                                                         lambda: calls.append("b")])
-    await _on_disconnected([bus])()  # type: ignore[list-item]
+    await on_disconnected([bus])()  # type: ignore[list-item]
     assert calls == ["a", "b"]
     bus.closing = True  # our own close: nothing in flight to save
-    await _on_disconnected([bus])()  # type: ignore[list-item]
+    await on_disconnected([bus])()  # type: ignore[list-item]
     assert calls == ["a", "b"]
 
 

@@ -34,7 +34,7 @@ def dispatch(args: argparse.Namespace) -> int:
         return run_service("gateway", run_gateway, resolve_settings(**overrides))
     if args.command == "serve":
         from shoal.cli.serve import model_spec
-        from shoal.cli.stack import up
+        from shoal.cli.up import up
 
         spec = model_spec(args)
         if args.otlp_traces_endpoint:  # for every service of the stack, which inherit the env
@@ -45,9 +45,9 @@ def dispatch(args: argparse.Namespace) -> int:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
         return up(settings, SERVICES, {}, spec, strict=True)
     if args.command == "up":
-        from shoal.cli.stack import up
+        from shoal.cli.up import up
 
-        from shoal.cli.stack import DEFAULT_MODEL
+        from shoal.cli.up import DEFAULT_MODEL
         from shoal.services.engine import smollm2_gguf_path
 
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from shoal.services.worker.devices import detect_devices, parse_simulated
 from shoal.services.worker.metrics import DeviceCollector
-from shoal.services.worker.supervisor import EngineProcess, Supervisor, running_engines
+from shoal.services.worker.engines import EngineProcess, running_engines
+from shoal.services.worker.supervisor import Supervisor
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings

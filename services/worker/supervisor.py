@@ -7,10 +7,10 @@ of its log), and stops (drains) engines whose instance was deleted, scaled down 
 
 Engines outlive the agent's death (a crash, SIGKILL, OOM: they are not tied to it), as container
 runtimes let GPUStack's instances outlive its worker: requests flow gateway -> engine without the
-agent. Each engine is recorded in <data_dir>/engines/<instance_id>.json, and the next agent of
-this worker adopts the engines still running there instead of starting them again. An agent that
-is stopped (SIGTERM, Ctrl-C) stops its engines, unless SHOAL_WORKER_KEEP_ENGINES is set (an
-upgrade in place).
+agent. Each engine is recorded in <data_dir>/engines/<instance_id>.json (engines.py), and the
+next agent of this worker adopts the engines still running there instead of starting them again.
+An agent that is stopped (SIGTERM, Ctrl-C) stops its engines, unless SHOAL_WORKER_KEEP_ENGINES
+is set (an upgrade in place).
 """
 
 from __future__ import annotations
@@ -23,17 +23,15 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 from nats.aio.msg import Msg
 
+from shoal.services.worker.engines import EngineProcess
 from shoal.services.worker.stages import StageRanks
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.loops import run_every
-from shoal.shared.process import alive, cmdline
 from shoal.shared.schemas.events import InstanceEvent
 from shoal.shared.schemas.registry import InstanceFilter, InstancePublic, InstanceTransition
 from shoal.shared.states import InstanceState, can_transition
@@ -43,98 +41,6 @@ RECONCILE_EVERY_S = 3.0
 SERVED_STATES = frozenset({InstanceState.SCHEDULED, InstanceState.DOWNLOADING,
                            InstanceState.STARTING,
                            InstanceState.RUNNING, InstanceState.ERROR, InstanceState.UNREACHABLE})
-
-
-class AdoptedProcess:
-    """An engine started by a previous agent: not our child, so watched through /proc (its exit
-    status is unknown: it was reaped by init)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | str | None = None
-
-    def poll(self) -> int | str | None:
-        if self.returncode is None and not alive(self.pid):
-            self.returncode = "an unknown status (adopted)"
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        try:
-            os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def wait(self, timeout: float | None = None) -> int | str | None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
-            time.sleep(0.1)
-        return self.returncode
-
-
-@dataclass
-class EngineProcess:
-    instance_id: str
-    process: subprocess.Popen[bytes] | AdoptedProcess
-    log_path: Path
-    started_at: float
-
-    @property
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def log_tail(self, lines: int = 8) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-def running_engines(data_dir: Path, worker_name: str) -> dict[str, EngineProcess]:
-    """The engines a previous agent of worker `worker_name` started from this data dir and that
-    still run (a record whose process is gone is removed)."""
-    records = data_dir / "engines"
-    found: dict[str, EngineProcess] = {}
-    for path in sorted(records.glob("*.json")) if records.is_dir() else []:
-        try:
-            record = json.loads(path.read_text())
-            pid, name = int(record["pid"]), str(record["worker_name"])
-        except (OSError, ValueError, KeyError, TypeError):
-            path.unlink(missing_ok=True)
-            continue
-        if name != worker_name:
-            continue
-        argv = cmdline(pid)
-        if not (alive(pid) and "engine" in argv and path.stem in argv):
-            path.unlink(missing_ok=True)
-            continue
-        found[path.stem] = EngineProcess(path.stem, AdoptedProcess(pid),
-                                         Path(record.get("log_path", "")), time.monotonic())
-    return found
-
-
-def end_engines_left(data_dir: Path) -> list[str]:
-    """End every engine recorded under `data_dir` (a killed `shoal up` left them, connected to
-    servers that are gone); what was ended, in words."""
-    from shoal.shared.process import end_process
-
-    ended = []
-    records = data_dir / "engines"
-    for path in sorted(records.glob("*.json")) if records.is_dir() else []:
-        try:
-            pid = int(json.loads(path.read_text())["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pid = 0
-        argv = cmdline(pid) if pid else []
-        if pid and alive(pid) and "engine" in argv and path.stem in argv:
-            end_process(pid, signal.SIGTERM, timeout=15.0)
-            ended.append(f"the engine of instance {path.stem} (pid {pid})")
-        path.unlink(missing_ok=True)
-    return ended
 
 
 class Supervisor:

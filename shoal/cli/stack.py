@@ -115,7 +115,7 @@ class Stack:
         if stale:
             print(f"shoal: the previous run on {data} (pid {stale.get('pid', '?')}) did not stop "
                   "cleanly; cleaning up after it", flush=True)
-        from shoal.services.worker.supervisor import end_engines_left
+        from shoal.services.worker.engines import end_engines_left
 
         for what in end_orphans(data) + end_engines_left(data):
             print(f"shoal: stopped {what}, left running by a previous run", flush=True)

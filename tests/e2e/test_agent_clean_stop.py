@@ -16,7 +16,7 @@ import pytest
 
 from shoal.services.engine.model_prep import smollm2_gguf_path
 from shoal.services.worker.agent import run_worker
-from shoal.services.worker.supervisor import end_engines_left
+from shoal.services.worker.engines import end_engines_left
 from shoal.shared.embedded import free_port
 from shoal.shared.config import Settings
 from shoal.shared.schemas.registry import ModelCreate

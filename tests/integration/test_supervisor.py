@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from tests.integration.sched_helpers import wait_for
 
-from shoal.services.worker.supervisor import AdoptedProcess, EngineProcess, Supervisor
+from shoal.services.worker.engines import AdoptedProcess, EngineProcess
+from shoal.services.worker.supervisor import Supervisor
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings

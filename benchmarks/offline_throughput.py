@@ -40,7 +40,7 @@ def make_workload(num: int, seed: int, vocab: int) -> list[Request]:
 
 
 def run_shoal(model: str, requests: list[Request], args: argparse.Namespace) -> dict:
-    from shoal.services.engine.llm import LLM
+    from shoal.services.engine.frontend.llm import LLM
     from shoal.services.engine.sampling_params import SamplingParams
 
     llm = LLM(model, device="cpu", dtype="float32", num_threads=args.threads,

@@ -59,7 +59,7 @@ def workload(num: int, seed: int) -> tuple[list[list[int]], list[int]]:
 
 def run_engine(model: Path, tp: int, pp: int, prompts: list[list[int]],
                outputs: list[int], threads: int | None = None) -> dict:
-    from shoal.services.engine.llm import LLM
+    from shoal.services.engine.frontend.llm import LLM
     from shoal.services.engine.sampling_params import SamplingParams
 
     params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in outputs]

@@ -93,7 +93,7 @@ def main() -> None:
         return
     from benchmarks.offline_throughput import RESULTS
     from shoal.services.engine import LLM, SamplingParams, smollm2_gguf_path
-    from shoal.services.engine.cpu_threads import default_cpu_threads
+    from shoal.services.engine.runner.cpu_threads import default_cpu_threads
 
     gguf = str(smollm2_gguf_path())
     threads = args.threads or default_cpu_threads()

@@ -37,7 +37,7 @@ def compile_times(llm: object) -> dict[str, float]:
     """Milliseconds for a cold compile (fresh compiler, tokenizer info built beforehand)."""
     from shoal.services.gateway.openai.tools import ToolBody, required_schema
     from shoal.services.engine.sampling_params import StructuredOutputsParams
-    from shoal.services.engine.structured_output import GrammarCompiler, tokenizer_info
+    from shoal.services.engine.structured_output.compiler import GrammarCompiler, tokenizer_info
 
     core = llm.engine  # type: ignore[attr-defined]
     info = tokenizer_info(core.tokenizer, core.runner.vocab_size, core.runner.eos_token_ids)
@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 
-    from shoal.services.engine.llm import LLM
+    from shoal.services.engine.frontend.llm import LLM
     from shoal.services.engine.sampling_params import (SamplingParams,
                                                               StructuredOutputsParams)
     from shoal.services.engine.model_prep import smollm2_gguf_path

@@ -140,7 +140,7 @@ def run_offline(model_path: str, samples: list[Sample], max_concurrency: int | N
                 engine_args: dict[str, int]) -> tuple[list[Result], float]:
     """The same workload on an in-process engine, keeping at most `max_concurrency` in flight."""
     from shoal import LLM
-    from shoal.services.engine.request_output import RequestOutputKind
+    from shoal.services.engine.core.request_output import RequestOutputKind
     from shoal.services.engine.sampling_params import SamplingParams
 
     llm = LLM(model_path, **engine_args)

@@ -13,10 +13,10 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "LLM": "llm",
+    "LLM": "frontend.llm",
     "SamplingParams": "sampling_params",
     "StructuredOutputsParams": "sampling_params",
-    "AsyncEngine": "async_engine",
+    "AsyncEngine": "frontend.async_engine",
     "EngineConfig": "config",
     "ConfigError": "config",
     "ENGINE_DEFAULTS": "config",
@@ -27,10 +27,10 @@ _EXPORTS = {
     "check_parallel_sizes": "model_limits",
     "tp_problems": "model_limits",
     "valid_tp_sizes": "model_limits",
-    "RequestOutput": "request_output",
-    "CompletionOutput": "request_output",
-    "RequestOutputKind": "request_output",
-    "EngineCore": "engine_core",
+    "RequestOutput": "core.request_output",
+    "CompletionOutput": "core.request_output",
+    "RequestOutputKind": "core.request_output",
+    "EngineCore": "core.engine_core",
     "prepare_model": "model_prep",
     "smollm2_gguf_path": "model_prep",
     "minilm_path": "model_prep",

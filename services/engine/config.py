@@ -82,7 +82,7 @@ class EngineConfig:
     """Where converted models (GGUF -> safetensors) are cached; default ~/.cache/shoal/models."""
     num_threads: int | None = None
     """torch intra-op threads; None on CPU = OMP_NUM_THREADS when set, else every usable core
-    (vLLM-CPU's rule; services/engine/cpu_threads.py)."""
+    (vLLM-CPU's rule; services/engine/runner/cpu_threads.py)."""
     enforce_eager: bool = False
     """Disable CUDA graphs (CUDA path only)."""
     cpu_gemv: bool | None = None

@@ -3,7 +3,8 @@
 The names and meanings are vLLM's, so users transfer. `validate()` runs in `__post_init__`:
 an invalid value raises InvalidRequest (HTTP 400 at the gateway) before anything is queued.
 `StructuredOutputsParams` (vLLM's name) constrains the output; the engine checks that its schema,
-regex or grammar parses (structured_output.py) and compiles it before the request is scheduled.
+regex or grammar parses (structured_output/compiler.py) and compiles it before the request is
+scheduled.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import torch
 
 from shoal.services.engine.config import ConfigError
 from shoal.services.engine.distributed.executor import RankFailed
-from shoal.services.engine.llm import LLM
-from shoal.services.engine.request_output import RequestOutput
+from shoal.services.engine.frontend.llm import LLM
+from shoal.services.engine.core.request_output import RequestOutput
 from shoal.services.engine.sampling_params import SamplingParams
 from tests.tiny_models import VOCAB, save_tiny_model, smollm2_dir
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from shoal.services.engine.llm import LLM
+from shoal.services.engine.frontend.llm import LLM
 from shoal.services.engine.sampling_params import SamplingParams
 from tests.parity.parity_helpers import (Reference, assert_greedy_close, assert_logprobs_close,
                                          hf_greedy)

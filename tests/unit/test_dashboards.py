@@ -16,7 +16,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.request_output import RequestMetrics
+from shoal.services.engine.core.request_output import RequestMetrics
 from shoal.services.engine.server.metrics import EngineMetrics, cache_info
 from shoal.services.gateway.metrics import GatewayMetrics
 from shoal.services.scheduler.metrics import SchedulerCollector

@@ -32,7 +32,7 @@ from shoal.services.engine.distributed.parallel_state import (
 from shoal.services.engine.distributed.rank_process import (
     RENDEZVOUS_TIMEOUT_S, backend_for, joined_key, parse_init_method
 )
-from shoal.services.engine.outputs import RunnerOutput, SchedulerOutput
+from shoal.services.engine.core.outputs import RunnerOutput, SchedulerOutput
 from shoal.shared.errors import ShoalError
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class MultiprocExecutor:
                                     world_size=self.world_size,
                                     timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
             self.parallel = ParallelContext.create(0, self.tp, self.pp)
-            from shoal.services.engine.model_runner import ModelRunner
+            from shoal.services.engine.runner.model_runner import ModelRunner
 
             self.runner = ModelRunner(rank0, model_dir, self.parallel)
         except BaseException as exc:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from shoal.services.engine.distributed.parallel_state import ParallelContext
-from shoal.services.engine.input_batch import ModelInputs
+from shoal.services.engine.runner.input_batch import ModelInputs
 
 
 def run_stage(model: nn.Module, inputs: ModelInputs, parallel: ParallelContext,

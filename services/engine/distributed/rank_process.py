@@ -63,7 +63,7 @@ def serve_rank(config: object, model_dir: Path, rank: int, init_method: str) -> 
     import torch.distributed as dist
 
     from shoal.services.engine.distributed.parallel_state import ParallelContext
-    from shoal.services.engine.model_runner import ModelRunner
+    from shoal.services.engine.runner.model_runner import ModelRunner
 
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size  # type: ignore[attr-defined]
     if backend_for(config.device) == "nccl":  # type: ignore[attr-defined]

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from shoal.services.engine.cpu_threads import cpu_threads
+from shoal.services.engine.runner.cpu_threads import cpu_threads
 from shoal.services.engine.config import ENGINE_DEFAULTS, ConfigError, EngineConfig
 from shoal.services.engine.embedding.bert import BertModel
 from shoal.services.engine.embedding.pooling import read_pooling

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from shoal.kernels import Ops
-from shoal.services.engine.attention import Attention, AttentionMetadata
+from shoal.services.engine.layers.attention import Attention, AttentionMetadata
 from shoal.services.engine.distributed.parallel_state import (
     ParallelContext, kv_heads_per_rank, stage_layers
 )

@@ -19,12 +19,12 @@ from nats.aio.msg import Msg
 from nats.errors import MaxPayloadError
 from opentelemetry.trace import Span
 
-from shoal.services.engine.async_engine import AsyncEngine
-from shoal.services.engine.output_stream import RequestStream
-from shoal.services.engine.chat import render_chat
-from shoal.services.engine.engine_core import load_tokenizer
-from shoal.services.engine.outputs import TokenLogprob
-from shoal.services.engine.request_output import RequestOutput
+from shoal.services.engine.frontend.async_engine import AsyncEngine
+from shoal.services.engine.frontend.output_stream import RequestStream
+from shoal.services.engine.frontend.chat import render_chat
+from shoal.services.engine.core.engine_core import load_tokenizer
+from shoal.services.engine.core.outputs import TokenLogprob
+from shoal.services.engine.core.request_output import RequestOutput
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.services.engine.server.intake import Intake
 from shoal.services.engine.server.metrics import EngineMetrics

@@ -14,8 +14,8 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.request_output import RequestMetrics
-from shoal.services.engine.spec_decode.stats import SpecDecodeStats
+from shoal.services.engine.core.request_output import RequestMetrics
+from shoal.services.engine.core.spec_decode_stats import SpecDecodeStats
 from shoal.shared.metrics import (
     ITERATION_TOKENS_BUCKETS,
     ITL_BUCKETS,

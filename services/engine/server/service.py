@@ -17,7 +17,7 @@ import logging
 import time
 from pathlib import Path
 
-from shoal.services.engine.async_engine import AsyncEngine
+from shoal.services.engine.frontend.async_engine import AsyncEngine
 from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.embedding.async_engine import AsyncEmbeddingEngine
 from shoal.services.engine.embedding.pooling import is_embedding_model
@@ -127,7 +127,7 @@ async def start_engine(settings: Settings, reporter: InstanceReporter, model: Mo
 
 def _multi_worker_engine(ranks: RankCoordinator, model_dir: Path) -> AsyncEngine:
     from shoal.services.engine.distributed.executor import MultiprocExecutor
-    from shoal.services.engine.engine_core import EngineCore
+    from shoal.services.engine.core.engine_core import EngineCore
 
     executor = MultiprocExecutor(ranks.config, model_dir, local_ranks=ranks.local_ranks,
                                  peer_failures=ranks.failures)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from opentelemetry import trace
 
-from shoal.services.engine.request_output import RequestMetrics
+from shoal.services.engine.core.request_output import RequestMetrics
 from shoal.shared.genai import request_attributes, response_attributes
 from shoal.shared.schemas.infer import GenerateRequest, Usage
 from shoal.shared.telemetry import extract_context, get_tracer

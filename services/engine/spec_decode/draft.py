@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from shoal.services.engine.attention import AttentionMetadata
+from shoal.services.engine.layers.attention import AttentionMetadata
 from shoal.services.engine.config import ConfigError
-from shoal.services.engine.input_batch import build_model_inputs
-from shoal.services.engine.outputs import ScheduledSeq, SchedulerOutput
-from shoal.services.engine.sampler import SeqState
+from shoal.services.engine.runner.input_batch import build_model_inputs
+from shoal.services.engine.core.outputs import ScheduledSeq, SchedulerOutput
+from shoal.services.engine.runner.sampler import SeqState
 from shoal.shared.schemas.speculative import SpeculativeConfig
 
 if TYPE_CHECKING:
-    from shoal.services.engine.model_runner import ModelRunner
+    from shoal.services.engine.runner.model_runner import ModelRunner
 
 Forward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor], torch.Tensor]
 """(input_ids, positions, meta, logits_indices) -> logits [len(logits_indices), vocab]."""
@@ -117,9 +117,9 @@ def load_draft_model(source: str, runner: ModelRunner) -> nn.Module:
     and device, with a KV cache of the target's block count and size."""
     from transformers import AutoConfig
 
-    from shoal.services.engine.kv_cache import bind_kv_caches
+    from shoal.services.engine.runner.kv_cache import bind_kv_caches
     from shoal.services.engine.layers.cpu_weights import gguf_source, prepare_cpu_weights
-    from shoal.services.engine.loader import load_weights
+    from shoal.services.engine.runner.loader import load_weights
     from shoal.services.engine.model_prep import prepare_model
     from shoal.services.engine.models.registry import model_class
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from shoal.services.engine.outputs import ScheduledSeq
-from shoal.services.engine.sampler import SeqState
+from shoal.services.engine.core.outputs import ScheduledSeq
+from shoal.services.engine.runner.sampler import SeqState
 from shoal.services.engine.spec_decode.ngram import NgramProposer
 from shoal.shared.schemas.speculative import SpeculativeConfig
 
 if TYPE_CHECKING:
-    from shoal.services.engine.model_runner import ModelRunner
+    from shoal.services.engine.runner.model_runner import ModelRunner
 
 
 class Proposer(Protocol):

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from shoal.services.engine.outputs import RunnerOutput, ScheduledSeq
-from shoal.services.engine.sampler import SeqState
+from shoal.services.engine.core.outputs import RunnerOutput, ScheduledSeq
+from shoal.services.engine.runner.sampler import SeqState
 from shoal.services.engine.spec_decode.proposer import Proposer, make_proposer
 from shoal.services.engine.spec_decode.verify import verify
 from shoal.shared.schemas.speculative import SpeculativeConfig
 
 if TYPE_CHECKING:
-    from shoal.services.engine.model_runner import ModelRunner
+    from shoal.services.engine.runner.model_runner import ModelRunner
 
 
 class SpecStep:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from shoal.services.engine.sampler import SeqState, apply_penalties, processed_probs
+from shoal.services.engine.runner.sampler import SeqState, apply_penalties, processed_probs
 from shoal.services.engine.spec_decode.rejection import greedy_accept, rejection_sample
 
 

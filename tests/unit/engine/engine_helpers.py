@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from shoal.services.engine.block_pool import BlockPool
-from shoal.services.engine.outputs import RunnerOutput, SchedulerOutput, TokenLogprob
-from shoal.services.engine.scheduler import Scheduler
-from shoal.services.engine.sequence import Sequence
+from shoal.services.engine.core.block_pool import BlockPool
+from shoal.services.engine.core.outputs import RunnerOutput, SchedulerOutput, TokenLogprob
+from shoal.services.engine.core.scheduler import Scheduler
+from shoal.services.engine.core.sequence import Sequence
 
 VOCAB = 1000
 EOS = 0

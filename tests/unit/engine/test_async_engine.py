@@ -11,9 +11,9 @@ import time
 import pytest
 
 from tests.unit.engine.engine_helpers import CharTokenizer, FakeRunner
-from shoal.services.engine.async_engine import AsyncEngine
+from shoal.services.engine.frontend.async_engine import AsyncEngine
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.engine_core import EngineCore
+from shoal.services.engine.core.engine_core import EngineCore
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest, Unavailable
 
@@ -244,7 +244,7 @@ async def test_a_config_engine_loads_its_model_on_the_stepping_thread(tmp_path, 
     """torch stepped 1.5-1.8x slower on a thread other than the one that loaded the model (2 CPU
     cores): the engine thread builds the core itself, and a load error reaches the caller."""
     from tests.tiny_models import save_tiny_model
-    from shoal.services.engine import model_runner as model_runner_module
+    from shoal.services.engine.runner import model_runner as model_runner_module
 
     loaded_on: list[str] = []
     real_runner = model_runner_module.ModelRunner

@@ -4,9 +4,9 @@ freed tails, reference counts, n > 1 sharing, collision checks and no leaks."""
 from __future__ import annotations
 
 from tests.unit.engine.engine_helpers import assert_pool_whole
-from shoal.services.engine.block_manager import BlockManager
+from shoal.services.engine.core.block_manager import BlockManager
 from shoal.services.engine.sampling_params import SamplingParams
-from shoal.services.engine.sequence import Sequence
+from shoal.services.engine.core.sequence import Sequence
 
 BS = 4
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.engine.engine_helpers import assert_pool_whole
-from shoal.services.engine.block_pool import BlockPool, hash_block_tokens
+from shoal.services.engine.core.block_pool import BlockPool, hash_block_tokens
 
 
 def test_allocates_in_order_then_refuses_when_empty():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal.services.engine.cpu_threads import (
+from shoal.services.engine.runner.cpu_threads import (
     ContentionGuard, busy_cpu_seconds, cpu_list, cpu_threads, default_cpu_threads,
     other_cpu_seconds,
 )

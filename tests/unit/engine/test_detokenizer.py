@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from shoal.services.engine.detokenizer import IncrementalDetokenizer
+from shoal.services.engine.core.detokenizer import IncrementalDetokenizer
 from shoal.services.engine.sampling_params import SamplingParams
 
 CORPUS = ["hello world, the quick brown fox jumps over the lazy dog.",

@@ -7,8 +7,8 @@ import pytest
 
 from tests.unit.engine.engine_helpers import EOS, CharTokenizer, FakeRunner, assert_scheduler_whole
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.engine_core import EngineCore
-from shoal.services.engine.request_output import RequestOutput, RequestOutputKind
+from shoal.services.engine.core.engine_core import EngineCore
+from shoal.services.engine.core.request_output import RequestOutput, RequestOutputKind
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest
 

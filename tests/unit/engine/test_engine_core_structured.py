@@ -14,9 +14,9 @@ import pytest
 import xgrammar as xgr
 
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.engine_core import EngineCore
+from shoal.services.engine.core.engine_core import EngineCore
 from shoal.services.engine.sampling_params import SamplingParams, StructuredOutputsParams
-from shoal.services.engine.structured_output import GrammarCompiler
+from shoal.services.engine.structured_output.compiler import GrammarCompiler
 from shoal.shared.errors import InvalidRequest
 from tests.unit.engine.engine_helpers import EOS, VOCAB, CharTokenizer, FakeRunner
 
@@ -108,8 +108,8 @@ def test_an_engine_without_constrained_requests_never_loads_xgrammar() -> None:
         "import sys, torch\n"
         "from tests.unit.engine.engine_helpers import CharTokenizer, FakeRunner\n"
         "from shoal.services.engine.config import EngineConfig\n"
-        "from shoal.services.engine.engine_core import EngineCore\n"
-        "from shoal.services.engine.sampler import SeqState, sample\n"
+        "from shoal.services.engine.core.engine_core import EngineCore\n"
+        "from shoal.services.engine.runner.sampler import SeqState, sample\n"
         "from shoal.services.engine.sampling_params import SamplingParams\n"
         "core = EngineCore(EngineConfig(model='fake', block_size=4), runner=FakeRunner(\n"
         "    block_size=4), tokenizer=CharTokenizer())\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.engine.engine_helpers import CharTokenizer, FakeRunner
-from shoal.services.engine.llm import LLM
+from shoal.services.engine.frontend.llm import LLM
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest
 

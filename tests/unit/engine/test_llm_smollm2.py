@@ -15,7 +15,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, t
 
 @pytest.fixture(scope="module")
 def llm(gguf):
-    from shoal.services.engine.llm import LLM
+    from shoal.services.engine.frontend.llm import LLM
 
     return LLM(gguf, device="cpu", dtype="float32", num_kv_blocks=128, max_num_batched_tokens=64,
                num_threads=1)
@@ -41,7 +41,7 @@ def test_greedy_tokens_do_not_depend_on_batching_or_the_prefix_cache(llm):
 
 
 def test_preemption_under_a_tiny_pool_keeps_greedy_tokens(gguf, llm):
-    from shoal.services.engine.llm import LLM
+    from shoal.services.engine.frontend.llm import LLM
 
     greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     expected = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]

@@ -36,7 +36,7 @@ def test_q4_1_blocks_are_the_gguf_packages_dequantisation_exactly(gguf) -> None:
 
 @pytest.mark.parametrize("quantization", ["int8", "int4", "gguf"])
 def test_greedy_chat_is_sane_with_each_quantization(gguf, quantization) -> None:
-    from shoal.services.engine.llm import LLM
+    from shoal.services.engine.frontend.llm import LLM
 
     llm = LLM(gguf, device="cpu", dtype="float32", num_kv_blocks=64, num_threads=1,
               quantization=quantization)
@@ -67,7 +67,7 @@ def test_gguf_layers_are_the_converted_weights_in_int4(gguf) -> None:
     from shoal.kernels import select_ops
     from shoal.services.engine.layers.cpu_weights import Int4Linear
     from shoal.services.engine.layers.gguf_weights import _checked_blocks
-    from shoal.services.engine.loader import load_weights
+    from shoal.services.engine.runner.loader import load_weights
     from shoal.services.engine.model_prep import prepare_model
     from shoal.services.engine.models.registry import model_class
 

@@ -9,10 +9,10 @@ import pytest
 
 from tests.unit.engine.engine_helpers import EOS, FakeRunner, assert_scheduler_whole
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.outputs import RunnerOutput, SchedulerOutput
+from shoal.services.engine.core.outputs import RunnerOutput, SchedulerOutput
 from shoal.services.engine.sampling_params import SamplingParams
-from shoal.services.engine.scheduler import Scheduler
-from shoal.services.engine.sequence import Sequence, SequenceStatus
+from shoal.services.engine.core.scheduler import Scheduler
+from shoal.services.engine.core.sequence import Sequence, SequenceStatus
 from shoal.shared.errors import InvalidRequest
 
 _ids = itertools.count()

@@ -12,12 +12,12 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from shoal.services.engine import structured_output
-from shoal.services.engine.sampler import SeqState, sample
+from shoal.services.engine.runner.sampler import SeqState, sample
 from shoal.services.engine.sampling_params import SamplingParams, StructuredOutputsParams
-from shoal.services.engine.structured_output import (GrammarCompiler, GrammarState,
-                                                            apply_bitmask, choice_ebnf,
-                                                            to_grammar)
+from shoal.services.engine.structured_output import compiler
+from shoal.services.engine.structured_output.compiler import (GrammarCompiler, GrammarState,
+                                                              apply_bitmask, choice_ebnf,
+                                                              to_grammar)
 from shoal.shared.errors import InvalidRequest
 
 VOCAB = ["a", "b", "c", "1", "2", "{", "}", '"', ":", " ", "ab", "<eos>", "x"]
@@ -309,8 +309,8 @@ def test_unconstrained_batches_do_no_grammar_work(monkeypatch) -> None:
     def boom(*args: object) -> None:
         raise AssertionError("bitmask work for an unconstrained batch")
 
-    monkeypatch.setattr(structured_output, "apply_bitmask", boom)
-    monkeypatch.setattr(structured_output.GrammarState, "create", boom)
+    monkeypatch.setattr(compiler, "apply_bitmask", boom)
+    monkeypatch.setattr(compiler.GrammarState, "create", boom)
     states = [SeqState(params=SamplingParams(temperature=0.0), token_ids=[1], prompt_len=1)
               for _ in range(3)]
     logits = torch.randn(3, len(VOCAB))

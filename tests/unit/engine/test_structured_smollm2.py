@@ -42,7 +42,7 @@ def guided(**spec: object) -> StructuredOutputsParams:
 
 @pytest.fixture(scope="module")
 def llm(gguf):
-    from shoal.services.engine.llm import LLM
+    from shoal.services.engine.frontend.llm import LLM
 
     return LLM(gguf, device="cpu", dtype="float32", num_kv_blocks=128,
                max_num_batched_tokens=256, num_threads=1)
@@ -99,7 +99,7 @@ def test_unconstrained_requests_keep_their_tokens_beside_constrained_ones(llm) -
 
 
 def test_preemption_keeps_constrained_tokens(gguf, llm) -> None:
-    from shoal.services.engine.llm import LLM
+    from shoal.services.engine.frontend.llm import LLM
 
     params = SamplingParams(temperature=0, max_tokens=60, structured_outputs=guided(json=PERSON))
     prompts = [f"Person number {i} as JSON:" for i in range(3)]

@@ -12,13 +12,13 @@ from tests.tiny_models import VOCAB, save_tiny_model
 from tests.unit.kernels_triton.triton_helpers import DEVICE, needs_cuda
 
 from shoal.kernels import select_ops
-from shoal.services.engine import model_runner as model_runner_module
+from shoal.services.engine.runner import model_runner as model_runner_module
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
-from shoal.services.engine.gpu_memory import dummy_batch
-from shoal.services.engine.input_batch import build_model_inputs
-from shoal.services.engine.model_runner import ModelRunner
-from shoal.services.engine.outputs import ScheduledSeq, SchedulerOutput
+from shoal.services.engine.runner.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from shoal.services.engine.runner.gpu_memory import dummy_batch
+from shoal.services.engine.runner.input_batch import build_model_inputs
+from shoal.services.engine.runner.model_runner import ModelRunner
+from shoal.services.engine.core.outputs import ScheduledSeq, SchedulerOutput
 from shoal.services.engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)

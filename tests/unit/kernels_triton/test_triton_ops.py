@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from shoal.kernels import TORCH_OPS, Ops, select_ops
-from shoal.services.engine import model_runner as model_runner_module
+from shoal.services.engine.runner import model_runner as model_runner_module
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.model_runner import ModelRunner
-from shoal.services.engine.outputs import ScheduledSeq, SchedulerOutput
+from shoal.services.engine.runner.model_runner import ModelRunner
+from shoal.services.engine.core.outputs import ScheduledSeq, SchedulerOutput
 from shoal.services.engine.sampling_params import SamplingParams
 from tests.tiny_models import VOCAB, save_tiny_model, with_config
 from tests.unit.kernels_triton.triton_helpers import DEVICE

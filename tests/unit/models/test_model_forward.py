@@ -10,9 +10,9 @@ from tests.tiny_models import ARCHS, VOCAB, save_tiny_model
 from transformers import AutoModelForCausalLM
 
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.input_batch import build_model_inputs
-from shoal.services.engine.model_runner import ModelRunner
-from shoal.services.engine.outputs import ScheduledSeq, SchedulerOutput
+from shoal.services.engine.runner.input_batch import build_model_inputs
+from shoal.services.engine.runner.model_runner import ModelRunner
+from shoal.services.engine.core.outputs import ScheduledSeq, SchedulerOutput
 from shoal.services.engine.sampling_params import SamplingParams
 
 BLOCK = 4

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.model_runner import ModelRunner
-from shoal.services.engine.outputs import ScheduledSeq, SchedulerOutput
+from shoal.services.engine.runner.model_runner import ModelRunner
+from shoal.services.engine.core.outputs import ScheduledSeq, SchedulerOutput
 from shoal.services.engine.sampling_params import SamplingParams
 from tests.tiny_models import save_tiny_model
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
-from shoal.services.engine.sampler import SeqState, greedy_tokens, mix_seed, sample
+from shoal.services.engine.runner.sampler import SeqState, greedy_tokens, mix_seed, sample
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest
 

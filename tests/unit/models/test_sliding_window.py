@@ -10,7 +10,7 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, Pret
 
 from shoal.kernels import TORCH_OPS
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.model_runner import _max_model_len
+from shoal.services.engine.runner.model_runner import _max_model_len
 from shoal.services.engine.models.registry import model_class
 
 TINY = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_attention_heads=2,

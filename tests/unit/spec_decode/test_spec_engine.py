@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from shoal.services.engine import LLM, SamplingParams
-from shoal.services.engine.request_output import RequestOutput
+from shoal.services.engine.core.request_output import RequestOutput
 from tests.tiny_models import save_tiny_model
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from shoal.services.engine import ConfigError, EngineConfig
-from shoal.services.engine.outputs import RunnerOutput
+from shoal.services.engine.core.outputs import RunnerOutput
 from shoal.services.engine.spec_decode.ngram import NgramProposer
 from shoal.services.engine.spec_decode.rejection import greedy_accept, rejection_sample
-from shoal.services.engine.spec_decode.stats import SpecDecodeStats
+from shoal.services.engine.core.spec_decode_stats import SpecDecodeStats
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.speculative import parse_speculative_config
 
@@ -147,7 +147,7 @@ def test_metrics_carry_vllms_names() -> None:
 def test_verify_samples_the_processed_distribution() -> None:
     """The runner's glue (verify.py): with temperature and top-p, the first emitted token follows
     the distribution an ordinary step draws from (processed_probs), whatever the draft."""
-    from shoal.services.engine.sampler import SeqState, processed_probs
+    from shoal.services.engine.runner.sampler import SeqState, processed_probs
     from shoal.services.engine.sampling_params import SamplingParams
     from shoal.services.engine.spec_decode.verify import verify
 
@@ -179,8 +179,8 @@ def test_scheduler_reserves_draft_slots_only_where_speculation_applies() -> None
     """Plain decodes get k slots (within max_tokens and the step budget); structured outputs and
     logprobs get none; nothing at or above disable_by_batch_size running sequences."""
     from shoal.services.engine.sampling_params import SamplingParams, StructuredOutputsParams
-    from shoal.services.engine.scheduler import Scheduler
-    from shoal.services.engine.sequence import Sequence
+    from shoal.services.engine.core.scheduler import Scheduler
+    from shoal.services.engine.core.sequence import Sequence
 
     def step_spec(params: list[SamplingParams], disable: int | None = None) -> list[int]:
         config = EngineConfig(model="m", block_size=4, speculative_config={
@@ -203,7 +203,7 @@ def test_scheduler_reserves_draft_slots_only_where_speculation_applies() -> None
 def test_verify_greedy_applies_logit_bias() -> None:
     """A biased greedy sequence verifies its drafts against the biased argmax, as an ordinary
     step would pick it."""
-    from shoal.services.engine.sampler import SeqState
+    from shoal.services.engine.runner.sampler import SeqState
     from shoal.services.engine.sampling_params import SamplingParams
     from shoal.services.engine.spec_decode.verify import verify
 

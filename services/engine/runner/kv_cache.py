@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from shoal.services.engine.attention import Attention
+from shoal.services.engine.layers.attention import Attention
 from shoal.services.engine.config import ENGINE_DEFAULTS, ConfigError, EngineConfig
 
 

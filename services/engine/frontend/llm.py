@@ -8,10 +8,10 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from shoal.services.engine.chat import Message, render_chat
+from shoal.services.engine.frontend.chat import Message, render_chat
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.engine_core import EngineCore, Runner
-from shoal.services.engine.request_output import RequestOutput, RequestOutputKind
+from shoal.services.engine.core.engine_core import EngineCore, Runner
+from shoal.services.engine.core.request_output import RequestOutput, RequestOutputKind
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest
 

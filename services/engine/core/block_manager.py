@@ -5,8 +5,8 @@ offers newly full blocks to the prefix cache and frees tables, tail first.
 
 from __future__ import annotations
 
-from shoal.services.engine.block_pool import Block, BlockPool, HashFn, hash_block_tokens
-from shoal.services.engine.sequence import Sequence
+from shoal.services.engine.core.block_pool import Block, BlockPool, HashFn, hash_block_tokens
+from shoal.services.engine.core.sequence import Sequence
 
 
 class BlockManager:

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from shoal.services.engine.request_output import RequestOutput, RequestOutputKind
+from shoal.services.engine.core.request_output import RequestOutput, RequestOutputKind
 
 
 @dataclass(slots=True)

@@ -9,13 +9,13 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from shoal.services.engine.block_manager import BlockManager
-from shoal.services.engine.block_pool import Block
+from shoal.services.engine.core.block_manager import BlockManager
+from shoal.services.engine.core.block_pool import Block
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
+from shoal.services.engine.core.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
 from shoal.services.engine.sampling_params import SamplingParams
-from shoal.services.engine.sequence import Sequence, SequenceStatus
-from shoal.services.engine.spec_decode.stats import SpecDecodeStats
+from shoal.services.engine.core.sequence import Sequence, SequenceStatus
+from shoal.services.engine.core.spec_decode_stats import SpecDecodeStats
 from shoal.shared.errors import InvalidRequest
 
 _BLOCKED = object()

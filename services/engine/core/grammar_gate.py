@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shoal.services.engine.sampling_params import StructuredOutputsParams
-from shoal.services.engine.sequence import Sequence, SequenceStatus
+from shoal.services.engine.core.sequence import Sequence, SequenceStatus
 
 if TYPE_CHECKING:
-    from shoal.services.engine.structured_output import GrammarCompiler
+    from shoal.services.engine.structured_output.compiler import GrammarCompiler
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,8 @@ class GrammarGate:
     @property
     def compiler(self) -> GrammarCompiler:
         if self._compiler is None:
-            from shoal.services.engine.structured_output import GrammarCompiler, tokenizer_info
+            from shoal.services.engine.structured_output.compiler import (GrammarCompiler,
+                                                                          tokenizer_info)
 
             self._compiler = GrammarCompiler(lambda: tokenizer_info(
                 self._tokenizer, self._vocab_size, self._eos_token_ids))

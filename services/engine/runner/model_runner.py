@@ -22,19 +22,20 @@ from transformers import AutoConfig
 
 from shoal.kernels import Workspace, select_ops
 from shoal.services.engine.config import ENGINE_DEFAULTS, ConfigError, EngineConfig
-from shoal.services.engine.cpu_threads import ContentionGuard, cpu_list, cpu_threads
-from shoal.services.engine.cuda_graphs import DecodeGraphs
+from shoal.services.engine.runner.cpu_threads import ContentionGuard, cpu_list, cpu_threads
+from shoal.services.engine.runner.cuda_graphs import DecodeGraphs
 from shoal.services.engine.distributed.parallel_state import ParallelContext
 from shoal.services.engine.distributed.pipeline import run_stage
-from shoal.services.engine.gpu_memory import profiled_config
-from shoal.services.engine.input_batch import ModelInputs, build_model_inputs
-from shoal.services.engine.kv_cache import bind_kv_caches, num_kv_blocks
+from shoal.services.engine.runner.gpu_memory import profiled_config
+from shoal.services.engine.runner.input_batch import ModelInputs, build_model_inputs
+from shoal.services.engine.runner.kv_cache import bind_kv_caches, num_kv_blocks
 from shoal.services.engine.layers.cpu_weights import gguf_source, prepare_cpu_weights
-from shoal.services.engine.loader import load_weights
+from shoal.services.engine.runner.loader import load_weights
 from shoal.services.engine.model_limits import context_limit, resolve_max_model_len
 from shoal.services.engine.models.registry import model_class
-from shoal.services.engine.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput, TokenLogprob
-from shoal.services.engine.sampler import SeqState, logprob_entries, mix_seed, sample
+from shoal.services.engine.core.outputs import (RunnerOutput, ScheduledSeq, SchedulerOutput,
+                                               TokenLogprob)
+from shoal.services.engine.runner.sampler import SeqState, logprob_entries, mix_seed, sample
 from shoal.services.engine.spec_decode.runner_step import SpecStep
 
 log = logging.getLogger(__name__)

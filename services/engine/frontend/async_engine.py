@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.engine_core import EngineCore
-from shoal.services.engine.output_stream import OutputCollector, RequestStream, put_all
-from shoal.services.engine.request_state import EngineRequest
-from shoal.services.engine.request_output import EngineStats, RequestOutput, RequestOutputKind
+from shoal.services.engine.core.engine_core import EngineCore
+from shoal.services.engine.frontend.output_stream import OutputCollector, RequestStream, put_all
+from shoal.services.engine.core.request_state import EngineRequest
+from shoal.services.engine.core.request_output import EngineStats, RequestOutput, RequestOutputKind
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest, ShoalError, Unavailable
 

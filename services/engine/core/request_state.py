@@ -9,11 +9,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from shoal.services.engine.detokenizer import IncrementalDetokenizer
-from shoal.services.engine.request_output import (CompletionOutput, RequestMetrics, RequestOutput,
-                                                  RequestOutputKind)
+from shoal.services.engine.core.detokenizer import IncrementalDetokenizer
+from shoal.services.engine.core.request_output import (CompletionOutput, RequestMetrics,
+                                                       RequestOutput, RequestOutputKind)
 from shoal.services.engine.sampling_params import SamplingParams
-from shoal.services.engine.sequence import Sequence, SequenceStatus
+from shoal.services.engine.core.sequence import Sequence, SequenceStatus
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from shoal.services.engine.outputs import TokenLogprob
+from shoal.services.engine.core.outputs import TokenLogprob
 from shoal.services.engine.sampling_params import SamplingParams
 
 

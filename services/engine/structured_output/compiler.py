@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
-from shoal.services.engine.grammar_check import never_ending_rules
+from shoal.services.engine.structured_output.grammar_check import never_ending_rules
 from shoal.services.engine.sampling_params import StructuredOutputsParams
 from shoal.shared.errors import InvalidRequest
 

@@ -12,8 +12,8 @@ import bisect
 import torch
 from torch import nn
 
-from shoal.services.engine.attention import AttentionMetadata
-from shoal.services.engine.input_batch import ModelInputs
+from shoal.services.engine.layers.attention import AttentionMetadata
+from shoal.services.engine.runner.input_batch import ModelInputs
 
 MAX_GRAPH_BATCH = 512
 

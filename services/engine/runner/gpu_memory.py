@@ -10,9 +10,9 @@ import dataclasses
 import torch
 from torch import nn
 
-from shoal.services.engine.attention import AttentionMetadata
+from shoal.services.engine.layers.attention import AttentionMetadata
 from shoal.services.engine.config import ConfigError, EngineConfig
-from shoal.services.engine.kv_cache import attention_layers
+from shoal.services.engine.runner.kv_cache import attention_layers
 
 GRAPH_RESERVE_BYTES = 256 << 20
 """Kept back for the CUDA graphs' pool and the allocator's fragmentation."""

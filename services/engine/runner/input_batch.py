@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from shoal.kernels import Workspace
-from shoal.services.engine.attention import AttentionMetadata
-from shoal.services.engine.outputs import SchedulerOutput
+from shoal.services.engine.layers.attention import AttentionMetadata
+from shoal.services.engine.core.outputs import SchedulerOutput
 
 
 @dataclass(slots=True)

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.grammar_gate import GrammarGate
-from shoal.services.engine.outputs import RunnerOutput, SchedulerOutput
-from shoal.services.engine.request_output import EngineStats, RequestOutput, RequestOutputKind
-from shoal.services.engine.request_state import EngineRequest, RequestState
+from shoal.services.engine.core.grammar_gate import GrammarGate
+from shoal.services.engine.core.outputs import RunnerOutput, SchedulerOutput
+from shoal.services.engine.core.request_output import EngineStats, RequestOutput, RequestOutputKind
+from shoal.services.engine.core.request_state import EngineRequest, RequestState
 from shoal.services.engine.sampling_params import SamplingParams
-from shoal.services.engine.scheduler import Scheduler
-from shoal.services.engine.sequence import Sequence, SequenceStatus
+from shoal.services.engine.core.scheduler import Scheduler
+from shoal.services.engine.core.sequence import Sequence, SequenceStatus
 from shoal.shared.errors import InvalidRequest
 
 COMPILE_WAIT_S = 0.05
@@ -53,7 +53,7 @@ class EngineCore:
         showed its progress; else the core prepares config.model itself."""
         if runner is None:
             from shoal.services.engine.model_prep import prepare_model
-            from shoal.services.engine.model_runner import ModelRunner
+            from shoal.services.engine.runner.model_runner import ModelRunner
 
             if model_dir is None:
                 model_dir = prepare_model(config.model,

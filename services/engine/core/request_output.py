@@ -7,8 +7,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from shoal.services.engine.outputs import TokenLogprob
-from shoal.services.engine.spec_decode.stats import SpecDecodeStats
+from shoal.services.engine.core.outputs import TokenLogprob
+from shoal.services.engine.core.spec_decode_stats import SpecDecodeStats
 
 
 class RequestOutputKind(enum.Enum):

@@ -4,7 +4,9 @@
   the state machine) imports no nats, aiohttp, sqlalchemy or asyncpg;
 - the engine imports no other service; other services and the CLI reach it only through the names
   `shoal.services.engine` exports (its public API);
-- only `shoal` is installed at the top level.
+- only `shoal` is installed at the top level;
+- a `Sequence` is written only by the scheduler and the block manager (others read it, or ask the
+  scheduler through a method), so one step's state changes read in one place.
 """
 
 from __future__ import annotations
@@ -102,3 +104,64 @@ def test_no_top_level_shared_services_kernels_package_is_installed() -> None:
 
     assert Path(shoal.shared.__file__).parent == ROOT / "shared"
     assert Path(shoal.kernels.__file__).parent == ROOT / "kernels"
+
+
+SEQUENCE_WRITERS = {"services/engine/core/scheduler.py", "services/engine/core/block_manager.py",
+                    "services/engine/core/sequence.py"}
+"""The only modules that change a Sequence (sequence.py: its own `append_token`)."""
+MUTATORS = {"append", "extend", "clear", "pop", "insert", "remove", "sort", "reverse",
+            "append_token"}
+
+
+def sequence_writes(path: Path) -> list[str]:
+    """Assignments, deletions and in-place changes of a Sequence field on anything but `self`
+    (`seq.status = ...`, `del seq.token_ids[i:]`, `seq.block_ids.append(...)`)."""
+    from shoal.services.engine.core.sequence import Sequence
+
+    fields = set(Sequence.__dataclass_fields__)
+
+    def field_of(node: ast.AST) -> str | None:
+        while isinstance(node, ast.Subscript):
+            node = node.value
+        if (isinstance(node, ast.Attribute) and node.attr in fields
+                and not (isinstance(node.value, ast.Name) and node.value.id == "self")):
+            return node.attr
+        return None
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in MUTATORS):
+            owner = node.func.value
+            name = ("append_token" if node.func.attr == "append_token"
+                    and not (isinstance(owner, ast.Name) and owner.id == "self")
+                    else field_of(owner))
+            if name is not None:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+        for target in targets:
+            for part in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                name = field_of(part)
+                if name is not None:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+    return found
+
+
+def test_only_the_scheduler_and_block_manager_write_sequences() -> None:
+    """The engine's other modules that hold sequences (request state, engine core, grammar gate,
+    front ends, server) read them or ask the scheduler; the runner never sees one (outputs.py:
+    its SeqState has fields of the same names, so it is not scanned)."""
+    holders = [f for f in python_files(ENGINE)
+               if f.relative_to(ENGINE).parts[0] in ("frontend", "server")
+               or any(m == "shoal.services.engine.core.sequence" for m, _ in imports_of(f))]
+    assert ENGINE / "core" / "engine_core.py" in holders
+    writers = [w for f in holders if str(f.relative_to(ROOT)) not in SEQUENCE_WRITERS
+               for w in sequence_writes(f)]
+    assert not writers, writers
+    assert sequence_writes(ENGINE / "core" / "scheduler.py")  # the check sees writes at all

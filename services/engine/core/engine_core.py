@@ -136,7 +136,8 @@ class EngineCore:
         if req is None:
             return None
         self.scheduler.abort(request_id)
-        self.grammar_gate.discard(request_id)
+        for seq in self.grammar_gate.discard(request_id):
+            self.scheduler.finish(seq, SequenceStatus.FINISHED_ABORTED)
         for detok in req.detoks:
             detok.finish()
         del self._requests[request_id]
@@ -198,8 +199,8 @@ class EngineCore:
             return []
         ready, failed = self.grammar_gate.take_ready(
             0.0 if self.scheduler.has_unfinished() else COMPILE_WAIT_S)
-        for seqs in ready:
-            self.scheduler.add(seqs)
+        for seqs, params in ready:
+            self.scheduler.add(seqs, params)
         outputs = [self.abort(request_id) for request_id in failed]
         return [output for output in outputs if output is not None]
 
@@ -215,12 +216,9 @@ class EngineCore:
                          else None))
 
     def _detokenize(self, req: RequestState, seq: Sequence) -> None:
-        num_new, stop = req.detokenize(seq)
+        num_new, stop, keep = req.detokenize(seq)
         self._num_generation_tokens += num_new
         if stop is not None:
-            if seq.is_finished:  # finished by length in the same step: the stop string wins
-                seq.status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, stop
-            else:
-                self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED, stop)
+            self.scheduler.stop_at_string(seq, stop, keep)
         if seq.is_finished:
             req.detoks[seq.index].finish()

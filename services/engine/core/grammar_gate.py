@@ -13,8 +13,8 @@ from concurrent import futures
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from shoal.services.engine.sampling_params import StructuredOutputsParams
-from shoal.services.engine.core.sequence import Sequence, SequenceStatus
+from shoal.services.engine.core.sequence import Sequence
+from shoal.services.engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 if TYPE_CHECKING:
     from shoal.services.engine.structured_output.compiler import GrammarCompiler
@@ -66,21 +66,21 @@ class GrammarGate:
     def park(self, request_id: str, spec: StructuredOutputsParams, seqs: list[Sequence]) -> None:
         self._parked[request_id] = _Parked(self.compiler.compile(spec), seqs)
 
-    def discard(self, request_id: str) -> bool:
-        """Forget a parked request (aborted): its sequences end as aborted."""
+    def discard(self, request_id: str) -> list[Sequence]:
+        """Forget a parked request (aborted); returns its sequences, for the scheduler to end."""
         parked = self._parked.pop(request_id, None)
-        for seq in parked.seqs if parked is not None else []:
-            seq.status = SequenceStatus.FINISHED_ABORTED
-        return parked is not None
+        return parked.seqs if parked is not None else []
 
-    def take_ready(self, wait_s: float = 0.0) -> tuple[list[list[Sequence]], list[str]]:
-        """(the sequences of each request whose grammar is ready, now carrying it in
-        SamplingParams.compiled_grammar; the ids of requests whose compile failed, still
-        parked). Waits up to wait_s for a compile when none is ready."""
+    def take_ready(self, wait_s: float = 0.0
+                   ) -> tuple[list[tuple[list[Sequence], SamplingParams]], list[str]]:
+        """(for each request whose grammar is ready, its sequences and their params carrying it
+        in SamplingParams.compiled_grammar (the scheduler sets them when it adds them); the ids
+        of requests whose compile failed, still parked). Waits up to wait_s for a compile when
+        none is ready."""
         if wait_s > 0 and self._parked:
             futures.wait([p.grammar for p in self._parked.values()], timeout=wait_s,
                          return_when=futures.FIRST_COMPLETED)
-        ready: list[list[Sequence]] = []
+        ready: list[tuple[list[Sequence], SamplingParams]] = []
         failed: list[str] = []
         for request_id, parked in list(self._parked.items()):
             if not parked.grammar.done():
@@ -91,8 +91,6 @@ class GrammarGate:
                 failed.append(request_id)
                 continue
             del self._parked[request_id]
-            params = parked.seqs[0].params.with_compiled_grammar(parked.grammar.result())
-            for seq in parked.seqs:
-                seq.params = params
-            ready.append(parked.seqs)
+            ready.append((parked.seqs, parked.seqs[0].params.with_compiled_grammar(
+                parked.grammar.result())))
         return ready, failed

@@ -57,9 +57,11 @@ class RequestState:
     def is_finished(self) -> bool:
         return all(s.is_finished for s in self.seqs)
 
-    def detokenize(self, seq: Sequence) -> tuple[int, str | None]:
+    def detokenize(self, seq: Sequence) -> tuple[int, str | None, int | None]:
         """Hand a child's new output tokens to its detokenizer: (how many tokens were new, the
-        stop string found in the text, if any). The EOS or stop token is not part of the text."""
+        stop string found in the text, if any, and how many output tokens to keep: None for
+        all; fewer when several arrived at once and one before the last completed the stop).
+        The EOS or stop token is not part of the text. Reads seq only: the scheduler ends it."""
         params = self.request.params
         output_ids = seq.output_token_ids
         end = len(output_ids)
@@ -74,14 +76,14 @@ class RequestState:
             for i, token_id in enumerate(new_ids):
                 stop = detok.update([token_id], check_stop=start + i + 1 > params.min_tokens)
                 if stop is not None:  # the tokens after it are dropped, as if never sampled
-                    del seq.token_ids[seq.prompt_len + start + i + 1:]
-                    self.num_decoded[seq.index] = seq.num_output_tokens
-                    return seq.num_output_tokens - start, stop
+                    keep = start + i + 1
+                    self.num_decoded[seq.index] = keep
+                    return keep - start, stop, keep
             self.num_decoded[seq.index] = len(output_ids)
-            return len(output_ids) - start, None
+            return len(output_ids) - start, None, None
         self.num_decoded[seq.index] = len(output_ids)
         stop = detok.update(new_ids, check_stop=seq.num_output_tokens > params.min_tokens)
-        return len(output_ids) - start, stop
+        return len(output_ids) - start, stop, None
 
     def make_output(self, force: bool = False) -> RequestOutput | None:
         """This step's output (None for FINAL_ONLY until the request finishes, unless forced)."""

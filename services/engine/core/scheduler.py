@@ -81,15 +81,18 @@ class Scheduler:
                                      f"max_num_batched_tokens={self.max_num_batched_tokens} "
                                      f"tokens, this one up to {longest}", param="prompt")
 
-    def add(self, seqs: list[Sequence]) -> None:
+    def add(self, seqs: list[Sequence], params: SamplingParams | None = None) -> None:
         """Queue a request's sequences (n > 1 children share one prompt). The request passed
-        check_request at the engine's edge (EngineCore.process); it is not checked again."""
+        check_request at the engine's edge (EngineCore.process); it is not checked again.
+        params: replaces theirs (the grammar gate's, carrying the compiled grammar)."""
         first = seqs[0]
         if first.request_id in self.requests:
             raise InvalidRequest(f"request id {first.request_id!r} is already running",
                                  param="request_id")
         self.requests[first.request_id] = seqs
         for seq in seqs:
+            if params is not None:
+                seq.params = params
             seq.max_tokens = seq.params.max_tokens or self.max_model_len - seq.prompt_len
             self.seqs[seq.seq_id] = seq
             self.waiting.append(seq)
@@ -196,7 +199,8 @@ class Scheduler:
 
     def finish(self, seq: Sequence, status: SequenceStatus,
                stop_reason: int | str | None = None) -> None:
-        """Finish a sequence from outside (a stop string found by the detokenizer)."""
+        """Finish a sequence from outside, wherever it is (also one the scheduler never held:
+        a request aborted while its grammar compiled)."""
         if seq.is_finished:
             return
         if seq in self.running:
@@ -204,6 +208,19 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self._finish(seq, status, stop_reason)
+
+    def stop_at_string(self, seq: Sequence, stop: str,
+                       num_output_tokens: int | None = None) -> None:
+        """The detokenizer found a stop string in seq's text: it ends there, keeping its first
+        num_output_tokens output tokens (None: all; the tokens after the one that completed the
+        stop are dropped, as if never sampled). A sequence that finished by length in the same
+        step ends by the stop string instead: it wins."""
+        if num_output_tokens is not None:
+            del seq.token_ids[seq.prompt_len + num_output_tokens:]
+        if seq.is_finished:
+            seq.status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, stop
+        else:
+            self.finish(seq, SequenceStatus.FINISHED_STOPPED, stop)
 
     def abort(self, request_id: str) -> list[Sequence]:
         """Abort every unfinished sequence of a request, wherever it is; frees its blocks."""
@@ -296,8 +313,8 @@ class Scheduler:
         seq.stop_reason = stop_reason
         seq.finish_time = time.time()
         self.block_manager.free(seq)
-        self._finished_seq_ids.append(seq.seq_id)
-        self.seqs.pop(seq.seq_id, None)
+        if self.seqs.pop(seq.seq_id, None) is not None:  # the runner may have state for it
+            self._finished_seq_ids.append(seq.seq_id)
         group = self.requests.get(seq.request_id)
         if group is not None and all(s.is_finished for s in group):
             del self.requests[seq.request_id]

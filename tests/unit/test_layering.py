@@ -106,9 +106,10 @@ def test_no_top_level_shared_services_kernels_package_is_installed() -> None:
     assert Path(shoal.kernels.__file__).parent == ROOT / "kernels"
 
 
-SEQUENCE_WRITERS = {"services/engine/core/scheduler.py", "services/engine/core/block_manager.py",
-                    "services/engine/core/sequence.py"}
-"""The only modules that change a Sequence (sequence.py: its own `append_token`)."""
+SEQUENCE_WRITERS = {"services/engine/core/scheduler.py", "services/engine/core/step_update.py",
+                    "services/engine/core/block_manager.py", "services/engine/core/sequence.py"}
+"""The only modules that change a Sequence: the scheduler (step_update.py is its update from the
+runner's output), the block manager, and sequence.py's own `append_token`."""
 MUTATORS = {"append", "extend", "clear", "pop", "insert", "remove", "sort", "reverse",
             "append_token"}
 

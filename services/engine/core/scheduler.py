@@ -1,7 +1,9 @@
-"""Scheduler: continuous batching. Each step it gives every sequence min(num_tokens -
-num_computed_tokens, budget) tokens (vLLM's one token rule: no prefill or decode phase),
-running sequences first, then waiting ones; it preempts the newest running sequence by
-recompute when the KV pool runs out, and applies the runner's sampled tokens.
+"""Scheduler: continuous batching, and the only owner of sequence state. Each step it gives every
+sequence min(num_tokens - num_computed_tokens, budget) tokens (vLLM's one token rule: no prefill
+or decode phase), running sequences first, then waiting ones, and preempts the newest running
+sequence by recompute when the KV pool runs out (`schedule`); then it applies the runner's
+results (`update`, per sequence in step_update.py) and ends sequences (`_finish`). The requests
+it refuses are request_checks.py's.
 """
 
 from __future__ import annotations
@@ -9,13 +11,15 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.core.block_manager import BlockManager
 from shoal.services.engine.core.block_pool import Block
-from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.core.outputs import RunnerOutput, ScheduledSeq, SchedulerOutput
-from shoal.services.engine.sampling_params import SamplingParams
+from shoal.services.engine.core.request_checks import RequestLimits
 from shoal.services.engine.core.sequence import Sequence, SequenceStatus
 from shoal.services.engine.core.spec_decode_stats import SpecDecodeStats
+from shoal.services.engine.core.step_update import StopRule, apply_step
+from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest
 
 _BLOCKED = object()
@@ -45,6 +49,9 @@ class Scheduler:
         self.num_spec_tokens = spec.num_speculative_tokens if spec is not None else 0
         self.spec_disable_by_batch_size = spec.disable_by_batch_size if spec is not None else None
         self.spec_stats = SpecDecodeStats(self.num_spec_tokens)
+        self.limits = RequestLimits(max_model_len, num_kv_blocks, config.block_size,
+                                    config.max_num_batched_tokens, config.enable_chunked_prefill)
+        self.stops = StopRule(eos_token_ids, max_model_len)
 
     @property
     def num_running(self) -> int:
@@ -61,25 +68,7 @@ class Scheduler:
 
     def check_request(self, prompt_len: int, params: SamplingParams) -> None:
         """Refuse (InvalidRequest) a request that could never run; never truncate it."""
-        if prompt_len < 1:
-            raise InvalidRequest("the prompt must contain at least one token", param="prompt")
-        wanted = prompt_len + (params.max_tokens or 1)
-        if wanted > self.max_model_len:
-            raise InvalidRequest(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"you requested {wanted} tokens ({prompt_len} in the prompt, "
-                f"{params.max_tokens or 1} for the completion).",
-                param="prompt" if prompt_len >= self.max_model_len else "max_tokens")
-        pool = self.block_manager
-        if pool.blocks_needed(wanted) > pool.pool.num_blocks:
-            raise InvalidRequest(f"the request needs {wanted} tokens of KV cache but the pool "
-                                 f"holds {pool.pool.num_blocks * pool.block_size}", param="prompt")
-        if not self.enable_chunked_prefill:
-            longest = prompt_len + (params.max_tokens or self.max_model_len - prompt_len)
-            if longest > self.max_num_batched_tokens:
-                raise InvalidRequest(f"without chunked prefill a request may use at most "
-                                     f"max_num_batched_tokens={self.max_num_batched_tokens} "
-                                     f"tokens, this one up to {longest}", param="prompt")
+        self.limits.check(prompt_len, params)
 
     def add(self, seqs: list[Sequence], params: SamplingParams | None = None) -> None:
         """Queue a request's sequences (n > 1 children share one prompt). The request passed
@@ -145,23 +134,13 @@ class Scheduler:
             seq = self.seqs.get(s.seq_id)
             if seq is None or seq.status is not SequenceStatus.RUNNING:
                 continue
-            if s.num_spec_tokens:
-                self._apply_spec(seq, s, run, now)
-                any_finished = any_finished or seq.is_finished
+            finish = apply_step(seq, s, run, self.block_manager, self.stops, self.spec_stats,
+                                now)
+            if finish is not None:
+                self._finish(seq, *finish)
+                any_finished = True
+            if s.is_sampling or s.num_spec_tokens:
                 changed.append(seq)
-                continue
-            seq.num_computed_tokens += len(s.token_ids)
-            if s.want_prompt_logprobs:
-                seq.prompt_logprobs.extend(run.prompt_logprobs.get(s.seq_id, []))
-            self.block_manager.cache_full_blocks(seq)
-            if not s.is_sampling:
-                continue
-            seq.append_token(run.sampled_token_ids[s.seq_id], run.logprobs.get(s.seq_id))
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            self._check_stop(seq)
-            any_finished = any_finished or seq.is_finished
-            changed.append(seq)
         if any_finished:
             self.running = [seq for seq in self.running if not seq.is_finished]
         return changed
@@ -175,27 +154,6 @@ class Scheduler:
             return 0
         return max(0, min(self.num_spec_tokens, seq.max_tokens - seq.num_output_tokens - 1,
                           self.max_model_len - seq.num_tokens, budget - 1))
-
-    def _apply_spec(self, seq: Sequence, s: ScheduledSeq, run: RunnerOutput, now: float) -> None:
-        """A verified step: the fed token and the accepted drafts now have KV; the accepted
-        drafts and the target's next token are appended one by one (a stop ends it there); the
-        blocks reserved for rejected drafts go back to the pool."""
-        accepted = run.spec_token_ids.get(s.seq_id, [])
-        self.spec_stats.observe(run.num_draft_tokens.get(s.seq_id, 0), len(accepted))
-        seq.num_computed_tokens += len(s.token_ids) + len(accepted)
-        seq.token_ids.extend(accepted)  # register the full blocks over the accepted tokens ...
-        self.block_manager.cache_full_blocks(seq)
-        if accepted:
-            del seq.token_ids[-len(accepted):]  # ... then append them as sampled tokens
-        for token in [*accepted, run.sampled_token_ids[s.seq_id]]:
-            seq.append_token(token)
-            self._check_stop(seq)
-            if seq.is_finished:
-                break
-        if seq.first_token_time is None:
-            seq.first_token_time = now
-        if not seq.is_finished:
-            self.block_manager.trim(seq)
 
     def finish(self, seq: Sequence, status: SequenceStatus,
                stop_reason: int | str | None = None) -> None:
@@ -296,16 +254,6 @@ class Scheduler:
             seq.prompt_logprobs.clear()  # partial: the recompute produces them again
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
-
-    def _check_stop(self, seq: Sequence) -> None:
-        token, params = seq.token_ids[-1], seq.params
-        if seq.num_output_tokens >= params.min_tokens:
-            if not params.ignore_eos and token in self.eos_token_ids:
-                return self._finish(seq, SequenceStatus.FINISHED_STOPPED)
-            if token in params.stop_token_ids:
-                return self._finish(seq, SequenceStatus.FINISHED_STOPPED, stop_reason=token)
-        if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
-            self._finish(seq, SequenceStatus.FINISHED_LENGTH)
 
     def _finish(self, seq: Sequence, status: SequenceStatus,
                 stop_reason: int | str | None = None) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 from shoal.services.engine.core.detokenizer import IncrementalDetokenizer
-from shoal.services.engine.core.engine_core import load_tokenizer
+from shoal.services.engine.frontend.tokenizer import load_tokenizer
 from shoal.services.engine.model_prep import prepare_model, smollm2_gguf_path
 from shoal.services.engine.sampling_params import SamplingParams
 

@@ -6,6 +6,9 @@ A request is checked once, at the engine's edge: `process()` refuses what could 
 returns an EngineRequest, which `add()` queues without checking again. A request with structured
 outputs waits outside the scheduler until its grammar is compiled (on the compiler's thread),
 then enters the waiting queue carrying it.
+
+The core is handed its runner and tokenizer (frontend/core_builder.py builds them): it imports
+no torch, no model code and no tokenizer library (tests/unit/test_layering.py).
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ COMPILE_WAIT_S = 0.05
 
 
 class Runner(Protocol):
-    """What EngineCore needs of the model runner (model_runner.ModelRunner, or a test fake)."""
+    """What EngineCore needs of the model runner (runner/model_runner.ModelRunner, the
+    distributed executor, or a test fake)."""
 
     max_model_len: int
     num_kv_blocks: int
@@ -40,32 +44,10 @@ class Runner(Protocol):
     def execute(self, out: SchedulerOutput) -> RunnerOutput: ...
 
 
-def load_tokenizer(path: str | Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path))
-
-
 class EngineCore:
-    def __init__(self, config: EngineConfig, *, runner: Runner | None = None,
-                 tokenizer: Any = None, model_dir: Path | None = None) -> None:
-        """model_dir: the model already prepared (model_prep.prepare_model) by the caller, which
-        showed its progress; else the core prepares config.model itself."""
-        if runner is None:
-            from shoal.services.engine.model_prep import prepare_model
-            from shoal.services.engine.runner.model_runner import ModelRunner
-
-            if model_dir is None:
-                model_dir = prepare_model(config.model,
-                                          Path(config.cache_dir) if config.cache_dir else None)
-            if config.tensor_parallel_size * config.pipeline_parallel_size > 1:
-                from shoal.services.engine.distributed.executor import MultiprocExecutor
-
-                runner = MultiprocExecutor(config, model_dir)
-            else:
-                runner = ModelRunner(config, model_dir)
-        if tokenizer is None:
-            tokenizer = load_tokenizer(config.tokenizer or model_dir or config.model)
+    def __init__(self, config: EngineConfig, *, runner: Runner, tokenizer: Any,
+                 model_dir: Path | None = None) -> None:
+        """model_dir: the prepared model folder the runner loaded (None for a test's runner)."""
         self.config = config
         self.model_dir = model_dir
         self.runner = runner

@@ -16,6 +16,7 @@ from typing import Any
 
 from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.core.engine_core import EngineCore
+from shoal.services.engine.frontend.core_builder import build_core
 from shoal.services.engine.frontend.output_stream import OutputCollector, RequestStream, put_all
 from shoal.services.engine.core.request_state import EngineRequest
 from shoal.services.engine.core.request_output import EngineStats, RequestOutput, RequestOutputKind
@@ -32,7 +33,7 @@ class AsyncEngine:
 
     def __init__(self, config: EngineConfig | None = None, *, core: EngineCore | None = None,
                  model_dir: Path | None = None) -> None:
-        """model_dir: the model already prepared by the caller (see EngineCore)."""
+        """model_dir: the model already prepared by the caller (see build_core)."""
         if core is None and config is None:
             raise ValueError("AsyncEngine needs an EngineConfig or an EngineCore")
         self._lock = threading.Lock()
@@ -49,7 +50,7 @@ class AsyncEngine:
         def build_then_run() -> None:
             if not built:
                 try:
-                    built.append(EngineCore(config, model_dir=model_dir))  # type: ignore[arg-type]
+                    built.append(build_core(config, model_dir=model_dir))  # type: ignore[arg-type]
                 except BaseException as exc:  # handed to the constructor, which raises it
                     built.append(exc)
             ready = built[0]

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from shoal.services.engine.frontend.chat import Message, render_chat
+from shoal.services.engine.frontend.core_builder import build_core
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.core.engine_core import EngineCore, Runner
+from shoal.services.engine.core.engine_core import Runner
 from shoal.services.engine.core.request_output import RequestOutput, RequestOutputKind
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest
@@ -27,7 +28,7 @@ class LLM:
         model runner and tokenizer (tests). With tp * pp > 1 the other ranks run as processes on
         this machine until shutdown() (or the `with` block's end)."""
         self.config = EngineConfig(model=model, **engine_args)
-        self.engine = EngineCore(self.config, runner=runner, tokenizer=tokenizer_obj)
+        self.engine = build_core(self.config, runner=runner, tokenizer=tokenizer_obj)
         self._request_ids = itertools.count()
 
     def shutdown(self) -> None:

@@ -22,7 +22,7 @@ from opentelemetry.trace import Span
 from shoal.services.engine.frontend.async_engine import AsyncEngine
 from shoal.services.engine.frontend.output_stream import RequestStream
 from shoal.services.engine.frontend.chat import render_chat
-from shoal.services.engine.core.engine_core import load_tokenizer
+from shoal.services.engine.frontend.tokenizer import load_tokenizer
 from shoal.services.engine.core.outputs import TokenLogprob
 from shoal.services.engine.core.request_output import RequestOutput
 from shoal.services.engine.sampling_params import SamplingParams

@@ -127,12 +127,12 @@ async def start_engine(settings: Settings, reporter: InstanceReporter, model: Mo
 
 def _multi_worker_engine(ranks: RankCoordinator, model_dir: Path) -> AsyncEngine:
     from shoal.services.engine.distributed.executor import MultiprocExecutor
-    from shoal.services.engine.core.engine_core import EngineCore
+    from shoal.services.engine.frontend.core_builder import build_core
 
     executor = MultiprocExecutor(ranks.config, model_dir, local_ranks=ranks.local_ranks,
                                  peer_failures=ranks.failures)
     try:
-        core = EngineCore(ranks.config, runner=executor, model_dir=model_dir)
+        core = build_core(ranks.config, runner=executor, model_dir=model_dir)
     except BaseException:
         executor.close(graceful=False)
         raise

@@ -19,7 +19,7 @@ from shoal.services.engine.core.outputs import TokenLogprob
 from shoal.services.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from shoal.services.engine.structured_output.compiler import GrammarState
+    from shoal.services.engine.structured_output.matcher import GrammarState
 
 
 @dataclass(slots=True)
@@ -92,7 +92,7 @@ def sample(logits: torch.Tensor, states: list[SeqState], eos_token_ids: frozense
 def _apply_grammars(logits: torch.Tensor, states: list[SeqState], rows: list[int]) -> None:
     """Mask the constrained rows: each sequence's matcher (made at its first sample) catches up
     with its output tokens, then forbids what its grammar does not allow next."""
-    from shoal.services.engine.structured_output.compiler import GrammarState, apply_bitmask
+    from shoal.services.engine.structured_output.matcher import GrammarState, apply_bitmask
 
     grammars = []
     for i in rows:

@@ -14,10 +14,10 @@ import xgrammar as xgr
 
 from shoal.services.engine.runner.sampler import SeqState, sample
 from shoal.services.engine.sampling_params import SamplingParams, StructuredOutputsParams
-from shoal.services.engine.structured_output import compiler
-from shoal.services.engine.structured_output.compiler import (GrammarCompiler, GrammarState,
-                                                              apply_bitmask, choice_ebnf,
+from shoal.services.engine.structured_output import matcher
+from shoal.services.engine.structured_output.compiler import (GrammarCompiler, choice_ebnf,
                                                               to_grammar)
+from shoal.services.engine.structured_output.matcher import GrammarState, apply_bitmask
 from shoal.shared.errors import InvalidRequest
 
 VOCAB = ["a", "b", "c", "1", "2", "{", "}", '"', ":", " ", "ab", "<eos>", "x"]
@@ -309,8 +309,8 @@ def test_unconstrained_batches_do_no_grammar_work(monkeypatch) -> None:
     def boom(*args: object) -> None:
         raise AssertionError("bitmask work for an unconstrained batch")
 
-    monkeypatch.setattr(compiler, "apply_bitmask", boom)
-    monkeypatch.setattr(compiler.GrammarState, "create", boom)
+    monkeypatch.setattr(matcher, "apply_bitmask", boom)
+    monkeypatch.setattr(matcher.GrammarState, "create", boom)
     states = [SeqState(params=SamplingParams(temperature=0.0), token_ids=[1], prompt_len=1)
               for _ in range(3)]
     logits = torch.randn(3, len(VOCAB))

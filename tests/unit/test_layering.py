@@ -6,7 +6,12 @@
   `shoal.services.engine` exports (its public API);
 - only `shoal` is installed at the top level;
 - a `Sequence` is written only by the scheduler and the block manager (others read it, or ask the
-  scheduler through a method), so one step's state changes read in one place.
+  scheduler through a method), so one step's state changes read in one place;
+- the engine's folders by role (docs/engine-core.md "Layout"): core/ imports no torch (nor
+  anything that loads it) and no runner, front end or server; the model side (runner/, models/,
+  layers/, distributed/, spec_decode/, embedding/, structured_output/) reaches the core only
+  through its contract (core/outputs.py) and imports no front end or server; frontend/ imports
+  no server; the shared top-level modules import no folder of the engine.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import ast
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -166,3 +172,97 @@ def test_only_the_scheduler_and_block_manager_write_sequences() -> None:
                for w in sequence_writes(f)]
     assert not writers, writers
     assert sequence_writes(ENGINE / "core" / "scheduler.py")  # the check sees writes at all
+
+
+E = "shoal.services.engine"
+BASE = {f"{E}.{name}" for name in ("config", "sampling_params", "model_limits", "model_prep")}
+"""The top-level modules every part shares."""
+MODEL_SIDE = ("runner", "models", "layers", "distributed", "spec_decode", "embedding",
+              "structured_output")
+HEAVY = {"torch", "triton", "transformers", "xgrammar", "safetensors", "gguf", "nats"}
+"""What the core never imports: torch, and the libraries that load it."""
+
+
+def engine_imports(path: Path) -> list[tuple[str, int, bool]]:
+    """(module, line, at module level) of every import of an engine module in the file; relative
+    imports resolved. At module level: outside functions and `if TYPE_CHECKING:`."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = ".".join(["shoal", *path.relative_to(ROOT).with_suffix("").parts[:-1]])
+    lazy: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or (
+                isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)):
+            lazy |= {id(n) for n in ast.walk(node) if n is not node}
+    found = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            names = [base]
+        found += [(name, node.lineno, id(node) not in lazy) for name in names]
+    return found
+
+
+def folder_of(path: Path) -> str:
+    """The engine folder a file belongs to ("" for the top-level modules)."""
+    parts = path.relative_to(ENGINE).parts
+    return parts[0] if len(parts) > 1 else ""
+
+
+def engine_files(*folders: str) -> list[Path]:
+    files = [f for f in python_files(ENGINE) if folder_of(f) in folders]
+    assert files, folders
+    return files
+
+
+def test_the_core_imports_no_torch_and_no_other_part() -> None:
+    """core/ is torch-free scheduling and KV bookkeeping: it imports the core, the shared
+    top-level modules, and (lazily, at the first constrained request) the grammar compiler."""
+    offenders = []
+    for path in engine_files("core"):
+        for module, line, top in engine_imports(path):
+            where = f"{path.relative_to(ROOT)}:{line} {module}"
+            if module.split(".")[0] in HEAVY:
+                offenders.append(where)
+            elif module == f"{E}.structured_output.compiler":
+                if top:
+                    offenders.append(where + " (only lazily: it loads xgrammar and torch)")
+            elif module.startswith(E) and not (module.startswith(f"{E}.core") or module in BASE):
+                offenders.append(where)
+    assert not offenders, offenders
+
+
+def test_importing_the_core_loads_no_torch() -> None:
+    modules = [".".join(["shoal", *f.relative_to(ROOT).with_suffix("").parts])
+               for f in engine_files("core")]
+    probe = ("import importlib, sys\n"
+             f"for m in {modules!r}: importlib.import_module(m)\n"
+             f"print(sorted(m for m in {sorted(HEAVY)!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_folders_import_in_one_direction() -> None:
+    """The model side knows the core only by its contract (core/outputs.py: it never sees a
+    Sequence); nothing but the server imports the server, and only the front ends and the
+    server import the front ends."""
+    offenders = []
+    rules: list[tuple[tuple[str, ...], Callable[[str], bool]]] = [
+        (MODEL_SIDE, lambda m: (m.startswith(f"{E}.core") and m != f"{E}.core.outputs")
+         or m.startswith((f"{E}.frontend", f"{E}.server"))),
+        (("frontend",), lambda m: m.startswith(f"{E}.server")),
+        (("",), lambda m: m.startswith(E) and m not in BASE and m != E),
+    ]
+    for folders, forbidden in rules:
+        for path in engine_files(*folders):
+            if path.name == "__init__.py" and folder_of(path) == "":
+                continue  # the package's public names resolve lazily into every part
+            offenders += [f"{path.relative_to(ROOT)}:{line} {module}"
+                          for module, line, _ in engine_imports(path) if forbidden(module)]
+    assert not offenders, offenders

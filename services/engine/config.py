@@ -3,11 +3,14 @@ ENGINE_DEFAULTS, the values of the knobs left unset, which the scheduler's claim
 Torch-free, so the scheduler imports it without loading the model code.
 
 Nothing below the entry point reads the environment: the CLI, `LLM(...)` or the engine process
-builds this object and passes it down (docs/architecture.md "Config objects").
+builds this object and passes it down (docs/architecture.md "Config objects"). The one setting
+the environment gives, OMP_NUM_THREADS for an unset `num_threads`, is read here, when the object
+is built.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from shoal.shared.errors import InvalidRequest
@@ -81,7 +84,8 @@ class EngineConfig:
     cache_dir: str | None = None
     """Where converted models (GGUF -> safetensors) are cached; default ~/.cache/shoal/models."""
     num_threads: int | None = None
-    """torch intra-op threads; None on CPU = OMP_NUM_THREADS when set, else every usable core
+    """torch intra-op threads. Unset: OMP_NUM_THREADS when the building process has it set to a
+    positive count (read when this object is built), else None: on CPU every usable core
     (vLLM-CPU's rule; services/engine/runner/cpu_threads.py)."""
     enforce_eager: bool = False
     """Disable CUDA graphs (CUDA path only)."""
@@ -118,6 +122,8 @@ class EngineConfig:
         except InvalidRequest as exc:
             raise ConfigError(exc.message, param="speculative_config") from None
         object.__setattr__(self, "speculative_config", spec)
+        if self.num_threads is None:
+            object.__setattr__(self, "num_threads", omp_num_threads())
         def refuse(field: str, rule: str) -> None:
             raise ConfigError(f"{field} must be {rule}, got {getattr(self, field)!r}", param=field)
 
@@ -155,3 +161,10 @@ class EngineConfig:
                     "without chunked prefill max_num_batched_tokens must be >= max_model_len "
                     f"({self.max_num_batched_tokens} < {self.max_model_len})",
                     param="max_num_batched_tokens")
+
+
+def omp_num_threads() -> int | None:
+    """OMP_NUM_THREADS when set to a positive integer (the user's thread count for every
+    OpenMP program), else None."""
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(env) if env.isdigit() and int(env) > 0 else None

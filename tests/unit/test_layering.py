@@ -11,7 +11,9 @@
   anything that loads it) and no runner, front end or server; the model side (runner/, models/,
   layers/, distributed/, spec_decode/, embedding/, structured_output/) reaches the core only
   through its contract (core/outputs.py) and imports no front end or server; frontend/ imports
-  no server; the shared top-level modules import no folder of the engine.
+  no server; the shared top-level modules import no folder of the engine;
+- no engine module reads the environment but EngineConfig (docs/architecture.md "Config
+  objects").
 """
 
 from __future__ import annotations
@@ -265,4 +267,21 @@ def test_the_folders_import_in_one_direction() -> None:
                 continue  # the package's public names resolve lazily into every part
             offenders += [f"{path.relative_to(ROOT)}:{line} {module}"
                           for module, line, _ in engine_imports(path) if forbidden(module)]
+    assert not offenders, offenders
+
+
+ENVIRONMENT_READERS = {"services/engine/config.py", "services/engine/distributed/executor.py"}
+"""EngineConfig (OMP_NUM_THREADS, when num_threads is not given), and the executor, which hands
+its own environment on to the ranks it spawns."""
+
+
+def test_no_engine_module_below_the_entry_point_reads_the_environment() -> None:
+    offenders = []
+    for path in python_files(ENGINE):
+        if str(path.relative_to(ROOT)) in ENVIRONMENT_READERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id == "os" and node.attr in ("environ", "getenv", "environb")):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} os.{node.attr}")
     assert not offenders, offenders

@@ -15,18 +15,15 @@ def default_cpu_threads() -> int:
     On a quiet 2-core machine two threads decode about 1.7x faster than one (docs/figures.md,
     issue 13). On a machine shared with other busy processes, OpenMP's barriers wait on
     descheduled threads and steps slow down many times over: there, set `num_threads` (or
-    OMP_NUM_THREADS) to the cores the engine really has."""
+    OMP_NUM_THREADS, which EngineConfig reads) to the cores the engine really has."""
     return max(1, len(os.sched_getaffinity(0)))
 
 
 def cpu_threads(requested: int | None) -> tuple[int, str]:
-    """(torch intra-op threads, where the number came from): `num_threads`, else
-    OMP_NUM_THREADS when set to a positive integer, else every usable core."""
+    """(torch intra-op threads, where the number came from): EngineConfig.num_threads (given, or
+    OMP_NUM_THREADS, which EngineConfig reads when it is built), else every usable core."""
     if requested:
         return requested, "num_threads"
-    env = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if env.isdigit() and int(env) > 0:
-        return int(env), "OMP_NUM_THREADS"
     return default_cpu_threads(), "default: every usable core"
 
 

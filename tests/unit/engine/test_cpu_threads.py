@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.runner.cpu_threads import (
     ContentionGuard, busy_cpu_seconds, cpu_list, cpu_threads, default_cpu_threads,
     other_cpu_seconds,
@@ -22,12 +23,16 @@ def test_every_usable_core_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_num_threads_then_omp_num_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OMP_NUM_THREADS is read where the EngineConfig is built (the entry point), not by the
+    runner: the runner's count is the config's, or every usable core."""
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert EngineConfig(model="m", num_threads=5).num_threads == 5
+    assert EngineConfig(model="m").num_threads == 3
     assert cpu_threads(5) == (5, "num_threads")
-    assert cpu_threads(None) == (3, "OMP_NUM_THREADS")
+    assert cpu_threads(None) == (default_cpu_threads(), "default: every usable core")
     for junk in ("0", "", "two", "2,1"):  # not a positive count: the default
         monkeypatch.setenv("OMP_NUM_THREADS", junk)
-        assert cpu_threads(None) == (default_cpu_threads(), "default: every usable core")
+        assert EngineConfig(model="m").num_threads is None
 
 
 def test_cpu_list_prints_ranges() -> None:

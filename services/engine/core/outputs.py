@@ -1,9 +1,10 @@
 """The data that crosses between the engine scheduler and the model runner, once per step.
 
 `scheduler.schedule() -> SchedulerOutput`, `runner.execute(SchedulerOutput) -> RunnerOutput`,
-`scheduler.update(SchedulerOutput, RunnerOutput) -> list[SeqUpdate]` (docs/engine-core.md "One
-step, three calls"). Plain frozen data: ints and lists, no tensors, no Sequence objects, so the
-runner can later live in another process (tensor parallelism) without changing the contract.
+`scheduler.update(SchedulerOutput, RunnerOutput) -> list[Sequence]` (the sequences that changed,
+which the engine core then detokenizes; docs/engine-core.md "One step, three calls"). Plain
+frozen data: ints and lists, no tensors, no Sequence objects, so the runner can live in other
+processes (tensor and pipeline parallelism) without changing the contract.
 """
 
 from __future__ import annotations

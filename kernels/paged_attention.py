@@ -124,18 +124,20 @@ def _decode_batch(q: torch.Tensor, q_rows: torch.Tensor | None, k_cache: torch.T
     num_blocks = max(-(-lens[i] // block_size) - b
                      for i, b in zip(decodes, first_blocks, strict=True))
     q_src = q if q_rows is None else q_rows
+    device = q.device  # every index and mask made here lives beside the inputs (the CUDA path)
     if n == len(lens):  # the common all-decode step: no index gathers on the small tensors
         tables, ctx_lens, q_d = block_tables, seq_lens, q_src
     else:
-        seq_idx = torch.tensor(decodes, dtype=torch.int64)
-        tok_idx = torch.tensor([starts[i] for i in decodes], dtype=torch.int64)
+        seq_idx = torch.tensor(decodes, dtype=torch.int64, device=device)
+        tok_idx = torch.tensor([starts[i] for i in decodes], dtype=torch.int64, device=device)
         tables = block_tables.index_select(0, seq_idx)
         ctx_lens, q_d = seq_lens.index_select(0, seq_idx), q_src.index_select(0, tok_idx)
     max_len = num_blocks * block_size
-    key_pos = torch.arange(max_len)[None, :]  # [1, max_len] position within the gathered keys
+    key_pos = torch.arange(max_len, device=device)[None, :]  # [1, max_len] within the gathered keys
     if any(first_blocks):  # a window starts past block 0: shift each row of the table
-        first = torch.tensor(first_blocks, dtype=torch.int64)[:, None]  # [n, 1]
-        cols = (first + torch.arange(num_blocks)[None, :]).clamp_(max=tables.shape[1] - 1)
+        first = torch.tensor(first_blocks, dtype=torch.int64, device=device)[:, None]  # [n, 1]
+        cols = first + torch.arange(num_blocks, device=device)[None, :]
+        cols = cols.clamp_(max=tables.shape[1] - 1)
         tables = torch.gather(tables, 1, cols)  # [n, num_blocks]; clamped columns are masked
         key_pos = key_pos + first * block_size  # [n, max_len] absolute key positions
     else:
@@ -213,8 +215,8 @@ def prefill_chunk(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if q_len == seq_len and (window is None or window >= seq_len):  # a whole prompt: causal
         o = F.scaled_dot_product_attention(q_i, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     else:  # query j (position seq_len - q_len + j) sees keys up to its position, in the window
-        q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
-        k_pos = torch.arange(base, seq_len)[None, :]
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
+        k_pos = torch.arange(base, seq_len, device=q.device)[None, :]
         mask = k_pos <= q_pos  # [q_len, seq_len - base]
         if window is not None:
             mask &= k_pos > q_pos - window

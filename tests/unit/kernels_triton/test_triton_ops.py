@@ -16,7 +16,8 @@ from shoal.services.engine.runner.model_runner import ModelRunner
 from shoal.services.engine.core.outputs import ScheduledSeq, SchedulerOutput
 from shoal.services.engine.sampling_params import SamplingParams
 from tests.tiny_models import VOCAB, save_tiny_model, with_config
-from tests.unit.kernels_triton.triton_helpers import DEVICE
+from tests.unit.kernels_triton.triton_helpers import (DEVICE, fresh_generator,
+                                                        tensors_beside_inputs)
 
 OPS = ["reshape_and_cache", "paged_attention", "rms_norm", "apply_rotary"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
@@ -60,30 +61,38 @@ def _blocks(i: int) -> list[int]:
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
 def test_tiny_model_greedy_parity(arch: str, tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """Same greedy tokens and close logits: a chunked prompt next to a whole one, then decodes."""
+    """Same greedy tokens and close logits: a chunked prompt next to a whole one, then decodes;
+    every step under tensors_beside_inputs, so a tensor either op set makes on the wrong device
+    fails here on the CPU as it would on a GPU."""
     folder = save_tiny_model(arch, tmp_path / arch)
     if arch == "mistral":
         folder = with_config(folder, tmp_path / "windowed", sliding_window=6)
     runners = [_runner(folder, TORCH_OPS, monkeypatch),
                _runner(folder, select_ops(DEVICE, force="triton"), monkeypatch)]
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (5, 14)]
     results = []
     for runner in runners:
-        tokens = [list(p) for p in prompts]
-        out = SchedulerOutput([ScheduledSeq(0, prompts[0], 0, _blocks(0), True, 5, GREEDY),
-                               ScheduledSeq(1, prompts[1][:9], 0, _blocks(1), False, 14, GREEDY)])
-        runner.execute(out)
-        out = SchedulerOutput([ScheduledSeq(1, prompts[1][9:], 9, _blocks(1), True, 14, GREEDY)])
-        tokens[1].append(runner.execute(out).sampled_token_ids[1])
-        out = SchedulerOutput([ScheduledSeq(0, prompts[0], 0, _blocks(0), True, 5, GREEDY)])
-        tokens[0].append(runner.execute(out).sampled_token_ids[0])
-        for _ in range(5):
-            out = SchedulerOutput([ScheduledSeq(i, [t[-1]], len(t) - 1, _blocks(i), True,
-                                                len(prompts[i]), GREEDY)
-                                   for i, t in enumerate(tokens)])
-            sampled = runner.execute(out).sampled_token_ids
-            for i, t in enumerate(tokens):
-                t.append(sampled[i])
-        results.append(tokens)
+        with tensors_beside_inputs():
+            results.append(_greedy(runner, prompts))
     assert results[0] == results[1]
+
+
+def _greedy(runner: ModelRunner, prompts: list[list[int]]) -> list[list[int]]:
+    """Prompt 0 whole beside prompt 1's first chunk, prompt 1's rest, then five decodes."""
+    tokens = [list(p) for p in prompts]
+    out = SchedulerOutput([ScheduledSeq(0, prompts[0], 0, _blocks(0), True, 5, GREEDY),
+                           ScheduledSeq(1, prompts[1][:9], 0, _blocks(1), False, 14, GREEDY)])
+    runner.execute(out)
+    out = SchedulerOutput([ScheduledSeq(1, prompts[1][9:], 9, _blocks(1), True, 14, GREEDY)])
+    tokens[1].append(runner.execute(out).sampled_token_ids[1])
+    out = SchedulerOutput([ScheduledSeq(0, prompts[0], 0, _blocks(0), True, 5, GREEDY)])
+    tokens[0].append(runner.execute(out).sampled_token_ids[0])
+    for _ in range(5):
+        out = SchedulerOutput([ScheduledSeq(i, [t[-1]], len(t) - 1, _blocks(i), True,
+                                            len(prompts[i]), GREEDY)
+                               for i, t in enumerate(tokens)])
+        sampled = runner.execute(out).sampled_token_ids
+        for i, t in enumerate(tokens):
+            t.append(sampled[i])
+    return tokens

@@ -3,10 +3,15 @@ and a random paged-cache case (scattered blocks, one spare block-table column)."
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -14,6 +19,29 @@ DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if HAS_CUDA else [])
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (none here): "
                                 "GPU-only check skipped, the interpreter runs the rest")
+
+
+class _OneDevice(TorchDispatchMode):
+    """Refuses any op whose tensors sit on two devices (a CPU 0-dim scalar aside, which CUDA ops
+    take too), naming the op."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        devices = {t.device for t in pytree.tree_leaves((args, kwargs))
+                   if isinstance(t, torch.Tensor) and not (t.device.type == "cpu" and t.dim() == 0)}
+        if len(devices) > 1:
+            raise AssertionError(f"{func} mixes tensors on {sorted(map(str, devices))}: a tensor "
+                                 "was made without taking its device from an input")
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def tensors_beside_inputs() -> Iterator[None]:
+    """The CUDA path's device plumbing, checked without a GPU: every tensor made without a device
+    lands on `meta`, and an op mixing it with the (CPU or CUDA) inputs fails with the op's name.
+    The first GPU run's `cuda:0 and cpu` failure (an `arange` for the prefill mask) is this."""
+    with _OneDevice(), torch.device("meta"):
+        yield
 
 
 def fresh_generator() -> torch.Generator:

@@ -138,10 +138,13 @@ class MultiprocExecutor:
         return {rank: p.returncode for rank, p in self.procs.items() if p.poll() is not None}
 
     def close(self, graceful: bool = True) -> None:
-        """Tell the ranks to stop (a None step), then reap them; kill what does not exit."""
+        """Tell the ranks to stop (a None step), then reap them; kill what does not exit; free
+        rank 0's model and KV cache, held in this process."""
         if getattr(self, "_closed", False):
             return
         self._closed = True
+        if getattr(self, "runner", None) is not None:
+            self.runner.close()
         if dist.is_initialized():
             if graceful and not self.dead_ranks() and not self.peer_failures():
                 try:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +16,12 @@ from shoal.services.engine.core.engine_core import Runner
 from shoal.services.engine.core.request_output import RequestOutput, RequestOutputKind
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest
+
+def _close_runner(runner: Runner) -> None:
+    close = getattr(runner, "close", None)  # a test's runner may have none
+    if close is not None:
+        close()
+
 
 PromptType = str | list[int] | dict[str, Any]
 """A string, a list of token ids, or {"prompt": str} / {"prompt_token_ids": [...]} as vLLM takes."""
@@ -30,12 +37,14 @@ class LLM:
         self.config = EngineConfig(model=model, **engine_args)
         self.engine = build_core(self.config, runner=runner, tokenizer=tokenizer_obj)
         self._request_ids = itertools.count()
+        # `del llm` (or the interpreter's exit) shuts down too; the finalizer holds the runner,
+        # never this LLM, so it does not keep the LLM alive
+        self._finalizer = weakref.finalize(self, _close_runner, self.engine.runner)
 
     def shutdown(self) -> None:
-        """Stop the engine's other ranks (tensor / pipeline parallel); a no-op otherwise."""
-        close = getattr(self.engine.runner, "close", None)
-        if close is not None:
-            close()
+        """Free the model, the KV cache and CUDA graphs, and stop the engine's other ranks
+        (tensor / pipeline parallel): a later LLM in this process gets the memory back."""
+        self._finalizer()
 
     def __enter__(self) -> LLM:
         return self

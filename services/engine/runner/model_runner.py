@@ -10,6 +10,7 @@ Under tensor / pipeline parallelism each rank has its own runner over its shard 
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ from shoal.services.engine.distributed.parallel_state import ParallelContext
 from shoal.services.engine.distributed.pipeline import run_stage
 from shoal.services.engine.runner.gpu_memory import profiled_config
 from shoal.services.engine.runner.input_batch import ModelInputs, build_model_inputs
-from shoal.services.engine.runner.kv_cache import bind_kv_caches, num_kv_blocks
+from shoal.services.engine.runner.kv_cache import attention_layers, bind_kv_caches, num_kv_blocks
 from shoal.services.engine.layers.cpu_weights import gguf_source, prepare_cpu_weights
 from shoal.services.engine.runner.loader import load_weights
 from shoal.services.engine.model_limits import context_limit, resolve_max_model_len
@@ -37,6 +38,7 @@ from shoal.services.engine.core.outputs import (RunnerOutput, ScheduledSeq, Sche
                                                TokenLogprob)
 from shoal.services.engine.runner.sampler import SeqState, logprob_entries, mix_seed, sample
 from shoal.services.engine.spec_decode.runner_step import SpecStep
+from shoal.shared.errors import ShoalError
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +111,24 @@ class ModelRunner:
         self.spec = SpecStep.build(config.speculative_config, self)
         """Speculative decoding (spec_decode/): proposes, and verifies what it proposed."""
 
+    def close(self) -> None:
+        """Let go of the weights, the KV pool, the CUDA graphs and the draft model now, and hand
+        the freed blocks back to the device: a second engine in this process (a new `LLM` after
+        `with LLM(...)` ends) gets the memory, as vLLM's does after shutdown. Idempotent."""
+        if self.model is None:
+            return
+        for layer in attention_layers(self.model):  # the layers hold views of the pool
+            layer.k_cache = layer.v_cache = None
+        self.model = self.kv_caches = self.graphs = self.spec = None  # type: ignore[assignment]
+        self.states.clear()
+        self.workspace = Workspace()
+        gc.collect()  # the model's modules refer to each other: collect them before emptying
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        if self.model is None:
+            raise ShoalError("this engine has been shut down: its model and KV cache are freed")
         if self.contention is None or out.is_empty:
             return self._execute(out)
         self.contention.before_step()  # here, on the stepping thread: OpenMP's thread count

@@ -16,7 +16,7 @@ from shoal.services.engine.runner.model_runner import ModelRunner
 from shoal.services.engine.core.outputs import ScheduledSeq, SchedulerOutput
 from shoal.services.engine.sampling_params import SamplingParams
 from tests.tiny_models import VOCAB, save_tiny_model, with_config
-from tests.unit.kernels_triton.triton_helpers import (DEVICE, fresh_generator,
+from tests.unit.kernels_triton.triton_helpers import (DEVICE, fresh_generator, needs_cuda,
                                                         tensors_beside_inputs)
 
 OPS = ["reshape_and_cache", "paged_attention", "rms_norm", "apply_rotary"]
@@ -96,3 +96,19 @@ def _greedy(runner: ModelRunner, prompts: list[list[int]]) -> list[list[int]]:
         for i, t in enumerate(tokens):
             t.append(sampled[i])
     return tokens
+
+
+@needs_cuda
+def test_engine_gives_gpu_memory_back(tmp_path: Path) -> None:
+    """The first GPU run: a second LLM after `with LLM(...)` found 90% of the GPU still held and
+    refused ("leaves no room for the KV cache"). The pool is sized by profiling both times."""
+    from shoal.services.engine.frontend.llm import LLM
+
+    folder = save_tiny_model("llama", tmp_path / "llama")
+    before = torch.cuda.memory_allocated()
+    for _ in range(2):
+        with LLM(str(folder), device="cuda", dtype="bfloat16") as llm:
+            params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+            out = llm.generate([[5, 6, 7]], params, use_tqdm=False)
+            assert len(out[0].outputs[0].token_ids) == 3
+        assert torch.cuda.memory_allocated() <= before + (1 << 20)

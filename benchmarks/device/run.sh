@@ -6,6 +6,8 @@
 #   bash benchmarks/device/run.sh engine     # Llama-3-8B shape: batch-1 bound, 64/256 seqs, HF
 #   bash benchmarks/device/run.sh parallel   # TP=8 Llama-3-70B terms: a rank's matmuls, NCCL
 #                                            # all-reduce across the visible GPUs (2 or more)
+#   bash benchmarks/device/run.sh check      # tests, kernels and engine in one call, each under
+#                                            # its own time limit (about 9 minutes in all)
 # Each step fits one 10-minute call; results land in $OUT (or benchmarks/results).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,5 +31,14 @@ case "${1:-all}" in
     python3 benchmarks/device/parallel_tp.py --out "$out/parallel_tp.json" ;;
   all)
     python3 -m benchmarks.gpu_kernels --out "$out/gpu_all.json" ;;
-  *) echo "usage: $0 tests|kernels|engine|parallel|all" >&2; exit 2 ;;
+  check)  # one lent call: a step that runs out of its limit is cut, the next still runs
+    rc=0
+    timeout 270 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/unit/kernels_triton \
+      2>&1 | tee "$out/gpu_tests.log" || rc=1
+    timeout 120 python3 -m benchmarks.gpu_kernels --skip-engine --out "$out/gpu_kernels.json" \
+      2>&1 | tail -40 || rc=1
+    timeout 150 python3 -m benchmarks.gpu_kernels --skip-kernels --skip-transformers \
+      --out "$out/gpu_engine.json" 2>&1 | tail -40 || rc=1
+    exit $rc ;;
+  *) echo "usage: $0 tests|kernels|engine|parallel|all|check" >&2; exit 2 ;;
 esac

@@ -37,6 +37,8 @@ _EXPORTS = {
     "EmbeddingEngine": "embedding.engine",
     "tqdm_progress": "model_prep",
     "run_engine": "server.service",
+    "RankLaunch": "distributed.launch",
+    "core_shares": "distributed.launch",
 }
 
 __all__ = list(_EXPORTS)

@@ -2,7 +2,8 @@
 
 The lead worker's engine (rank 0) publishes a RankPlan; for each instance that names this worker
 among its `subordinate_workers` and is starting or running, the agent asks for the plan and
-starts the ranks it gives this worker (rank_process.py, each on its share of the cores). A rank
+starts the ranks it gives this worker (rank_process.py, each on its share of the cores:
+the engine's RankLaunch and core_shares, as its executor launches them). A rank
 that ends on its own is reported on `rank_exits` (rank 0 names it in the instance's ERROR) and
 its siblings are stopped; every rank of an instance that left those states, or whose plan is of
 an earlier start of rank 0, is stopped. Ranks are children of the agent and exit with it (they
@@ -12,15 +13,14 @@ are not adopted: rank 0 then fails and the instance restarts, all ranks with it)
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shoal.services.engine import RankLaunch, core_shares
 from shoal.shared.bus.client import Bus
 from shoal.shared.config import Settings
 from shoal.shared.errors import ShoalError
@@ -52,14 +52,6 @@ class RankGroup:
         except (OSError, KeyError):
             return ""
         return "\n".join(text.splitlines()[-lines:])[-1500:]
-
-
-def core_split(cores: list[int], n: int) -> list[list[int]]:
-    """n ranks' cores: an even split, or one core each round-robin when ranks outnumber them."""
-    if len(cores) < n:
-        return [[cores[i % len(cores)]] for i in range(n)]
-    per = len(cores) // n
-    return [cores[i * per:(i + 1) * per] for i in range(n)]
 
 
 class StageRanks:
@@ -107,27 +99,23 @@ class StageRanks:
         group = RankGroup(inst, plan)
         ranks = plan.ranks_of(self.worker_id)
         cores = self.settings.worker_cpus or sorted(os.sched_getaffinity(0))
-        shares = core_split(sorted(cores), len(ranks))
+        shares = core_shares(sorted(cores), len(ranks))
         logs = self.settings.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        mine = [s for s in inst.subordinate_workers if s.worker_id == self.worker_id]
+        gpus = mine[0].gpu_indexes if mine and plan.config.get("device") != "cpu" else []
+        cache = self.settings.model_cache_dir
         for local, (rank, cores) in enumerate(zip(ranks, shares, strict=True)):
-            config = dict(plan.config, num_threads=plan.config.get("num_threads") or len(cores))
-            env = dict(os.environ, OMP_NUM_THREADS=str(config["num_threads"]))
-            if inst.subordinate_workers and config.get("device") != "cpu":
-                mine = [s for s in inst.subordinate_workers if s.worker_id == self.worker_id]
-                if mine and mine[0].gpu_indexes:
-                    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, mine[0].gpu_indexes))
-                    config["device"] = f"cuda:{local}"
-            cmd = [sys.executable, "-m", "shoal.services.engine.distributed.rank_process",
-                   "--rank", str(rank), "--init-method", plan.init_method,
-                   "--config", json.dumps(config), "--cores", ",".join(map(str, cores)),
-                   "--instance-id", inst.id, "--watch-parent"]
-            if self.settings.model_cache_dir is not None:
-                cmd += ["--cache-dir", str(self.settings.model_cache_dir)]
+            launch = RankLaunch.build(
+                rank=rank, config=plan.config, cores=cores, init_method=plan.init_method,
+                device=f"cuda:{local}" if gpus else None,
+                visible_gpus=tuple(gpus) if gpus else None, instance_id=inst.id,
+                cache_dir=str(cache) if cache is not None else None)
             path = group.log_paths[rank] = logs / f"rank-{inst.name}-{rank}.log"
             with open(path, "ab") as out:
-                group.procs[rank] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                                     env=env)
+                group.procs[rank] = subprocess.Popen(launch.argv(), stdout=out,
+                                                     stderr=subprocess.STDOUT,
+                                                     env=launch.env(os.environ))
             watcher = asyncio.create_task(self._watch(group, rank), name=f"rank-{rank}")
             self._watchers.add(watcher)
             watcher.add_done_callback(self._watchers.discard)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from shoal.services.worker.stages import core_split
+from shoal.services.engine import RankLaunch, core_shares
 from shoal.shared.schemas.ranks import RankExit, rank_layout, split_stages
 from shoal.shared.schemas.registry import InstancePublic, ResourceClaim, SubordinateWorker
 from shoal.shared.states import InstanceState
@@ -43,8 +43,8 @@ def test_gpu_layout_follows_each_workers_gpus() -> None:
 
 
 def test_core_split_and_exit_wording() -> None:
-    assert core_split([0, 1, 2, 3], 2) == [[0, 1], [2, 3]]
-    assert core_split([0], 2) == [[0], [0]]
+    assert core_shares([0, 1, 2, 3], 2) == [[0, 1], [2, 3]]
+    assert core_shares([0], 2) == [[0], [0]]
     event = RankExit(instance_id="i1", generation="g", worker_id="w0", worker_name="s0", rank=1,
                      code=-9)
     assert event.describe() == "rank 1 on worker s0 exited with code -9"
@@ -59,3 +59,19 @@ def test_worker_cpus_is_what_the_worker_reports() -> None:
     bus = SimpleNamespace(subjects=SimpleNamespace(registry=None))  # devices() needs no bus
     agent = WorkerAgent(Settings(worker_cpus=[1]), bus=bus)  # type: ignore[arg-type]
     assert agent.devices().cpu_cores == 1
+
+
+def test_a_rank_launch_is_parsed_back_as_it_was_built() -> None:
+    """The worker and the engine's executor build a RankLaunch; rank_process.py parses its
+    command line: one description of a rank, both ways."""
+    launch = RankLaunch.build(rank=3, config={"model": "m", "num_threads": None, "device": "auto"},
+                              cores=[4, 5], init_method="tcp://10.0.0.2:29500", device="cuda:1",
+                              visible_gpus=(2, 3), instance_id="i1", cache_dir="/c")
+    assert launch.config["num_threads"] == 2 and launch.config["device"] == "cuda:1"
+    argv = launch.argv()
+    assert argv[1:3] == ["-m", "shoal.services.engine.distributed.rank_process"]
+    again = RankLaunch.parse(argv[3:])
+    assert again == RankLaunch(rank=3, init_method="tcp://10.0.0.2:29500", config=launch.config,
+                               cores=(4, 5), cache_dir="/c", instance_id="i1")
+    env = launch.env({"PATH": "/bin", "OMP_NUM_THREADS": "64"})
+    assert env == {"PATH": "/bin", "OMP_NUM_THREADS": "2", "CUDA_VISIBLE_DEVICES": "2,3"}

@@ -10,12 +10,10 @@ ranks and passes `distributed_init_method`; `spawn_ranks=False` then.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import asdict, replace
 from datetime import timedelta
@@ -26,6 +24,7 @@ import torch.distributed as dist
 from transformers import AutoConfig
 
 from shoal.services.engine.config import EngineConfig
+from shoal.services.engine.distributed.launch import RankLaunch, core_shares
 from shoal.services.engine.distributed.parallel_state import (
     ParallelContext, check_parallel_shapes
 )
@@ -69,9 +68,10 @@ class MultiprocExecutor:
                           strict=True))
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         for rank in local_ranks:
-            self.procs[rank] = _start_rank(rank, _rank_config(config, rank, shares[rank]),
-                                           model_dir, init_method, shares[rank])
-        rank0 = _rank_config(config, 0, shares[0])
+            self.procs[rank] = _start_rank(_launch(config, rank, shares[rank], init_method,
+                                                   model_dir))
+        own = _launch(config, 0, shares[0], init_method, model_dir).config  # in this process
+        rank0 = replace(config, num_threads=own["num_threads"], device=own["device"])
         try:
             if backend_for(rank0.device) == "nccl":
                 import torch
@@ -177,30 +177,18 @@ class MultiprocExecutor:
         return RankFailed(f"parallel engine (TP={self.tp} PP={self.pp}): {text}")
 
 
-def core_shares(cores: list[int], world_size: int) -> list[list[int]]:
-    """Each rank's cores: an even split, or one core each round-robin when ranks outnumber them."""
-    if len(cores) < world_size:
-        return [[cores[r % len(cores)]] for r in range(world_size)]
-    per = len(cores) // world_size
-    return [cores[r * per:(r + 1) * per] for r in range(world_size)]
-
-
-def _rank_config(config: EngineConfig, rank: int, cores: list[int]) -> EngineConfig:
-    """A rank's own config: its thread count (its share of the cores) and, on CUDA, its device."""
+def _launch(config: EngineConfig, rank: int, cores: list[int], init_method: str,
+            model_dir: Path) -> RankLaunch:
+    """A rank of this machine: its share of the cores and, on CUDA, its own device."""
     device = config.device
     if backend_for(device) == "nccl" and ":" not in device:
         device = f"cuda:{rank}"
-    return replace(config, num_threads=config.num_threads or len(cores), device=device)
+    return RankLaunch.build(rank=rank, config=asdict(config), cores=cores,
+                            init_method=init_method, device=device, model_dir=str(model_dir))
 
 
-def _start_rank(rank: int, config: EngineConfig, model_dir: Path, init_method: str,
-                cores: list[int]) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, OMP_NUM_THREADS=str(config.num_threads))
-    cmd = [sys.executable, "-m", "shoal.services.engine.distributed.rank_process",
-           "--rank", str(rank), "--init-method", init_method, "--model-dir", str(model_dir),
-           "--config", json.dumps(asdict(config)), "--cores", ",".join(map(str, cores)),
-           "--watch-parent"]
-    return subprocess.Popen(cmd, env=env)
+def _start_rank(launch: RankLaunch) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(launch.argv(), env=launch.env(os.environ))
 
 
 def _free_port() -> int:

@@ -5,12 +5,11 @@ broadcasts until the driver broadcasts None (or goes away: a collective fails, o
 process is gone). The same entry point serves the offline executor and the worker agent, so a
 rank is a plain process that the supervisor can watch, kill and restart; spawning it by module
 path also keeps the user's script from being re-imported (multiprocessing's spawn does that).
+Its command line is a RankLaunch (launch.py), which both launchers build.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import os
 import sys
@@ -27,35 +26,27 @@ log = logging.getLogger("shoal.engine.rank")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--init-method", required=True, help="tcp://host:port of rank 0's store")
-    parser.add_argument("--model-dir", help="the prepared model folder (default: prepare the "
-                        "config's model here, into --cache-dir: a rank on another worker)")
-    parser.add_argument("--cache-dir", default=None, help="where --model is prepared")
-    parser.add_argument("--instance-id", default="", help="the instance this rank serves (to "
-                        "find its processes; not used otherwise)")
-    parser.add_argument("--config", required=True, help="EngineConfig fields as JSON")
-    parser.add_argument("--cores", default="", help="CPU cores for this rank, e.g. 2,3")
-    parser.add_argument("--watch-parent", action="store_true",
-                        help="exit when the process that started this rank is gone")
-    args = parser.parse_args(argv)
-    if args.cores:
-        os.sched_setaffinity(0, {int(c) for c in args.cores.split(",")})
-    if args.watch_parent:
+    from shoal.services.engine.distributed.launch import RankLaunch
+
+    launch = RankLaunch.parse(argv)
+    if launch.cores:
+        os.sched_setaffinity(0, set(launch.cores))
+    if launch.watch_parent:
         _exit_with_parent()
-    logging.basicConfig(level=logging.INFO, format=f"rank {args.rank} %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO,
+                        format=f"rank {launch.rank} %(levelname)s %(message)s")
 
     from shoal.services.engine.config import EngineConfig
 
-    config = EngineConfig(**json.loads(args.config))
-    if args.model_dir:
-        model_dir = Path(args.model_dir)
+    config = EngineConfig(**launch.config)
+    if launch.model_dir:
+        model_dir = Path(launch.model_dir)
     else:
         from shoal.services.engine.model_prep import prepare_model
 
-        model_dir = prepare_model(config.model, Path(args.cache_dir) if args.cache_dir else None)
-    serve_rank(config, model_dir, args.rank, args.init_method)
+        model_dir = prepare_model(config.model,
+                                  Path(launch.cache_dir) if launch.cache_dir else None)
+    serve_rank(config, model_dir, launch.rank, launch.init_method)
     return 0
 
 

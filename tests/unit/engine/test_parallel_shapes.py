@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from shoal.services.engine.config import ConfigError, EngineConfig
-from shoal.services.engine.distributed.executor import core_shares
+from shoal.services.engine.distributed.launch import core_shares
 from shoal.services.engine.distributed.parallel_state import (
     check_parallel_shapes, kv_heads_per_rank, stage_layers
 )

@@ -48,7 +48,7 @@ def main() -> None:
                                         max_num_batched_tokens=args.batch_size * 256), folder)
     st = SentenceTransformer(str(folder), device="cpu")
     data = texts(args.num_texts)
-    num_tokens = sum(len(x) for x in ours.tokenize(data))
+    num_tokens = sum(len(x) for x in ours.inputs.embedding_inputs(data))
 
     def run_ours() -> torch.Tensor:
         return ours.encode(data)
@@ -66,7 +66,7 @@ def main() -> None:
         print(f"round {r + 1}: shoal {best['shoal']:.2f}s  sentence-transformers "
               f"{best['sentence_transformers']:.2f}s (best so far)")
     diff = (run_ours() - run_st()).abs().max().item()
-    served = serving(folder, args, ours.tokenize(data))
+    served = serving(folder, args, ours.inputs.embedding_inputs(data))
     result = {
         "machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
         "num_texts": args.num_texts, "num_tokens": num_tokens, "batch_size": args.batch_size,

@@ -13,7 +13,9 @@
   through its contract (core/outputs.py) and imports no front end or server; frontend/ imports
   no server; the shared top-level modules import no folder of the engine;
 - no engine module reads the environment but EngineConfig (docs/architecture.md "Config
-  objects").
+  objects");
+- request input has one owner: only input_processor.py tokenizes text or renders a chat
+  template (the LLM, the NATS adapters and the embedding engine ask it).
 """
 
 from __future__ import annotations
@@ -177,7 +179,8 @@ def test_only_the_scheduler_and_block_manager_write_sequences() -> None:
 
 
 E = "shoal.services.engine"
-BASE = {f"{E}.{name}" for name in ("config", "sampling_params", "model_limits", "model_prep")}
+BASE = {f"{E}.{name}" for name in ("config", "sampling_params", "model_limits", "model_prep",
+                                   "input_processor")}
 """The top-level modules every part shares."""
 MODEL_SIDE = ("runner", "models", "layers", "distributed", "spec_decode", "embedding",
               "structured_output")
@@ -285,3 +288,35 @@ def test_no_engine_module_below_the_entry_point_reads_the_environment() -> None:
                     and node.value.id == "os" and node.attr in ("environ", "getenv", "environb")):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} os.{node.attr}")
     assert not offenders, offenders
+
+
+INPUT_OWNER = ENGINE / "input_processor.py"
+TOKENIZING = {"encode", "apply_chat_template", "batch_encode_plus", "encode_plus"}
+
+
+def tokenizer_calls(path: Path) -> list[str]:
+    """Calls that turn text into token ids: `<...tokenizer>.encode(...)`,
+    `.apply_chat_template(...)`, or a tokenizer called itself (`self.tokenizer(texts)`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        called = ast.unparse(func)
+        if ((isinstance(func, ast.Attribute) and func.attr in TOKENIZING
+             and "tokenizer" in ast.unparse(func.value).lower())
+                or (isinstance(func, ast.Attribute) and func.attr == "tokenizer")
+                or (isinstance(func, ast.Name) and func.id == "tokenizer")):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {called}")
+    return found
+
+
+def test_only_the_input_processor_tokenizes_requests() -> None:
+    """The front ends (LLM, AsyncEngine), the NATS adapters and the embedding engine turn a
+    request's text into token ids through the InputProcessor, so the prompt policy (chat
+    templates, special tokens, the size bound, truncation) reads in one place."""
+    users = [f for f in python_files(ENGINE)
+             if folder_of(f) in ("frontend", "server", "embedding", "core")]
+    offenders = [c for f in users for c in tokenizer_calls(f)]
+    assert not offenders, offenders
+    assert tokenizer_calls(INPUT_OWNER)  # the check sees tokenizer calls at all

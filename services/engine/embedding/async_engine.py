@@ -61,7 +61,7 @@ class AsyncEmbeddingEngine:
     async def embed(self, token_ids: Sequence[Sequence[int]],
                     dimensions: int | None = None) -> torch.Tensor:
         """Checked inputs -> vectors (raises InvalidRequest before queueing a bad one)."""
-        self.engine.check(token_ids)
+        self.engine.inputs.check_embedding_inputs(token_ids)
         self.engine.check_dimensions(dimensions)
         loop = asyncio.get_running_loop()
         job = _Job(token_ids, dimensions, loop, loop.create_future())

@@ -24,6 +24,7 @@ from shoal.services.engine.runner.cpu_threads import cpu_threads
 from shoal.services.engine.config import ENGINE_DEFAULTS, ConfigError, EngineConfig
 from shoal.services.engine.embedding.bert import BertModel
 from shoal.services.engine.embedding.pooling import read_pooling
+from shoal.services.engine.input_processor import InputProcessor
 from shoal.services.engine.model_limits import context_limit, resolve_max_model_len
 from shoal.shared.errors import InvalidRequest
 
@@ -75,6 +76,9 @@ class EmbeddingEngine:
             resolve_max_model_len(config.max_model_len, limit) if config.max_model_len else
             min(self.pooling.max_seq_length or limit.max_model_len, limit.max_model_len))
         self.vocab_size: int = hf.vocab_size
+        self.inputs = InputProcessor(tokenizer=self.tokenizer, max_model_len=self.max_model_len,
+                                     vocab_size=self.vocab_size)
+        """Texts and token ids as checked inputs (input_processor.py, every front end's)."""
         self.dimension = self.pooling.dimension
         log.info("embedding engine: %s, %s pooling%s, %d dims, max %d tokens, %s %s",
                  self.model_dir.name, self.pooling.mode,
@@ -82,35 +86,6 @@ class EmbeddingEngine:
                  self.max_model_len, self.device, self.dtype)
 
     # ------------------------------------------------------------------ inputs
-    def tokenize(self, texts: Sequence[str], truncate: int | None = None) -> list[list[int]]:
-        """Token ids with the model's special tokens ([CLS] ... [SEP]); `truncate` keeps at most
-        that many (vLLM's truncate_prompt_tokens, -1 = max_model_len)."""
-        ids = [list(x) for x in self.tokenizer(list(texts), add_special_tokens=True)["input_ids"]]
-        return [self.truncate(x, truncate) for x in ids]
-
-    def truncate(self, ids: list[int], truncate: int | None) -> list[int]:
-        if truncate is None:
-            return ids
-        keep = self.max_model_len if truncate < 0 else min(truncate, self.max_model_len)
-        if len(ids) <= keep:
-            return ids
-        # keep the closing special token, as a tokenizer's truncation does
-        return ids[:keep - 1] + ids[-1:] if keep > 1 else ids[:keep]
-
-    def check(self, batch: Sequence[Sequence[int]], param: str = "input") -> None:
-        """400 for an empty input, a token out of the vocabulary, or one too long."""
-        for i, ids in enumerate(batch):
-            if not ids:
-                raise InvalidRequest(f"input {i} is empty", param=param)
-            if len(ids) > self.max_model_len:
-                raise InvalidRequest(
-                    f"input {i} has {len(ids)} tokens; this model's maximum is "
-                    f"{self.max_model_len}. Shorten it (or send truncate_prompt_tokens)",
-                    param=param, code="context_length_exceeded")
-            if any(not 0 <= t < self.vocab_size for t in ids):
-                raise InvalidRequest(f"input {i}: token ids must be in [0, {self.vocab_size})",
-                                     param=param)
-
     def check_dimensions(self, dimensions: int | None) -> None:
         if dimensions is None or dimensions == self.dimension:
             return
@@ -166,7 +141,7 @@ class EmbeddingEngine:
 
     def encode(self, texts: Sequence[str], dimensions: int | None = None) -> torch.Tensor:
         """Texts -> vectors (the offline shortcut: tokenize, check, embed)."""
-        ids = self.tokenize(texts)
-        self.check(ids)
+        ids = self.inputs.embedding_inputs(texts)
+        self.inputs.check_embedding_inputs(ids)
         self.check_dimensions(dimensions)
         return self.embed(ids, dimensions)

@@ -9,22 +9,19 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from shoal.services.engine.frontend.chat import Message, render_chat
 from shoal.services.engine.frontend.core_builder import build_core
 from shoal.services.engine.config import EngineConfig
+from shoal.services.engine.input_processor import InputProcessor, Message, PromptType
 from shoal.services.engine.core.engine_core import Runner
 from shoal.services.engine.core.request_output import RequestOutput, RequestOutputKind
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest
 
+
 def _close_runner(runner: Runner) -> None:
     close = getattr(runner, "close", None)  # a test's runner may have none
     if close is not None:
         close()
-
-
-PromptType = str | list[int] | dict[str, Any]
-"""A string, a list of token ids, or {"prompt": str} / {"prompt_token_ids": [...]} as vLLM takes."""
 
 
 class LLM:
@@ -36,6 +33,10 @@ class LLM:
         this machine until shutdown() (or the `with` block's end)."""
         self.config = EngineConfig(model=model, **engine_args)
         self.engine = build_core(self.config, runner=runner, tokenizer=tokenizer_obj)
+        self.inputs = InputProcessor(tokenizer=self.engine.tokenizer,
+                                     max_model_len=self.engine.max_model_len,
+                                     chat_template=self.config.chat_template)
+        """Prompts and conversations as token ids, as the served engine makes them."""
         self._request_ids = itertools.count()
         # `del llm` (or the interpreter's exit) shuts down too; the finalizer holds the runner,
         # never this LLM, so it does not keep the LLM alive
@@ -64,7 +65,7 @@ class LLM:
         request_ids: list[str] = []
         try:
             for prompt, p in zip(batch, params):
-                text, token_ids = self._tokenize(prompt)
+                text, token_ids = self.inputs.prompt(prompt)
                 request_id = str(next(self._request_ids))
                 self.engine.add_request(request_id, token_ids, p, prompt=text,
                                         output_kind=RequestOutputKind.FINAL_ONLY)
@@ -85,9 +86,9 @@ class LLM:
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         prompts: list[PromptType] = []
         for conversation in conversations:
-            text, ids = render_chat(self.get_tokenizer(), conversation, tools=tools,  # type: ignore[arg-type]
-                                    add_generation_prompt=add_generation_prompt,
-                                    chat_template=chat_template or self.engine.config.chat_template)
+            text, ids = self.inputs.chat(conversation, tools=tools,  # type: ignore[arg-type]
+                                         add_generation_prompt=add_generation_prompt,
+                                         chat_template=chat_template)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
@@ -115,19 +116,6 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [done[request_id] for request_id in request_ids]
-
-    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            return prompt, self.get_tokenizer().encode(prompt)
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-            if "prompt" in prompt:
-                return self._tokenize(str(prompt["prompt"]))
-        elif isinstance(prompt, list):
-            return None, list(prompt)
-        raise InvalidRequest(f"a prompt must be a string, token ids or a dict, got {prompt!r}",
-                             param="prompt")
 
     @staticmethod
     def _as_batch(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:

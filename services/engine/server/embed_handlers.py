@@ -2,7 +2,8 @@
 each) and tokenize; its intake and load messages are a generation engine's (intake.py), so the
 gateway's instance table and router treat both kinds alike.
 
-Kept apart from handlers.py (generation): no streams, no sampling, no chat templates.
+Kept apart from handlers.py (generation): no streams, no sampling, no chat templates. Like it,
+it only translates: the embedding engine's InputProcessor turns the inputs into token ids.
 """
 
 from __future__ import annotations
@@ -67,13 +68,8 @@ class EmbedHandlers(Intake):
         await msg.respond(encode(reply))
 
     async def embed(self, req: EmbedRequest) -> EmbedReply:
-        core = self.engine.engine
-        if req.token_ids is not None:
-            ids = [core.truncate(list(x), req.truncate_prompt_tokens) for x in req.token_ids]
-        elif req.texts is not None:
-            ids = await asyncio.to_thread(core.tokenize, req.texts, req.truncate_prompt_tokens)
-        else:
-            raise InvalidRequest("give texts or token ids", param="input")
+        ids = await asyncio.to_thread(self.engine.engine.inputs.embedding_inputs, req.texts,
+                                      req.token_ids, req.truncate_prompt_tokens)
         vectors = await self.engine.embed(ids, req.dimensions)
         data = vectors.contiguous().numpy().astype("<f4").tobytes()
         return EmbedReply(data=base64.b64encode(data).decode(), num_inputs=vectors.shape[0],
@@ -89,8 +85,8 @@ class EmbedHandlers(Intake):
             raise InvalidRequest("an embedding model tokenizes a prompt, not messages",
                                  param="prompt")
         core = self.engine.engine
-        ids = core.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-        return TokenizeReply(tokens=list(ids), count=len(ids), max_model_len=core.max_model_len)
+        ids = core.inputs.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        return TokenizeReply(tokens=ids, count=len(ids), max_model_len=core.max_model_len)
 
     def load(self) -> EngineLoad:
         s = self.engine.stats

@@ -1,9 +1,11 @@
 """The NATS adapter of one engine: shoal.infer.<id>, aborts, load (the intake and load it
 shares with the embedding engine's adapter are intake.py's).
 
-It only translates: a GenerateRequest becomes an AsyncEngine stream, each RequestOutput delta an
-InferChunk (seq 0 = accepted, then 1, 2, ...), the end an InferEnd with usage, an error an
-InferError with its HTTP status. Engine compute stays on the engine's own thread.
+It only translates: a GenerateRequest's prompt becomes token ids through the engine's
+InputProcessor (input_processor.py: chat templates, tokenization, the prompt policy), the request
+an AsyncEngine stream, each RequestOutput delta an InferChunk (seq 0 = accepted, then 1, 2, ...),
+the end an InferEnd with usage, an error an InferError with its HTTP status. Engine compute stays
+on the engine's own thread.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from opentelemetry.trace import Span
 
 from shoal.services.engine.frontend.async_engine import AsyncEngine
 from shoal.services.engine.frontend.output_stream import RequestStream
-from shoal.services.engine.frontend.chat import render_chat
 from shoal.services.engine.frontend.tokenizer import load_tokenizer
 from shoal.services.engine.core.outputs import TokenLogprob
 from shoal.services.engine.core.request_output import RequestOutput
+from shoal.services.engine.input_processor import InputProcessor
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.services.engine.server.intake import Intake
 from shoal.services.engine.server.metrics import EngineMetrics
@@ -47,10 +49,9 @@ class EngineHandlers(Intake):
     engine: AsyncEngine
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     tokenizer: Any = None
+    inputs: InputProcessor | None = None
+    """Prompts as token ids (set at start, over this adapter's own tokenizer)."""
     metrics: EngineMetrics | None = None
-    max_token_bytes: int | None = None
-    """The longest token of the vocabulary in bytes (set at start): a prompt longer than
-    max_model_len times this cannot fit whatever it tokenizes to."""
     tokenizing: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenize"))
     """Prompts are tokenized here, off the event loop: a 4 MiB prompt takes seconds, during which
@@ -60,8 +61,10 @@ class EngineHandlers(Intake):
     async def start(self) -> None:
         # A tokenizer of our own: the engine thread detokenizes with its copy meanwhile.
         self.tokenizer = load_tokenizer(self.engine.core.model_dir)
-        pieces = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
-        self.max_token_bytes = max(len(p.encode()) for p in pieces if p)
+        core = self.engine.core
+        self.inputs = InputProcessor(tokenizer=self.tokenizer, max_model_len=core.max_model_len,
+                                     chat_template=core.config.chat_template)
+        self.inputs.longest_token_bytes()  # a scan of the vocabulary: at start, not per request
         await super().start()
 
     async def subscribe_more(self) -> None:
@@ -188,41 +191,17 @@ class EngineHandlers(Intake):
                 outputs.close()  # aborts the request in the engine unless it finished
 
     # ------------------------------------------------------------------ tokens
-    def check_prompt_size(self, req: GenerateRequest | TokenizeRequest) -> None:
-        """Refuse, before tokenizing, a text prompt that cannot fit the context whatever its
-        tokens: tokenizing the largest request (4 MiB) takes this tokenizer tens of seconds
-        (it is superlinear in the length), to end in "too long" anyway. Twice the bound, so a
-        normalizer that shortens text never refuses a prompt that fits."""
-        if self.max_token_bytes is None:
-            return
-        texts = [req.prompt or ""] + [m.content or "" for m in req.messages or []]
-        size = sum(len(t.encode()) for t in texts)
-        limit = 2 * self.max_token_bytes * self.engine.core.max_model_len
-        if size > limit:
-            raise InvalidRequest(
-                f"the prompt is {size} bytes: more tokens than this model's context "
-                f"(max_model_len {self.engine.core.max_model_len}) can hold whatever they are "
-                f"(refused above {limit} bytes, without tokenizing)",
-                param="messages" if req.messages else "prompt")
-
     def prompt_token_ids(self, req: GenerateRequest | TokenizeRequest) -> list[int]:
-        """The prompt as token ids (the engine checks their range when the request is opened)."""
-        self.check_prompt_size(req)
-        if req.messages is not None:
-            tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-            return render_chat(self.tokenizer,
-                               [m.model_dump(exclude_none=True) for m in req.messages],
-                               tools=tools, add_generation_prompt=req.add_generation_prompt,
-                               chat_template=self.engine.core.config.chat_template)[1]
-        if isinstance(req, GenerateRequest) and req.prompt_token_ids is not None:
-            return list(req.prompt_token_ids)
-        if req.prompt is None:
-            raise InvalidRequest("give a prompt, prompt token ids or messages", param="prompt")
-        add_special = getattr(req, "add_special_tokens", True)
-        ids = self.tokenizer.encode(req.prompt, add_special_tokens=add_special)
-        if not ids:
-            raise InvalidRequest("the prompt is empty", param="prompt")
-        return list(ids)
+        """The request's prompt as token ids (the input processor's rules)."""
+        assert self.inputs is not None, "start() sets the input processor"
+        messages = ([m.model_dump(exclude_none=True) for m in req.messages]
+                    if req.messages is not None else None)
+        return self.inputs.request_ids(
+            prompt=req.prompt, messages=messages,
+            prompt_token_ids=req.prompt_token_ids if isinstance(req, GenerateRequest) else None,
+            tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
+            add_generation_prompt=req.add_generation_prompt,
+            add_special_tokens=getattr(req, "add_special_tokens", True))
 
     def tool_call_parser(self, req: GenerateRequest) -> str | None:
         """The parser the gateway applies to an "auto" tool choice answer (vLLM refuses "auto"

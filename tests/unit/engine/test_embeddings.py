@@ -65,7 +65,7 @@ def test_mean_pooling_matches_sentence_transformers(engine: EmbeddingEngine,
 def test_small_batches_give_the_same_vectors(model_dir: Path, engine: EmbeddingEngine) -> None:
     tight = EmbeddingEngine(EngineConfig(model=str(model_dir), num_threads=1, max_num_seqs=2,
                                          max_num_batched_tokens=64), model_dir)
-    ids = tight.tokenize(TEXTS)
+    ids = tight.inputs.embedding_inputs(TEXTS)
     groups = tight.batches([len(x) for x in ids])
     assert len(groups) >= 4 and sorted(i for g in groups for i in g) == list(range(len(TEXTS)))
     assert all(len(g) <= 2 for g in groups)
@@ -84,17 +84,17 @@ def test_cls_pooling_matches_sentence_transformers(model_dir: Path, tmp_path: Pa
 
 
 def test_refusals_and_truncation(engine: EmbeddingEngine) -> None:
-    long = engine.tokenize(["word " * 400])
+    long = engine.inputs.embedding_inputs(["word " * 400])
     assert len(long[0]) > engine.max_model_len == 256
     with pytest.raises(InvalidRequest) as err:
-        engine.check(long)
+        engine.inputs.check_embedding_inputs(long)
     assert err.value.code == "context_length_exceeded" and err.value.param == "input"
-    cut = engine.tokenize(["word " * 400], truncate=-1)[0]
+    cut = engine.inputs.embedding_inputs(["word " * 400], truncate=-1)[0]
     assert len(cut) == 256 and cut[0] == long[0][0] and cut[-1] == long[0][-1]  # [CLS] .. [SEP]
-    assert len(engine.tokenize(["word " * 400], truncate=10)[0]) == 10
+    assert len(engine.inputs.embedding_inputs(["word " * 400], truncate=10)[0]) == 10
     for bad in ([[]], [[engine.vocab_size]], [[-1]]):
         with pytest.raises(InvalidRequest):
-            engine.check(bad)
+            engine.inputs.check_embedding_inputs(bad)
     engine.check_dimensions(384)
     with pytest.raises(InvalidRequest) as err:
         engine.check_dimensions(64)
@@ -119,7 +119,7 @@ def test_matryoshka_dimensions_are_a_renormalised_prefix(model_dir: Path, tmp_pa
 async def test_concurrent_requests_share_batches(model_dir: Path, engine: EmbeddingEngine) -> None:
     served = AsyncEmbeddingEngine(EngineConfig(model=str(model_dir), num_threads=1), model_dir)
     try:
-        ids = [served.engine.tokenize([t]) for t in TEXTS * 4]
+        ids = [served.engine.inputs.embedding_inputs([t]) for t in TEXTS * 4]
         outs = await asyncio.gather(*(served.embed(x) for x in ids))
         assert served.stats.num_requests == len(ids)
         assert served.stats.num_batches < len(ids)  # queued requests joined running batches
@@ -140,7 +140,8 @@ async def test_a_round_takes_at_most_max_num_seqs_inputs(model_dir: Path) -> Non
     served = AsyncEmbeddingEngine(EngineConfig(model=str(model_dir), num_threads=1,
                                                max_num_seqs=4), model_dir)
     try:
-        ids = [served.engine.tokenize([t]) for t in TEXTS * 2]  # 12 inputs, 1 per request
+        # 12 inputs, 1 per request
+        ids = [served.engine.inputs.embedding_inputs([t]) for t in TEXTS * 2]
         tasks = [asyncio.create_task(served.embed(x)) for x in ids]
         peak = 0
         while not all(t.done() for t in tasks):

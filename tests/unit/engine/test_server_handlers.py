@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from shoal.services.engine.input_processor import InputProcessor
 from shoal.services.engine.server.handlers import EngineHandlers
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.infer import (ChatMessage, FunctionCall, FunctionDefinition,
@@ -37,8 +38,9 @@ def handlers(parser: str | None = None) -> tuple[EngineHandlers, RecordingTokeni
     tokenizer = RecordingTokenizer()
     engine = SimpleNamespace(core=SimpleNamespace(config=SimpleNamespace(tool_call_parser=parser,
                                                                          chat_template=None)))
+    inputs = InputProcessor(tokenizer=tokenizer, max_model_len=1000)
     adapter = EngineHandlers(bus=None, engine=engine,  # type: ignore[arg-type]
-                             instance_id="i", model_name="m", tokenizer=tokenizer)
+                             instance_id="i", model_name="m", tokenizer=tokenizer, inputs=inputs)
     return adapter, tokenizer
 
 
@@ -105,8 +107,9 @@ def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing() -
     """max_model_len 100, tokens of at most 8 bytes: more than 1,600 bytes (twice 800) cannot
     fit, so the tokenizer (which would fail the test on any other text) is never asked."""
     h, tokenizer = handlers()
-    h.engine.core.max_model_len = 100
-    h.max_token_bytes = 8
+    assert h.inputs is not None
+    h.inputs.max_model_len = 100
+    h.inputs.max_token_bytes = 8
     for req, param in ((TokenizeRequest(model="m", prompt="x" * 1601), "prompt"),
                        (GenerateRequest(request_id="r", model="m", messages=[
                            ChatMessage(role="user", content="é" * 801)]), "messages")):

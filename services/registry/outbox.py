@@ -32,6 +32,7 @@ from shoal.shared.bus.client import Bus
 from shoal.shared.bus.codec import encode
 from shoal.shared.db.tables import OutboxRow
 from shoal.shared.errors import Conflict
+from shoal.shared.loops import run_every
 from shoal.shared.telemetry import inject_headers
 
 log = logging.getLogger(__name__)
@@ -107,27 +108,19 @@ class OutboxRelay:
         return len(rows)
 
     async def run(self, stop: asyncio.Event) -> None:
-        while True:
-            try:
-                while await self.relay_once() == RELAY_BATCH:
-                    pass
-                self.outage.recovered()
-            except Exception as exc:  # noqa: BLE001 - NATS or Postgres away: the rows wait
-                if (cause := database_down(exc)) is not None:
-                    self.outage.failed("event relay", cause)
-                else:
-                    log.warning("event relay: %s (the events wait in the outbox)",
-                                getattr(exc, "message", None) or exc)
-            if stop.is_set():
-                return
-            self._kick.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wait(stop), RELAY_POLL_S)
+        """Relay every RELAY_POLL_S, or at once when a transaction kicks; once more after `stop`
+        (what was written before it goes out)."""
+        await run_every(RELAY_POLL_S, stop, self._relay_all, "event relay", log, wake=self._kick)
+        await self._relay_all()
 
-    async def _wait(self, stop: asyncio.Event) -> None:
-        kick, stopped = asyncio.create_task(self._kick.wait()), asyncio.create_task(stop.wait())
+    async def _relay_all(self) -> None:
         try:
-            await asyncio.wait({kick, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            kick.cancel()
-            stopped.cancel()
+            while await self.relay_once() == RELAY_BATCH:
+                pass
+            self.outage.recovered()
+        except Exception as exc:  # noqa: BLE001 - NATS or Postgres away: the rows wait
+            if (cause := database_down(exc)) is not None:
+                self.outage.failed("event relay", cause)
+            else:
+                log.warning("event relay: %s (the events wait in the outbox)",
+                            getattr(exc, "message", None) or exc)

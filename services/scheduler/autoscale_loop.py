@@ -20,6 +20,7 @@ from shoal.services.scheduler.autoscale import Autoscaler, InstanceLoad
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.errors import ShoalError
+from shoal.shared.loops import run_every
 from shoal.shared.schemas.common import utcnow
 from shoal.shared.schemas.infer import EngineLoad
 from shoal.shared.schemas.registry import (
@@ -52,18 +53,8 @@ class AutoscaleLoop:
         self.subs = [await bus.subscribe(bus.subjects.load_all, EngineLoad, self._on_load),
                      await bus.subscribe(bus.subjects.autoscale_demand, ScaleDemand,
                                          self._on_demand)]
-        try:
-            while not halt.is_set():
-                try:
-                    await self.step()
-                except ShoalError as exc:
-                    log.warning("autoscale step failed: %s", exc.message)
-                except Exception:  # noqa: BLE001 - the loop must survive one bad step
-                    log.exception("autoscale step failed")
-                try:
-                    await asyncio.wait_for(halt.wait(), self.interval)
-                except TimeoutError:
-                    pass
+        try:  # a failed step is logged; the loop goes on
+            await run_every(self.interval, halt, self.step, "autoscale step", log)
         finally:
             for sub in self.subs:
                 await sub.unsubscribe()

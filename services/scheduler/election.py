@@ -16,13 +16,13 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
 import asyncpg
 
+from shoal.shared.loops import first_of
 from shoal.shared.db.leader_lock import BARRIER_KEY, LEADER_KEY, LOCK_SPACE, TOKEN_SPACE
 from shoal.shared.schemas.common import utcnow
 from shoal.shared.schemas.registry import LeaderFence
@@ -78,19 +78,6 @@ def asyncpg_dsn(database_url: str) -> str:
         if database_url.startswith(prefix):
             return "postgresql://" + database_url[len(prefix):]
     return database_url
-
-
-async def first_of(*aws: Awaitable[object], timeout: float | None = None) -> bool:
-    """Wait for the first of `aws` to finish and cancel the rest; False on timeout."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        done, _ = await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-    for task in done:
-        task.result()  # re-raise a failure
-    return bool(done)
 
 
 class PostgresElection:

@@ -19,7 +19,7 @@ from typing import TypeVar
 from nats.aio.msg import Msg
 
 from shoal.services.scheduler.claim import ModelProfile
-from shoal.services.scheduler.election import Leadership, Term, first_of
+from shoal.services.scheduler.election import Leadership, Term
 from shoal.services.scheduler.planner import Planner, ProfileCache, build_request
 from shoal.services.scheduler.policies.base import PlacementRequest
 from shoal.services.scheduler.autoscale_loop import AutoscaleLoop
@@ -28,7 +28,7 @@ from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.db.leader_lock import NOT_LEADER
 from shoal.shared.errors import Conflict, NotFound, ShoalError
-from shoal.shared.loops import PassGuard, run_every
+from shoal.shared.loops import first_of, run_every
 from shoal.shared.schemas.common import utcnow
 from shoal.shared.schemas.registry import (
     InstanceCreate, InstanceDelete, InstancePublic, InstanceTransition, LeaderFence, ListRequest,
@@ -103,11 +103,10 @@ class SchedulerService:
         consumer = asyncio.create_task(self._consume(bus, halt), name="scheduler-events")
         autoscaler = AutoscaleLoop(self.registry, self.config.autoscale_interval, self.kick.set)
         scaling = asyncio.create_task(autoscaler.run(bus, halt), name="scheduler-autoscale")
-        guard = PassGuard("reconcile", log)  # a failed pass is logged; the next one comes
-        try:
-            while not halt.is_set():
-                await guard.run(self.reconcile)
-                await self._wait(halt)
+        try:  # a failed pass is logged; the next one comes (at once after an event)
+            await run_every(self.config.interval, halt, self.reconcile, "reconcile", log,
+                            wake=self.kick, jitter=lambda: self.jitter.uniform(0.9, 1.1),
+                            debounce=self.config.debounce)
         finally:
             halt.set()
             consumer.cancel()
@@ -125,19 +124,6 @@ class SchedulerService:
 
     async def on_event(self, _msg: Msg) -> None:
         self.kick.set()
-
-    async def _wait(self, stop: asyncio.Event) -> None:
-        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.kick.wait())]
-        try:
-            await asyncio.wait(waiters,
-                               timeout=self.config.interval * self.jitter.uniform(0.9, 1.1),
-                               return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
-        if self.kick.is_set():
-            await asyncio.sleep(self.config.debounce)  # gather a burst of events into one pass
-            self.kick.clear()
 
     # ------------------------------------------------------------ one pass
     async def reconcile(self) -> PassStats:

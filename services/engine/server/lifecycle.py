@@ -20,6 +20,7 @@ from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.errors import Conflict, NotFound, ShoalError
+from shoal.shared.loops import wait_or_stop
 from shoal.shared.metrics_endpoint import MetricsEndpoint
 from shoal.shared.schemas.registry import InstancePublic, InstanceTransition
 from shoal.shared.states import InstanceState, can_transition
@@ -101,10 +102,7 @@ async def _until_stop_or_failure(failure: Callable[[], str | None],
     while not stop.is_set():
         if (failed := failure()) is not None:
             return failed
-        try:
-            await asyncio.wait_for(stop.wait(), FAILURE_POLL_S)
-        except TimeoutError:
-            pass
+        await wait_or_stop(stop, FAILURE_POLL_S)
     return None
 
 

@@ -25,6 +25,7 @@ from shoal.shared.bus.client import Bus
 from shoal.shared.bus.codec import encode
 from shoal.shared.config import Settings
 from shoal.shared.embedded import free_port
+from shoal.shared.loops import run_every
 from shoal.shared.schemas.ranks import RankExit, RankPlan, RankPlanRequest, rank_layout
 from shoal.shared.schemas.registry import InstancePublic, WorkerHeartbeat
 
@@ -122,13 +123,15 @@ class RankCoordinator:
         self._last_seen[beat.worker_id] = time.monotonic()
 
     async def _watch_silence(self) -> None:
-        while True:
-            await asyncio.sleep(SILENCE_CHECK_S)
-            now = time.monotonic()
-            for worker in self.layout[1:]:
-                quiet = now - self._last_seen[worker.worker_id]
-                if quiet > self.silence_after:
-                    for rank in worker.ranks:
-                        self._failures.setdefault(
-                            rank, f"rank {rank} on worker {worker.worker_name}: the worker went "
-                                  f"silent (no heartbeat for {quiet:.0f} s)")
+        await run_every(SILENCE_CHECK_S, None, self._check_silence, "subordinate silence check",
+                        log, first_wait=True)
+
+    async def _check_silence(self) -> None:
+        now = time.monotonic()
+        for worker in self.layout[1:]:
+            quiet = now - self._last_seen[worker.worker_id]
+            if quiet > self.silence_after:
+                for rank in worker.ranks:
+                    self._failures.setdefault(
+                        rank, f"rank {rank} on worker {worker.worker_name}: the worker went "
+                              f"silent (no heartbeat for {quiet:.0f} s)")

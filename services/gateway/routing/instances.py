@@ -28,6 +28,7 @@ from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.errors import ShoalError
+from shoal.shared.loops import run_every
 from shoal.shared.schemas.events import EventKind, InstanceEvent
 from shoal.shared.schemas.infer import EngineLoad
 from shoal.shared.schemas.registry import InstanceFilter, InstancePublic
@@ -127,18 +128,16 @@ class InstanceTable:
             self._upsert(inst)
 
     async def _refresh_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.gateway_instance_refresh)
-            try:
-                await self.refresh()
-            except ShoalError as exc:
-                log.warning("cannot refresh instances from the registry: %s", exc.message)
+        """A full list every gateway_instance_refresh (start() did the first), until cancelled."""
+        await run_every(self.settings.gateway_instance_refresh, None, self.refresh,
+                        "refreshing instances from the registry", log, first_wait=True)
 
     async def _watchdog(self) -> None:
-        period = max(0.05, self.settings.gateway_engine_dead_after / 4)
-        while True:
-            await asyncio.sleep(period)
+        async def check() -> None:
             self.check_silence(time.monotonic())
+
+        await run_every(max(0.05, self.settings.gateway_engine_dead_after / 4), None, check,
+                        "engine silence check", log, first_wait=True)
 
     def check_silence(self, now: float) -> None:
         """Route around engines silent for `gateway_engine_dead_after`; fail the streams of those

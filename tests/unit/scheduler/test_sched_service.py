@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from tests.unit.scheduler.sched_fleet import NOW, placed, worker
 
-from shoal.services.scheduler.election import Term, first_of
+from shoal.services.scheduler.election import Term
+from shoal.shared.loops import first_of
 from shoal.services.scheduler.planner import ProfileCache
 from shoal.services.scheduler.reconcile import SchedulerConfig
 from shoal.services.scheduler.service import SchedulerService

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from shoal.shared.embedded import EmbeddedNats, EmbeddedPostgres, reachable
+from tests.seeding import ENV as SEED_ENV
+from tests.seeding import REPORT_SECTION, replay_hint, run_seed, seed_everything
 
 if not os.path.exists("/proc/driver/nvidia/version"):
     # No GPU: Triton kernels can only run in its CPU interpreter, and TRITON_INTERPRET must be
@@ -26,6 +28,25 @@ if not os.path.exists("/proc/driver/nvidia/version"):
 # suites), where OpenMP threads beyond the cores really free make steps many times slower. One
 # thread per engine unless the caller says otherwise (engines and spawned stacks inherit it).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_report_header() -> str:
+    return f"shoal test seed: {run_seed()} (set {SEED_ENV}=<n> to replay, or =random)"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Every test starts from the run's seed (tests/seeding.py), its fixtures' draws included."""
+    seed_everything(run_seed())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Iterator[None]:
+    report = yield
+    if report.failed:  # shown under the failure, beside captured output
+        report.sections.append((REPORT_SECTION, replay_hint(run_seed())))
+    return report
 
 
 @dataclass(frozen=True)

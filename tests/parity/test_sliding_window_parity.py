@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.seeding import fresh_generator
 from transformers import AutoModelForCausalLM
 
 from shoal.services.engine.frontend.llm import LLM
@@ -46,7 +47,7 @@ def windowed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     arch = request.param
     full = save_tiny_model(arch, tmp_path_factory.mktemp(arch), seed=1)
     folder = with_config(full, tmp_path_factory.mktemp(arch) / "windowed", **WINDOWED[arch])
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENS]
     refs = _references(folder, prompts)
     unwindowed = _references(full, prompts)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.seeding import fresh_generator
 from transformers import AutoModelForCausalLM
 
 from shoal.services.engine.frontend.llm import LLM
@@ -30,7 +31,7 @@ ENGINES = {
 def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
          ) -> tuple[Path, list[list[int]], list[Reference]]:
     folder = save_tiny_model(request.param, tmp_path_factory.mktemp(request.param), seed=1)
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENS]
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     return folder, prompts, [hf_greedy(hf, p, MAX_NEW) for p in prompts]

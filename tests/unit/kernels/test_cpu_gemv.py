@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.seeding import fresh_generator
 import torch.nn.functional as F
 
 from shoal.kernels import cpu_ops
@@ -25,7 +26,7 @@ def threads(request: pytest.FixtureRequest):
 @pytest.mark.parametrize(("n", "k"), [(96, 40), (3072, 576), (5, 3), (577, 1537)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_gemv_matches_f_linear(threads: int, rows: int, n: int, k: int, bias: bool) -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     w = torch.randn(n, k, generator=gen)
     b = torch.randn(n, generator=gen) if bias else None
     x = torch.randn(rows, k, generator=gen)

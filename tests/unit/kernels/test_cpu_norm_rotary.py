@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.seeding import fresh_generator
 
 from shoal.kernels import cpu_ops
 from shoal.kernels.rms_norm import rms_norm
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.skipif(not cpu_ops.load(), reason="no C++ compiler")
 @pytest.mark.parametrize("tokens", [1, 300])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_matches_torch(tokens: int, dtype: torch.dtype) -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     x = (torch.randn(tokens, 576, generator=gen) * 3).to(dtype)
     res = torch.randn(tokens, 576, generator=gen).to(dtype)
     w = torch.randn(576, generator=gen).to(dtype)
@@ -33,7 +34,7 @@ def test_rms_norm_matches_torch(tokens: int, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("tokens", [1, 200])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rotary_matches_torch_on_packed_qkv_views(tokens: int, dtype: torch.dtype) -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     heads, kv_heads, dim = 9, 3, 64
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen).to(dtype)
     q, k, _ = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from tests.seeding import fresh_generator
 
 from shoal.kernels import cpu_ops, paged_attention
 
@@ -79,7 +80,7 @@ def _run_case(op, q_lens: list[int], ctx_lens: list[int], num_heads: int, num_kv
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_mixed_prefill_chunks_and_decodes(op, num_heads: int, num_kv_heads: int,
                                           block_size: int) -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     # a fresh prompt, decodes at and across block boundaries, a later chunk, odd lengths
     q_lens = [7, 1, 1, 5, 1, 13, 1]
     ctx_lens = [0, block_size - 1, block_size, 2 * block_size + 3, 0, 9, 37]
@@ -88,19 +89,19 @@ def test_mixed_prefill_chunks_and_decodes(op, num_heads: int, num_kv_heads: int,
 
 @pytest.mark.parametrize("head_dim", [16, 64])
 def test_decode_only_batch(op, head_dim: int) -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     ctx = torch.randint(0, 70, (11,), generator=gen).tolist()
     _run_case(op, [1] * 11, ctx, 9, 3, head_dim, 16, gen)
 
 
 def test_prefill_only_and_single_token_prompt(op) -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     _run_case(op, [17, 1, 33], [0, 0, 0], 4, 2, 8, 8, gen)
     _run_case(op, [64], [0], 4, 2, 8, 16, gen)  # exactly four full blocks
 
 
 def test_decodes_of_very_different_lengths_are_grouped_correctly(op) -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     ctx = [3, 300, 5, 90, 700, 1, 150, 41]  # several length groups, out of order
     _run_case(op, [1] * len(ctx), ctx, 9, 3, 16, 16, gen)
     _run_case(op, [1, 9, 1, 1, 4], [500, 0, 2, 130, 64], 4, 2, 8, 8, gen)  # chunks in between
@@ -109,7 +110,7 @@ def test_decodes_of_very_different_lengths_are_grouped_correctly(op) -> None:
 @pytest.mark.parametrize("window", [None, 37])
 def test_long_chunks_beside_decodes(op, window: int | None) -> None:
     """Chunks of cpu_ops.LONG_CHUNK tokens and more take the SDPA path inside the C++ op set."""
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     long = cpu_ops.LONG_CHUNK
     _run_case(op, [long, 1, long + 45, 1, long - 1], [0, 50, 70, 3, 9], 9, 3, 16, 16, gen, window)
 
@@ -122,7 +123,7 @@ WINDOWS = [1, 3, 4, 7, 16, 33, 500]
 @pytest.mark.parametrize("window", WINDOWS)
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (6, 1)])
 def test_sliding_window_mixed_batch(op, window: int, num_heads: int, num_kv_heads: int) -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     block_size = 4
     # whole prompts shorter and longer than the window, decodes at and across block boundaries,
     # later chunks whose first query's window starts mid-block, odd lengths
@@ -133,7 +134,7 @@ def test_sliding_window_mixed_batch(op, window: int, num_heads: int, num_kv_head
 
 @pytest.mark.parametrize("window", [5, 16, 100])
 def test_sliding_window_decodes_of_different_lengths(op, window: int) -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     # long and short contexts out of order (decodes are grouped by the keys they read)
     ctx = torch.randint(0, 300, (9,), generator=gen).tolist()
     ctx[2:2] = [window - 1, 2, window, 0, window + 1]
@@ -144,7 +145,7 @@ def test_sliding_window_decodes_of_different_lengths(op, window: int) -> None:
 
 def test_window_changes_the_result(op) -> None:
     """Past the window the output differs from full attention (the mask is not a no-op)."""
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     k_cache = torch.randn(8, 4, 1, 8, generator=gen)
     v_cache = torch.randn(8, 4, 1, 8, generator=gen)
     tables = torch.arange(8, dtype=torch.int32)[None]

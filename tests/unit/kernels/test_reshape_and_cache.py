@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.seeding import fresh_generator
 
 from shoal.kernels import cpu_ops, reshape_and_cache
 
@@ -20,7 +21,7 @@ def op(request: pytest.FixtureRequest):  # noqa: ANN201
 @pytest.mark.parametrize("block_size,num_kv_heads,head_dim", [(16, 3, 64), (4, 1, 8), (8, 2, 5)])
 def test_writes_slots_and_skips_minus_one(op, block_size: int, num_kv_heads: int,
                                           head_dim: int) -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     num_blocks, num_tokens = 6, 13
     k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
     v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)

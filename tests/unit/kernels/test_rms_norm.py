@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import torch
+from tests.seeding import fresh_generator
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from shoal.kernels import rms_norm
 
 
 def test_matches_transformers_and_float64() -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     x = torch.randn(7, 37, generator=gen) * 3
     ref = LlamaRMSNorm(37, eps=1e-6)
     ref.weight.data = torch.randn(37, generator=gen)
@@ -21,7 +22,7 @@ def test_matches_transformers_and_float64() -> None:
 
 
 def test_fused_residual_returns_sum() -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     x, res = torch.randn(5, 16, generator=gen), torch.randn(5, 16, generator=gen)
     w = torch.randn(16)
     out, new_res = rms_norm(x, w, 1e-5, residual=res)

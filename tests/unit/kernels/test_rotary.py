@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.seeding import fresh_generator
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
@@ -32,7 +33,7 @@ def test_inv_freq_and_rotation_match_transformers(rope: dict) -> None:
     if rope["rope_type"] != "default":
         theirs, _ = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, "cpu", seq_len=256)
         assert torch.equal(ours, theirs)
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     positions = torch.randint(0, 256, (9,), generator=gen)
     q, k = torch.randn(9, 4, 32, generator=gen), torch.randn(9, 2, 32, generator=gen)
     q_out, k_out = apply_rotary(q, k, positions, rotary_cos_sin(ours, 256))
@@ -44,7 +45,7 @@ def test_inv_freq_and_rotation_match_transformers(rope: dict) -> None:
 
 
 def test_rotation_is_complex_multiplication() -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     inv_freq = rope_inv_freq({"rope_type": "default", "rope_theta": 10000.0}, 16, 100)
     positions = torch.tensor([0, 1, 7, 99])
     q = torch.randn(4, 3, 16, generator=gen)

@@ -19,7 +19,8 @@ from transformers import AutoModelForCausalLM
 from shoal.services.engine.frontend.llm import LLM
 from shoal.services.engine.sampling_params import SamplingParams
 from tests.tiny_models import ARCHS, VOCAB, save_tiny_model
-from tests.unit.kernels_triton.triton_helpers import DEVICE, HAS_CUDA, fresh_generator
+from tests.seeding import fresh_generator
+from tests.unit.kernels_triton.triton_helpers import DEVICE, HAS_CUDA
 
 DTYPES = ["bfloat16", "float16"] if HAS_CUDA else ["float32"]
 MODES = [(True, True), (False, False)] if HAS_CUDA else [(False, True)]  # (graphs, prefix)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.unit.kernels_triton.triton_helpers import (DEVICE, DTYPES, PagedCase, fresh_generator,
+from tests.seeding import fresh_generator
+from tests.unit.kernels_triton.triton_helpers import (DEVICE, DTYPES, PagedCase,
                                                       needs_cuda, paged_case,
                                                       poison_before_window, tolerance)
 

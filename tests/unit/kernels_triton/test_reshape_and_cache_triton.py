@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.unit.kernels_triton.triton_helpers import DEVICE, DTYPES, fresh_generator
+from tests.seeding import fresh_generator
+from tests.unit.kernels_triton.triton_helpers import DEVICE, DTYPES
 
 from shoal.kernels import reshape_and_cache
 from shoal.kernels.reshape_and_cache_triton import reshape_and_cache_triton

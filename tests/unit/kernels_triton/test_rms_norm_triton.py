@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.unit.kernels_triton.triton_helpers import DEVICE, DTYPES, fresh_generator, tolerance
+from tests.seeding import fresh_generator
+from tests.unit.kernels_triton.triton_helpers import DEVICE, DTYPES, tolerance
 
 from shoal.kernels import rms_norm
 from shoal.kernels.rms_norm_triton import rms_norm_triton

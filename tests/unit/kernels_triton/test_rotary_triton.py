@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.unit.kernels_triton.triton_helpers import DEVICE, DTYPES, fresh_generator
+from tests.seeding import fresh_generator
+from tests.unit.kernels_triton.triton_helpers import DEVICE, DTYPES
 
 from shoal.kernels.rotary import apply_rotary, rope_inv_freq, rotary_cos_sin
 from shoal.kernels.rotary_triton import apply_rotary_triton

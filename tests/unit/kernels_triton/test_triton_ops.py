@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.seeding import fresh_generator
 
 from shoal.kernels import TORCH_OPS, Ops, select_ops
 from shoal.services.engine.runner import model_runner as model_runner_module
@@ -16,8 +17,7 @@ from shoal.services.engine.runner.model_runner import ModelRunner
 from shoal.services.engine.core.outputs import ScheduledSeq, SchedulerOutput
 from shoal.services.engine.sampling_params import SamplingParams
 from tests.tiny_models import VOCAB, save_tiny_model, with_config
-from tests.unit.kernels_triton.triton_helpers import (DEVICE, fresh_generator, needs_cuda,
-                                                        tensors_beside_inputs)
+from tests.unit.kernels_triton.triton_helpers import DEVICE, needs_cuda, tensors_beside_inputs
 
 OPS = ["reshape_and_cache", "paged_attention", "rms_norm", "apply_rotary"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)

@@ -44,12 +44,6 @@ def tensors_beside_inputs() -> Iterator[None]:
         yield
 
 
-def fresh_generator() -> torch.Generator:
-    seed = torch.seed()
-    print(f"seed {seed}")  # shown on failure, so a failing draw can be replayed
-    return torch.Generator().manual_seed(seed)
-
-
 @dataclass
 class PagedCase:
     q: torch.Tensor  # [num_tokens, num_heads, head_dim]

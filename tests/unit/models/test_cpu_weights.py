@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from tests.seeding import fresh_generator
 import torch.nn.functional as F
 
 from shoal.services.engine.config import ConfigError
@@ -22,14 +23,14 @@ from shoal.services.engine.layers.linear import Linear
 @pytest.mark.skipif(not onednn_available(), reason="torch built without oneDNN")
 @pytest.mark.parametrize("rows", [1, 7, 64])
 def test_onednn_linear_matches_f_linear(rows: int) -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     w, b = torch.randn(96, 40, generator=gen), torch.randn(96, generator=gen)
     x = torch.randn(rows, 40, generator=gen)
     torch.testing.assert_close(OneDNNLinear(w, b)(x), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
 
 
 def test_int8_linear_is_its_dequantised_weight_within_bf16_rounding() -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     w = torch.randn(64, 32, generator=gen)
     x = torch.randn(5, 32, generator=gen)
     layer = Int8Linear(w, None)
@@ -61,7 +62,7 @@ def test_prepare_moves_dense_weights_to_the_kernel_and_refuses_unknown_quantizat
 
 @pytest.mark.skipif(not gemv_available(torch.float32), reason="no oneDNN or no C++ compiler")
 def test_onednn_linear_runs_one_or_two_rows_through_the_gemv() -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     w, b = torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
     layer = OneDNNLinear(w, b, plain=True)
     for rows in (1, 2):
@@ -81,7 +82,7 @@ def _rows(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
 
 @pytest.mark.parametrize("rows", [1, 5, 16])  # 16: the many-rows kernel (MANY_ROWS)
 def test_int8_linear_both_kernels_match_the_dequantised_matmul(rows: int) -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     w, b = torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen)
     x = _rows(rows, 64, gen)
     layer = Int8Linear(w, b)
@@ -91,7 +92,7 @@ def test_int8_linear_both_kernels_match_the_dequantised_matmul(rows: int) -> Non
 
 
 def test_int4_codes_scales_and_zeros_reproduce_the_weight_within_half_a_step() -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     w = torch.randn(48, 96, generator=gen)
     groups = w.view(48, 3, INT4_GROUP)
     step = (groups.amax(2) - groups.amin(2)) / 15
@@ -103,7 +104,7 @@ def test_int4_codes_scales_and_zeros_reproduce_the_weight_within_half_a_step() -
 
 @pytest.mark.parametrize("rows", [1, 5, 16])  # 1, 5: the int4 kernel; 16: ManyRows
 def test_int4_linear_matches_the_reference_dequantised_matmul(rows: int) -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     out_f, in_f = 64, 128
     codes = torch.randint(0, 16, (out_f, in_f), generator=gen)
     step = torch.rand(out_f, in_f // INT4_GROUP, generator=gen) * 0.1 + 0.01
@@ -119,7 +120,7 @@ def test_int4_linear_matches_the_reference_dequantised_matmul(rows: int) -> None
 
 
 def test_int4_linear_quantises_a_float_weight_group_wise() -> None:
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     w = torch.randn(64, 96, generator=gen)
     layer = Int4Linear(w, None)
     eye = torch.eye(96)
@@ -140,7 +141,7 @@ def test_prepare_refuses_gguf_without_a_file() -> None:
 def test_gguf_blocks_cache_round_trip(tmp_path) -> None:
     from shoal.services.engine.layers.gguf_weights import _from_cache, _write_cache
 
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     model = torch.nn.Sequential(Linear(64, 16, bias=True))
     model[0].bias.data.normal_(generator=gen)
     codes = torch.randint(0, 16, (16, 64), generator=gen, dtype=torch.uint8)
@@ -155,7 +156,7 @@ def test_gguf_blocks_cache_round_trip(tmp_path) -> None:
 
 def test_dynamic_int8_gemm_matches_the_dequantised_matmul() -> None:
     """The many-rows kernel where the CPU has no bf16 GEMM."""
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     w, x = torch.randn(96, 64, generator=gen), torch.randn(16, 64, generator=gen)
     qweight, scale = _per_row_int8(w)
     ref = F.linear(x, qweight.float() * scale[:, None])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.seeding import fresh_generator
 from tests.tiny_models import ARCHS, VOCAB, save_tiny_model
 from transformers import AutoModelForCausalLM
 
@@ -49,7 +50,7 @@ def _hf_logits(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 
 def test_varlen_prefill_matches(arch_pair: tuple[ModelRunner, torch.nn.Module]) -> None:
     runner, hf = arch_pair
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (5, 17, 1, 8)]
     seqs = [ScheduledSeq(i, p, 0, _blocks(i), True, len(p), GREEDY) for i, p in enumerate(prompts)]
     logits = _forward(runner, seqs)
@@ -63,7 +64,7 @@ def test_varlen_prefill_matches(arch_pair: tuple[ModelRunner, torch.nn.Module]) 
 def test_chunked_prefill_next_to_decodes_matches(arch_pair: tuple[ModelRunner, torch.nn.Module]
                                                  ) -> None:
     runner, hf = arch_pair
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     short = torch.randint(3, VOCAB, (6,), generator=gen).tolist()
     long = torch.randint(3, VOCAB, (23,), generator=gen).tolist()
     # step 1: short prompt whole + the first 7 tokens of the long one
@@ -83,7 +84,7 @@ def test_chunked_prefill_next_to_decodes_matches(arch_pair: tuple[ModelRunner, t
 
 def test_greedy_decode_matches_generate(arch_pair: tuple[ModelRunner, torch.nn.Module]) -> None:
     runner, hf = arch_pair
-    gen = torch.Generator().manual_seed(torch.seed())
+    gen = fresh_generator()
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (3, 11)]
     tokens = [list(p) for p in prompts]
     out = SchedulerOutput([ScheduledSeq(10 + i, p, 0, _blocks(i), True, len(p), GREEDY)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.seeding import fresh_generator
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from shoal.services.engine.runner.sampler import SeqState, greedy_tokens, mix_seed, sample
@@ -26,7 +27,7 @@ def _state(tokens: list[int] | None = None, prompt_len: int = 0, seed: int | Non
 
 
 def _logits(rows: int) -> torch.Tensor:
-    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(torch.seed())) * 3
+    return torch.randn(rows, VOCAB, generator=fresh_generator()) * 3
 
 
 def test_greedy_is_argmax() -> None:

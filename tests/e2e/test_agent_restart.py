@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
@@ -23,6 +22,7 @@ import psutil
 import pytest
 
 from shoal.shared.embedded import free_port
+from tests.e2e.stack_waits import only_worker, wait_model_served, wait_registered_again
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -96,10 +96,8 @@ async def test_agent_sigkilled_repeatedly_never_disturbs_its_engine(tmp_path: Pa
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
     try:
-        deadline = time.monotonic() + 300
-        while f"{MODEL} RUNNING" not in log_path.read_text():
-            assert up.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
-            await asyncio.sleep(0.5)
+        await wait_model_served(http, base, MODEL, 300, alive=lambda: up.poll() is None,
+                                context=lambda: log_path.read_text()[-3000:])
         instance_id, engine_pid = _engine(data_dir)
         errors: list[str] = []
         done: list[int] = []
@@ -108,16 +106,13 @@ async def test_agent_sigkilled_repeatedly_never_disturbs_its_engine(tmp_path: Pa
         tasks.append(asyncio.create_task(
             _watch(http, f"{base}/api/v1/instances/{instance_id}", seen, stop)))
         await asyncio.sleep(1)
-        for kill in range(KILLS):
+        for _ in range(KILLS):
             agent = _agent_pid(up)
             assert agent is not None
+            worker = await only_worker(http, base)
             os.kill(agent, signal.SIGKILL)
             # until shoal up has started a new agent and it has adopted the engine
-            deadline = time.monotonic() + 60
-            marker = f"adopted the running engine of instance {instance_id}"
-            while log_path.read_text().count(marker) < kill + 1:
-                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
-                await asyncio.sleep(0.2)
+            await wait_registered_again(http, base, worker, 60)
             await asyncio.sleep(4)  # a few reconciles and heartbeats of the new agent
         served = len(done)
         await asyncio.sleep(1)

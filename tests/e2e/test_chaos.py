@@ -35,6 +35,7 @@ import pytest
 
 from shoal.services.engine.model_prep import smollm2_gguf_path
 from shoal.shared.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from tests.e2e.stack_waits import only_worker, wait_model_served, wait_registered_again
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -163,17 +164,6 @@ def _service_pid(up: subprocess.Popen[str], name: str) -> int:
     raise AssertionError(f"no {name} process under shoal up")
 
 
-async def _adopted(up_log: Path, instance_id: str, before: int) -> None:
-    """Until the restarted agent has registered and adopted the engine (chats do not need the
-    agent, so the recovery check alone would end the agent's phase before its successor is up,
-    and whatever the adoption does would land in the next phase)."""
-    marker = f"adopted the running engine of instance {instance_id}"
-    deadline = time.monotonic() + 60
-    while (await asyncio.to_thread(up_log.read_text)).count(marker) <= before:
-        assert time.monotonic() < deadline, "the restarted agent did not adopt the engine"
-        await asyncio.sleep(0.2)
-
-
 def _engine(data_dir: Path) -> tuple[str, int]:
     (record,) = (data_dir / "engines").glob("*.json")
     return record.stem, int(json.loads(record.read_text())["pid"])
@@ -204,11 +194,8 @@ async def test_each_process_killed_under_load(tmp_path: Path) -> None:
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=STREAM_BOUND_S))
     tasks: list[asyncio.Task[None]] = []
     try:
-        deadline = time.monotonic() + 300
-        while f"{MODEL} RUNNING" not in (tmp_path / "up.log").read_text():
-            assert up.poll() is None and time.monotonic() < deadline, \
-                (tmp_path / "up.log").read_text()[-3000:]
-            await asyncio.sleep(0.5)
+        await wait_model_served(http, base, MODEL, 300, alive=lambda: up.poll() is None,
+                                context=lambda: (tmp_path / "up.log").read_text()[-3000:])
         source = str(smollm2_gguf_path())
         tasks = [asyncio.create_task(_chat_loop(client, log, stop)) for _ in range(STREAMS)]
         tasks.append(asyncio.create_task(_api_loop(http, base, log, stop, source)))
@@ -216,10 +203,10 @@ async def test_each_process_killed_under_load(tmp_path: Path) -> None:
             http, f"{base}/api/v1/instances/{_engine(data_dir)[0]}", log, stop)))
         await asyncio.sleep(2)
         recovery: dict[str, float] = {}
-        adoptions = 0
         for victim, find_pid in victims:
             before = await _create(http, base, source)
             engine_before = _engine(data_dir)
+            worker_before = await only_worker(http, base) if victim == "worker agent" else {}
             log.phase = victim
             os.kill(find_pid(), signal.SIGKILL)
             await asyncio.sleep(0.5)
@@ -228,8 +215,10 @@ async def test_each_process_killed_under_load(tmp_path: Path) -> None:
             async with http.get(f"{base}/api/v1/models/{before}") as resp:
                 assert resp.status == 200, f"{victim}: the model created before the kill is lost"
             if victim == "worker agent":  # the engine outlived its agent and was adopted
-                await _adopted(tmp_path / "up.log", engine_before[0], adoptions)
-                adoptions += 1
+                # until the restarted agent has registered and adopted the engine (chats do
+                # not need the agent, so the recovery check alone would end the agent's phase
+                # before its successor is up, and what the adoption does would land in the next)
+                await wait_registered_again(http, base, worker_before, 60)
                 await asyncio.sleep(2)  # the new agent reconciles and heartbeats under load
                 assert _engine(data_dir) == engine_before and psutil.pid_exists(engine_before[1])
                 async with http.get(f"{base}/api/v1/instances/{engine_before[0]}") as resp:

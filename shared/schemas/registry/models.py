@@ -73,7 +73,9 @@ class ModelSpec(Wire):
     """Everything a user sets on a model; shared by create and public views."""
 
     source: str = Field(min_length=1)
-    """A local Hugging Face folder or .gguf file (no hub is reachable)."""
+    """Where the weights come from, as the workers see it: a Hugging Face model folder, a .gguf
+    file, or a Hugging Face id (org/name: found in the Hugging Face cache, else downloaded when
+    the hub can be reached)."""
     replicas: int = Field(default=1, ge=0, le=1024)
     """How many instances to run (0 keeps the model without running it)."""
     device: DeviceKind = DeviceKind.AUTO

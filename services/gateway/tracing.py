@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.instrumentation.aiohttp_server import AioHttpServerInstrumentor
@@ -33,7 +34,7 @@ def instrument_http() -> None:
 
 
 @contextmanager
-def inference_span(req: GenerateRequest, builder: ResponseBuilder,
+def inference_span(req: GenerateRequest, builder: ResponseBuilder[Any],
                    stream: bool) -> Iterator[trace.Span]:
     """The span of one OpenAI inference, named "{operation} {model}" as GenAI spans are; the
     response's id, usage and finish reasons are added when it ends well."""

@@ -1,23 +1,25 @@
 """The OpenAPI 3 document served at /openapi.json: every route, request bodies from the pydantic
-models the gateway validates with, and OpenAI's error shape for failures.
+models the gateway validates with, the OpenAI routes' answers from the models it answers with
+(openai/objects.py; a streamed answer's events too), and OpenAI's error shape for failures.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
 from shoal.services.gateway.openai.embeddings import EmbeddingBody
+from shoal.services.gateway.openai.objects import (
+    ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, DetokenizeResponse,
+    EmbeddingList, ErrorResponse, ModelCard, ModelList, TokenizeResponse
+)
 from shoal.services.gateway.openai.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody
 )
 from shoal.shared.schemas.registry import ApiKeyCreate, ApiKeyUpdate, ModelCreate, ModelUpdate
 
-_ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
-    "message": {"type": "string"}, "type": {"type": "string"},
-    "param": {"type": ["string", "null"]},
-    "code": {"type": ["string", "null"]}}}}}
 _OPS: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
     ("get", "/v1/models", "List models", None, "openai"),
     ("get", "/v1/models/{name}", "Get a model", None, "openai"),
@@ -62,21 +64,63 @@ _OPS: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
     ("get", "/api/v1/usage", "Usage per key, model and day (?key_id, ?model, ?since, ?until)",
      None, "management"),
 ]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A route's 200: its JSON object, and for `stream: true` the object of each SSE event."""
+
+    model: type[BaseModel]
+    event: type[BaseModel] | None = None
+
+
+_ANSWERS: dict[tuple[str, str], Answer] = {
+    ("get", "/v1/models"): Answer(ModelList),
+    ("get", "/v1/models/{name}"): Answer(ModelCard),
+    ("post", "/v1/completions"): Answer(Completion, CompletionChunk),
+    ("post", "/v1/chat/completions"): Answer(ChatCompletion, ChatCompletionChunk),
+    ("post", "/v1/embeddings"): Answer(EmbeddingList),
+    ("post", "/tokenize"): Answer(TokenizeResponse),
+    ("post", "/detokenize"): Answer(DetokenizeResponse),
+}
 _ERRORS = {"400": "Bad input", "401": "Missing or invalid API key",
            "404": "Unknown model or resource",
            "409": "Stale version", "429": "Too many requests in flight",
            "503": "No instance can serve now"}
 
 
+def _ref(model: type[BaseModel], schemas: dict[str, Any]) -> dict[str, str]:
+    """Put `model`'s schema (and those it uses) into `schemas`; a reference to it."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    found = {**schema.pop("$defs", {}), model.__name__: schema}
+    for name, one in found.items():  # two different models of one name: a wrong document
+        assert schemas.setdefault(name, one) == one, f"two schemas named {name}"
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _ok(answer: Answer | None, schemas: dict[str, Any]) -> dict[str, Any]:
+    if answer is None:
+        return {"description": "OK"}
+    content: dict[str, Any] = {"application/json": {"schema": _ref(answer.model, schemas)}}
+    if answer.event is None:
+        return {"description": answer.model.__name__, "content": content}
+    content["text/event-stream"] = {"schema": {
+        **_ref(answer.event, schemas), "description": f"with stream: true, server-sent events: "
+        f"one `data: <{answer.event.__name__}>` per chunk, then `data: [DONE]`"}}
+    return {"description": f"{answer.model.__name__}, or {answer.event.__name__} events when "
+            "streamed", "content": content}
+
+
 def openapi_document(version: str) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
-    schemas: dict[str, Any] = {"Error": _ERROR}
+    schemas: dict[str, Any] = {}
+    error = _ref(ErrorResponse, schemas)
     for method, path, summary, body, tag in _OPS:
         op: dict[str, Any] = {
             "summary": summary, "tags": [tag],
-            "responses": {"200": {"description": "OK"},
+            "responses": {"200": _ok(_ANSWERS.get((method, path)), schemas),
                           **{code: {"description": text, "content": {"application/json": {
-                              "schema": {"$ref": "#/components/schemas/Error"}}}}
+                              "schema": error}}}
                              for code, text in _ERRORS.items()}},
         }
         params = [p.strip("{}") for p in path.split("/") if p.startswith("{")]
@@ -85,11 +129,8 @@ def openapi_document(version: str) -> dict[str, Any]:
                                  "schema": {"type": "string"}}
                                 for p in params]
         if body is not None:
-            schema = body.model_json_schema(ref_template="#/components/schemas/{model}")
-            schemas.update(schema.pop("$defs", {}))
-            schemas[body.__name__] = schema
             op["requestBody"] = {"required": True, "content": {"application/json": {
-                "schema": {"$ref": f"#/components/schemas/{body.__name__}"}}}}
+                "schema": _ref(body, schemas)}}}
         paths.setdefault(path, {})[method] = op
     return {
         "openapi": "3.1.0",

@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import Field
 
 from shoal.services.gateway.openai.body import Body, TokenId
+from shoal.services.gateway.openai.objects import Embedding, EmbeddingList, EmbeddingUsage
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.infer import EmbedReply, EmbedRequest
 
@@ -93,13 +94,13 @@ def rows(reply: EmbedReply) -> list[bytes]:
 
 
 def embedding_response(model: str, replies: Sequence[EmbedReply],
-                       encoding_format: str) -> dict[str, object]:
-    data: list[dict[str, object]] = []
+                       encoding_format: str) -> EmbeddingList:
+    data: list[Embedding] = []
     for reply in replies:
         for row in rows(reply):
-            vector: object = (base64.b64encode(row).decode() if encoding_format == "base64"
-                              else list(struct.unpack(f"<{len(row) // 4}f", row)))
-            data.append({"object": "embedding", "index": len(data), "embedding": vector})
+            vector = (base64.b64encode(row).decode() if encoding_format == "base64"
+                      else list(struct.unpack(f"<{len(row) // 4}f", row)))
+            data.append(Embedding(index=len(data), embedding=vector))
     tokens = sum(r.prompt_tokens for r in replies)
-    return {"object": "list", "data": data, "model": model,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    return EmbeddingList(data=data, model=model,
+                         usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens))

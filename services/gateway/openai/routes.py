@@ -10,11 +10,14 @@ from aiohttp import web
 
 from shoal.services.gateway.errors import read_body
 from shoal.services.gateway.json_body import parse_body
+from shoal.services.gateway.openai.builders import ChatResponseBuilder, CompletionResponseBuilder
 from shoal.services.gateway.openai.embeddings import EmbeddingBody, embedding_response
+from shoal.services.gateway.openai.objects import (
+    DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
+)
 from shoal.services.gateway.openai.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody
 )
-from shoal.services.gateway.openai.responses import ResponseBuilder
 from shoal.services.gateway.openai.serve import Answer, Job
 from shoal.services.gateway.openai.structured import rename_param
 from shoal.services.gateway.routing.router import (
@@ -40,7 +43,7 @@ async def list_models(request: web.Request) -> web.Response:
     except ShoalError:  # the registry is away: still list what is being served
         models = [(name, name, int(st.started_at), None) for name in st.table.model_names()]
     data = [_model_card(request, *model) for model in models]
-    return web.json_response({"object": "list", "data": data})
+    return web.json_response(ModelList(data=data).body())
 
 
 @routes.get("/v1/models/{name}")
@@ -51,19 +54,19 @@ async def get_model(request: web.Request) -> web.Response:
         if name == model.name or name in model.aliases:
             return web.json_response(_model_card(
                 request, name, model.name, int(model.created_at.timestamp()),
-                model.max_model_len))
+                model.max_model_len).body())
     raise await st.client.no_instance(name)
 
 
 def _model_card(request: web.Request, served: str, name: str, created: int,
-                max_len: int | None) -> dict[str, object]:
+                max_len: int | None) -> ModelCard:
     """vLLM's model card for a name the model answers to (root: the model that name serves,
     parent: null), the same listed or alone. max_model_len is what the engines serve (the
     model's config when it was not set)."""
     table = request.app[STATE].table
-    return {"id": served, "object": "model", "created": created, "owned_by": "shoal",
-            "root": name, "parent": None, "max_model_len": table.max_model_len(name) or max_len,
-            "has_running_instance": name in table.model_names()}
+    return ModelCard(id=served, created=created, root=name,
+                     max_model_len=table.max_model_len(name) or max_len,
+                     has_running_instance=name in table.model_names())
 
 
 UNSUPPORTED_APIS = {"messages": "Anthropic's Messages API (/v1/messages)",
@@ -89,7 +92,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body.model = await st.names.resolve(body.model)  # an alias: the model's own name
     prompts = body.prompts()
     with st.admission.slot(len(prompts) * body.n, param="prompt" if len(prompts) > 1 else "n"):
-        builder = ResponseBuilder("completion", body.model, want_logprobs=body.logprobs is not None)
+        builder = CompletionResponseBuilder(body.model, want_logprobs=body.logprobs is not None)
         jobs = []
         for i, prompt in enumerate(prompts):
             hashes = (text_prefix_hashes(prompt) if isinstance(prompt, str)
@@ -108,8 +111,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = parse_body(await read_body(request), ChatCompletionRequest)
     body.model = await st.names.resolve(body.model)  # an alias: the model's own name
     with st.admission.slot(body.n, param="n"):
-        builder = ResponseBuilder("chat", body.model, want_logprobs=body.logprobs,
-                                  tool_mode=body.tool_plan().mode)
+        builder = ChatResponseBuilder(body.model, want_logprobs=body.logprobs,
+                                      tool_mode=body.tool_plan().mode)
         hashes = messages_prefix_hashes([(m.role, m.text() or "") for m in body.messages])
         jobs = [Job(body.generate(builder.id), hashes)]
         answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model),
@@ -155,7 +158,8 @@ async def embeddings(request: web.Request) -> web.Response:
                                          for part in batches))
         st.quota.record(ticket, Usage(prompt_tokens=sum(r.prompt_tokens for r in replies),
                                       completion_tokens=0))
-        return web.json_response(embedding_response(body.model, replies, body.encoding_format))
+        return web.json_response(
+            embedding_response(body.model, replies, body.encoding_format).body())
 
 
 @routes.post("/tokenize")
@@ -172,8 +176,8 @@ async def tokenize(request: web.Request) -> web.Response:
                           tools=[t.wire() for t in body.tools] if body.tools else None)
     # as long as a generate request has to be accepted (its seq 0 also waits for the tokenizer)
     reply = await st.client.call(body.model, req, TokenizeReply, st.settings.gateway_accept_timeout)
-    return web.json_response({"count": reply.count, "max_model_len": reply.max_model_len,
-                              "tokens": reply.tokens})
+    return web.json_response(TokenizeResponse(count=reply.count, max_model_len=reply.max_model_len,
+                                              tokens=reply.tokens).body())
 
 
 @routes.post("/detokenize")
@@ -184,4 +188,4 @@ async def detokenize(request: web.Request) -> web.Response:
     reply = await st.client.call(body.model,
                                  DetokenizeRequest(model=body.model, tokens=body.tokens),
                                  DetokenizeReply, st.settings.gateway_accept_timeout)
-    return web.json_response({"prompt": reply.prompt})
+    return web.json_response(DetokenizeResponse(prompt=reply.prompt).body())

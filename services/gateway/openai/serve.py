@@ -11,10 +11,13 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
 from shoal.services.gateway.metrics import RequestObserver
+from shoal.services.gateway.openai.builders import CompletionResponseBuilder
+from shoal.services.gateway.openai.objects import ChatChunkChoice, CompletionChoice
 from shoal.services.gateway.openai.responses import ChoiceState, ResponseBuilder, add_usage
 from shoal.services.gateway.openai.streaming import DONE, SSE_HEADERS, sse_error, sse_event
 from shoal.services.gateway.openai.structured import rename_param
@@ -23,6 +26,7 @@ from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.schemas.infer import GenerateRequest, InferChunk, InferEnd, Usage
 
 Reply = InferChunk | InferEnd
+Entry = ChatChunkChoice | CompletionChoice
 
 
 @dataclass(slots=True)
@@ -71,8 +75,8 @@ async def merged(client: InferClient, jobs: Sequence[Job]) -> AsyncIterator[tupl
 class Answer:
     """Runs the jobs for one OpenAI request and writes its answer."""
 
-    def __init__(self, client: InferClient, builder: ResponseBuilder, jobs: Sequence[Job], n: int,
-                 observer: RequestObserver, include_usage: bool = False,
+    def __init__(self, client: InferClient, builder: ResponseBuilder[Any], jobs: Sequence[Job],
+                 n: int, observer: RequestObserver, include_usage: bool = False,
                  continuous_usage: bool = False) -> None:
         self.client = client
         self.builder = builder
@@ -91,32 +95,32 @@ class Answer:
         return Usage(prompt_tokens=sum(self.prompt_tokens.values()),
                      completion_tokens=sum(c.num_tokens for c in self.builder.choices.values()))
 
-    def _chunk(self, entries: list[dict[str, object]]) -> bytes:
+    def _chunk(self, entries: list[Entry]) -> bytes:
         usage = self.usage_so_far() if self.continuous_usage else None
         return sse_event(self.builder.chunk(entries, usage, with_usage=self.include_usage))
 
-    def _entries(self, i: int, reply: Reply) -> list[dict[str, object]]:
+    def _entries(self, i: int, reply: Reply) -> list[Entry]:
         job = self.jobs[i]
-        entries: list[dict[str, object]] = []
+        builder = self.builder
+        entries: list[Entry] = []
         if isinstance(reply, InferChunk):
             self.observer.on_chunk(reply)
             if reply.prompt_token_ids is not None:
                 self.prompt_tokens[i] = len(reply.prompt_token_ids)
             if reply.tool_call_parser is not None:  # seq 0 of an "auto" tool choice request
-                self.builder.tool_call_parser = reply.tool_call_parser
+                builder.learn_parser(reply.tool_call_parser)
             for delta in reply.choices:
-                entry = self.builder.apply(delta, job.index_offset + delta.index)
-                if (self.builder.kind != "chat" or entry["delta"] or entry["finish_reason"]
-                        or entry["logprobs"]):
-                    entries.append(self.builder.with_role(entry))
+                entry = builder.apply(delta, job.index_offset + delta.index)
+                if builder.worth_sending(entry):
+                    entries.append(builder.with_role(entry))
         else:
             self.observer.on_end(reply)
-            self.builder.usage = add_usage(self.builder.usage, reply.usage)
+            builder.usage = add_usage(builder.usage, reply.usage)
             for index in range(self.n):
                 reason = reply.finish_reasons.get(index, "stop")
-                entry = self.builder.finish(job.index_offset + index, reason)
-                if entry is not None:
-                    entries.append(self.builder.with_role(entry))
+                closing = builder.finish(job.index_offset + index, reason)
+                if closing is not None:
+                    entries.append(builder.with_role(closing))
         return entries
 
     async def whole(self) -> web.Response:
@@ -128,7 +132,7 @@ class Answer:
         for job in self.jobs:  # choices that produced nothing still appear
             for k in range(self.n):
                 self.builder.choices.setdefault(job.index_offset + k, ChoiceState())
-        return web.json_response(self.builder.final(prefix))
+        return web.json_response(self.builder.final(prefix).body())
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         async with contextlib.aclosing(merged(self.client, self.jobs)) as replies:
@@ -158,9 +162,8 @@ class Answer:
             if not job.echo:
                 continue
             for k in range(self.n):
-                entry = {"index": job.index_offset + k, "text": job.echo, "logprobs": None,
-                         "finish_reason": None, "stop_reason": None}
-                await response.write(self._chunk([entry]))
+                await response.write(self._chunk([
+                    CompletionResponseBuilder.echo(job.index_offset + k, job.echo)]))
 
     async def _write(self, response: web.StreamResponse, i: int, reply: Reply) -> None:
         for entry in self._entries(i, reply):

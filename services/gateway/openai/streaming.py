@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from shoal.services.gateway.openai.objects import OpenAIObject
 from shoal.shared.errors import ShoalError
 
 DONE = b"data: [DONE]\n\n"
@@ -14,10 +15,13 @@ SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Contro
                "X-Accel-Buffering": "no"}
 
 
-def sse_event(payload: dict[str, Any]) -> bytes:
+def sse_event(payload: dict[str, Any] | OpenAIObject) -> bytes:
     """One event; JSON never contains a raw newline, so one `data:` line is enough."""
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return b"data: " + data.encode() + b"\n\n"
+    if isinstance(payload, OpenAIObject):
+        data = payload.body_json()  # compact, UTF-8 as is: as json.dumps below
+    else:
+        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    return b"data: " + data + b"\n\n"
 
 
 def sse_error(error: ShoalError) -> bytes:

@@ -58,9 +58,9 @@ def test_response_in_float_and_base64() -> None:
     raw = b"".join(struct.pack("<3f", *v) for v in vectors)
     reply = EmbedReply(data=base64.b64encode(raw).decode(), num_inputs=2, dimensions=3,
                        prompt_tokens=7)
-    out = embedding_response("m", [reply, reply], "float")
+    out = embedding_response("m", [reply, reply], "float").body()
     assert [d["embedding"] for d in out["data"]] == vectors * 2
     assert [d["index"] for d in out["data"]] == [0, 1, 2, 3]
     assert out["usage"] == {"prompt_tokens": 14, "total_tokens": 14}
-    b64 = embedding_response("m", [reply], "base64")["data"]
+    b64 = embedding_response("m", [reply], "base64").body()["data"]
     assert [list(struct.unpack("<3f", base64.b64decode(d["embedding"]))) for d in b64] == vectors

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from shoal.services.gateway.auth.admission import Admission
-from shoal.services.gateway.openai.responses import ResponseBuilder, add_usage, usage_body
+from shoal.services.gateway.openai.builders import ChatResponseBuilder, CompletionResponseBuilder
+from shoal.services.gateway.openai.responses import add_usage, usage_info
 from shoal.services.gateway.openai.streaming import DONE, parse_sse, sse_error, sse_event
 from shoal.shared.errors import InvalidRequest, Overloaded, Unavailable
 from shoal.shared.schemas.infer import ChoiceDelta, TokenLogprobWire, TopLogprob, Usage
@@ -33,22 +34,25 @@ def lp(token: str, value: float) -> TokenLogprobWire:
 
 
 def test_chat_chunks_and_final_answer() -> None:
-    b = ResponseBuilder("chat", "m", want_logprobs=True)
+    b = ChatResponseBuilder("m", want_logprobs=True)
     assert b.id.startswith("chatcmpl-")
-    e1 = b.apply(ChoiceDelta(index=0, text="Par", token_ids=[1], logprobs=[lp("Par", -0.1)]), 0)
+    entry = b.apply(ChoiceDelta(index=0, text="Par", token_ids=[1], logprobs=[lp("Par", -0.1)]),
+                    0)
+    e1 = entry.body()
     assert e1["delta"] == {"content": "Par"}
     assert e1["logprobs"]["content"][0]["bytes"] == list(b"Par")
     # the role rides with the choice's first token (as vLLM sends it), once
-    assert b.with_role(e1)["delta"] == {"role": "assistant", "content": "Par"}
-    assert b.with_role({"index": 0, "delta": {"content": "is"}})["delta"] == {"content": "is"}
+    assert b.with_role(entry).body()["delta"] == {"role": "assistant", "content": "Par"}
+    second = b.apply(ChoiceDelta(index=0, text="is", token_ids=[2], logprobs=[lp("is", -0.2)],
+                                 finish_reason="stop"), 0)
+    assert b.with_role(second).body()["delta"] == {"content": "is"}
     assert len(e1["logprobs"]["content"][0]["top_logprobs"]) == 2
-    b.apply(ChoiceDelta(index=0, text="is", token_ids=[2], logprobs=[lp("is", -0.2)],
-                        finish_reason="stop"), 0)
     assert b.finish(0, "stop") is None  # the delta already closed it
-    chunk = b.chunk([e1], with_usage=True)
+    chunk = b.chunk([entry], with_usage=True).body()
     assert chunk["object"] == "chat.completion.chunk" and chunk["usage"] is None
+    assert "usage" not in b.chunk([entry]).body()  # only with stream_options.include_usage
     b.usage = add_usage(None, Usage(prompt_tokens=10, completion_tokens=2, cached_tokens=8))
-    final = b.final()
+    final = b.final().body()
     assert final["object"] == "chat.completion"
     assert final["choices"][0]["message"] == {"role": "assistant", "content": "Paris"}
     assert final["choices"][0]["finish_reason"] == "stop"
@@ -58,16 +62,17 @@ def test_chat_chunks_and_final_answer() -> None:
 
 
 def test_completion_logprobs_offsets_echo_and_finish_from_end() -> None:
-    b = ResponseBuilder("completion", "m", want_logprobs=True)
+    b = CompletionResponseBuilder("m", want_logprobs=True)
     e = b.apply(ChoiceDelta(index=1, text="ab", token_ids=[1, 2],
-                            logprobs=[lp("a", -1.0), lp("b", -2.0)]), 3)
+                            logprobs=[lp("a", -1.0), lp("b", -2.0)]), 3).body()
     assert e["index"] == 3 and e["logprobs"]["text_offset"] == [0, 1]
     assert e["logprobs"]["tokens"] == ["a", "b"]
-    e = b.apply(ChoiceDelta(index=1, text="c", token_ids=[3], logprobs=[lp("c", -0.5)]), 3)
+    e = b.apply(ChoiceDelta(index=1, text="c", token_ids=[3], logprobs=[lp("c", -0.5)]),
+                3).body()
     assert e["logprobs"]["text_offset"] == [2]
     closing = b.finish(3, "length")
-    assert closing is not None and closing["finish_reason"] == "length"
-    final = b.final({3: "echo:"})
+    assert closing is not None and closing.finish_reason == "length"
+    final = b.final({3: "echo:"}).body()
     assert final["object"] == "text_completion" and final["choices"][0]["text"] == "echo:abc"
     assert final["choices"][0]["logprobs"]["token_logprobs"] == [-1.0, -2.0, -0.5]
     assert final["choices"][0]["logprobs"]["top_logprobs"][0] == {"a": -1.0, "x": -2.0}
@@ -76,7 +81,7 @@ def test_completion_logprobs_offsets_echo_and_finish_from_end() -> None:
 def test_usage_adds_up_over_batched_prompts() -> None:
     total = add_usage(Usage(prompt_tokens=3, completion_tokens=4, cached_tokens=1),
                       Usage(prompt_tokens=5, completion_tokens=6, cached_tokens=2))
-    body = usage_body(total)
+    body = usage_info(total).body()
     assert body["total_tokens"] == 18 and body["prompt_tokens_details"] == {"cached_tokens": 3}
 
 

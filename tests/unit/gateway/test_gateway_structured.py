@@ -9,7 +9,7 @@ import pytest
 
 from shoal.services.gateway.json_body import parse_body
 from shoal.services.gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
-from shoal.services.gateway.openai.responses import ResponseBuilder
+from shoal.services.gateway.openai.builders import ChatResponseBuilder
 from shoal.services.gateway.openai.structured import rename_param
 from shoal.services.gateway.openai.tools import ToolMode
 from shoal.shared.errors import InvalidRequest
@@ -149,15 +149,15 @@ def delta(text: str, finish: str | None = None, index: int = 0) -> ChoiceDelta:
 
 
 def test_named_call_streams_deltas_and_answers_with_tool_calls() -> None:
-    b = ResponseBuilder("chat", "m", tool_mode=ToolMode("named", "get_weather"))
-    first = b.apply(delta('{"city": '), 0)["delta"]
+    b = ChatResponseBuilder("m", tool_mode=ToolMode("named", "get_weather"))
+    first = b.apply(delta('{"city": '), 0).body()["delta"]
     call = first["tool_calls"][0]
     assert call["id"].startswith("call_") and call["type"] == "function"
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": '}
-    last = b.apply(delta('"Paris"}', finish="stop"), 0)
+    last = b.apply(delta('"Paris"}', finish="stop"), 0).body()
     assert last["delta"] == {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}
     assert last["finish_reason"] == "tool_calls"
-    message = b.final()["choices"][0]
+    message = b.final().body()["choices"][0]
     assert message["finish_reason"] == "tool_calls"
     assert message["message"] == {"role": "assistant", "content": None, "tool_calls": [
         {"id": call["id"], "type": "function",
@@ -166,28 +166,30 @@ def test_named_call_streams_deltas_and_answers_with_tool_calls() -> None:
 
 def test_hermes_calls_need_the_parser_from_the_first_reply_and_close_on_the_end() -> None:
     text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
-    b = ResponseBuilder("chat", "m", tool_mode=ToolMode("auto"))
-    b.tool_call_parser = "hermes"
+    b = ChatResponseBuilder("m", tool_mode=ToolMode("auto"))
+    b.learn_parser("hermes")
     for index in (0, 1):  # n = 2: each choice has its own parser
-        assert b.apply(delta(text[:20], index=index), index)["delta"] == {}
-        entry = b.apply(delta(text[20:], index=index), index)
+        held = b.apply(delta(text[:20], index=index), index)
+        assert held.body()["delta"] == {} and not b.worth_sending(held)
+        entry = b.apply(delta(text[20:], index=index), index).body()
         assert entry["delta"]["tool_calls"][0]["function"]["name"] == "get_weather"
     closing = b.finish(0, "stop")
-    assert closing is not None and closing["finish_reason"] == "tool_calls"
-    final = b.final()["choices"]
+    assert closing is not None and closing.finish_reason == "tool_calls"
+    final = b.final().body()["choices"]
     assert [c["finish_reason"] for c in final] == ["tool_calls", "tool_calls"]
     assert json.loads(final[1]["message"]["tool_calls"][0]["function"]["arguments"]) == \
         {"city": "Oslo"}
 
 
 def test_auto_without_a_call_is_a_plain_answer_and_length_stays_length() -> None:
-    b = ResponseBuilder("chat", "m", tool_mode=ToolMode("auto"))
-    b.tool_call_parser = "hermes"
+    b = ChatResponseBuilder("m", tool_mode=ToolMode("auto"))
+    b.learn_parser("hermes")
     b.apply(delta("It is sunny <"), 0)
     b.apply(delta("3", finish="stop"), 0)
-    assert b.final()["choices"][0]["message"] == {"role": "assistant", "content": "It is sunny <3"}
-    r = ResponseBuilder("chat", "m", tool_mode=ToolMode("required"))
+    assert b.final().body()["choices"][0]["message"] == {"role": "assistant",
+                                                         "content": "It is sunny <3"}
+    r = ChatResponseBuilder("m", tool_mode=ToolMode("required"))
     r.apply(delta('[{"name": "get_weather", "parameters": {"ci', finish="length"), 0)
-    choice = r.final()["choices"][0]
+    choice = r.final().body()["choices"][0]
     assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"]
     assert choice["message"]["content"].startswith('[{"name"')

@@ -1,6 +1,6 @@
 """OpenAI's response objects as pydantic models (pure): what the gateway answers, named as the
 openai SDK's types and vLLM's protocol name their fields, so /openapi.json describes every answer
-and the SDKs parse it. The builders (responses.py, embeddings.py, routes.py) fill them in.
+and the SDKs parse it. builders.py, embeddings.py and routes.py fill them in.
 
 Fields OpenAI leaves out when they do not apply are left out here too (`Sparse`): a streamed
 delta carries only what changed, a tool call's later deltas only their arguments, a chunk has

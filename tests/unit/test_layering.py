@@ -15,7 +15,10 @@
 - no engine module reads the environment but EngineConfig (docs/architecture.md "Config
   objects");
 - request input has one owner: only input_processor.py tokenizes text or renders a chat
-  template (the LLM, the NATS adapters and the embedding engine ask it).
+  template (the LLM, the NATS adapters and the embedding engine ask it);
+- rules two processes must agree on live once: the tensor-parallel divisibility rule in
+  model_limits.py (the scheduler imports it), a rank's command line in distributed/launch.py
+  (the engine's executor and the worker's stages both build a RankLaunch).
 """
 
 from __future__ import annotations
@@ -320,3 +323,23 @@ def test_only_the_input_processor_tokenizes_requests() -> None:
     offenders = [c for f in users for c in tokenizer_calls(f)]
     assert not offenders, offenders
     assert tokenizer_calls(INPUT_OWNER)  # the check sees tokenizer calls at all
+
+
+def test_rules_two_processes_share_are_written_once() -> None:
+    """What tp must divide (a `%` on heads, the MLP size or tp) is model_limits.py's alone, and
+    the rank's command-line flags appear only where RankLaunch writes and parses them."""
+    owners = {"tp": ROOT / "services/engine/model_limits.py",
+              "argv": ROOT / "services/engine/distributed/launch.py"}
+    found: dict[str, list[str]] = {"tp": [], "argv": []}
+    for path in [f for entry in ("services", "shared", "shoal") for f in python_files(entry)]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+                operands = [ast.unparse(node.left).lower(), ast.unparse(node.right).lower()]
+                if any("head" in o or "intermediate" in o for o in operands) or "tp" in operands:
+                    found["tp"].append(where)
+            elif isinstance(node, ast.Constant) and node.value in ("--init-method", "--cores"):
+                found["argv"].append(where)
+    for rule, places in found.items():
+        assert places, rule  # the check sees the owner's own
+        assert {p.split(":")[0] for p in places} == {str(owners[rule].relative_to(ROOT))}, places

@@ -87,6 +87,19 @@ def build_parser() -> argparse.ArgumentParser:
                                help="never span several workers")
                 p.add_argument("--engine-arg", action="append", default=[],
                                help="KEY=VALUE engine setting (max_num_seqs, kv_cache_memory, ...)")
+                p.add_argument("--backend", choices=["shoal", "vllm", "custom"],
+                               default="shoal", help="what serves it (README \"Backends\")")
+                p.add_argument("--backend-version", help="vllm: the version to install")
+                p.add_argument("--backend-arg", action="append", default=[], metavar="FLAGS",
+                               help='raw flags for the backend, e.g. --backend-arg="--max-num-seqs'
+                                    ' 8" (repeatable)')
+                p.add_argument("--backend-command",
+                               help="custom: the server command, with {model_path}, {port}, "
+                                    "{served_name}, {host} placeholders")
+                p.add_argument("--backend-health-path", help="custom: answers 200 when ready "
+                                                              "(default /health)")
+                p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                               help="environment of the model's processes (repeatable)")
                 p.add_argument("--dry-run", action="store_true",
                                help="print where it would be placed (or why not) and create "
                                     "nothing")

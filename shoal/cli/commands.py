@@ -102,6 +102,7 @@ def models_cmd(settings: Settings, args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len, distributed=not args.no_distributed,
             engine_args={k: _scalar(v) for k, v in _labels(args.engine_arg).items()},
             autoscaling=_autoscaling(args.autoscale),
+            **_backend_fields(args),
         )
         if args.dry_run:
             return dry_run(settings, req, args.json)
@@ -130,6 +131,18 @@ def models_cmd(settings: Settings, args: argparse.Namespace) -> int:
         run(settings, delete)
         print(f"deleted model {args.target}")
     return 0
+
+
+def _backend_fields(args: argparse.Namespace) -> dict[str, object]:
+    """The backend's settings of `models deploy` (README "Backends"); unset ones keep the
+    spec's defaults."""
+    fields: dict[str, object] = {"backend": args.backend,
+                                 "backend_parameters": list(args.backend_arg),
+                                 "env": _labels(args.env)}
+    for name in ("backend_version", "backend_command", "backend_health_path"):
+        if getattr(args, name) is not None:
+            fields[name] = getattr(args, name)
+    return fields
 
 
 def wait_for(settings: Settings, model: ModelPublic) -> int:

@@ -183,6 +183,16 @@ async def test_dashboard_end_to_end(stack, browser, shots: Path) -> None:
     await expect(form.get_by_role("alert")).to_contain_text("replicas")
     await expect(form.get_by_label("Replicas")).to_have_attribute("aria-invalid", "true")
     await form.get_by_label("Replicas").fill("1")
+    # the backend's fields (README "Backends"): a flag Shoal computes is refused, named
+    await form.locator("summary", has_text="Backend").click()
+    await form.get_by_label("Backend", exact=True).select_option("vllm")
+    await form.get_by_label("Backend parameters (raw flags)").fill("--max-num-seqs 8, --port 9")
+    await form.get_by_role("button", name="Preview placement").click()
+    await expect(form.get_by_role("alert")).to_contain_text("--port is computed by Shoal")
+    await expect(form.get_by_label("Backend parameters (raw flags)")).to_have_attribute(
+        "aria-invalid", "true")
+    await form.get_by_label("Backend parameters (raw flags)").fill("")
+    await form.get_by_label("Backend", exact=True).select_option("shoal")
     watch.expected(400)
 
     # on GPUs it cannot fit (a CPU worker): the preview says why, and so does the instance,

@@ -9,6 +9,9 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from shoal.shared.schemas.backends import (
+    BackendKind, ExtendedKVCache, check_command, check_env, check_parameters
+)
 from shoal.shared.schemas.common import Wire
 from shoal.shared.schemas.engine_args import EngineArgs
 from shoal.shared.schemas.registry.requests import NAME_PATTERN
@@ -107,6 +110,52 @@ class ModelSpec(Wire):
                                                                        max_length=16)
     """More names the model answers to (vLLM's `--served-model-name a b`: `b` here): each is
     unique among every model's names and aliases; answers carry the model's own name."""
+
+    backend: BackendKind = BackendKind.SHOAL
+    """What serves it: shoal (our engine), vllm (vLLM's OpenAI server, installed by the worker)
+    or custom (`backend_command`, any OpenAI-compatible server). README "Backends"."""
+    backend_version: str | None = Field(default=None, max_length=64,
+                                        pattern=r"^[0-9A-Za-z][0-9A-Za-z.+!_-]*$")
+    """vllm: the version the worker installs (unset: the worker's default)."""
+    backend_parameters: list[str] = Field(default_factory=list, max_length=256)
+    """Raw flags passed through to the backend, e.g. ["--max-num-seqs 8"]; flags Shoal computes
+    (parallelism, port, host, served name, model, ...) are refused."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment of the backend process (and of our engine's)."""
+    backend_command: str | None = Field(default=None, min_length=1, max_length=4096)
+    """custom: the server command, with {model_path}, {port}, {served_name}, {host},
+    {model_name}, {data_dir} placeholders."""
+    backend_health_path: str = Field(default="/health", pattern=r"^/")
+    """custom: the path that answers 200 once the server serves."""
+    extended_kv_cache: ExtendedKVCache | None = None
+    """vllm on NVIDIA / AMD GPUs: LMCache in CPU RAM (`--kv-transfer-config`)."""
+
+    @field_validator("backend_parameters")
+    @classmethod
+    def _no_flag_of_ours(cls, parameters: list[str]) -> list[str]:
+        return check_parameters(parameters)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        return check_env(env)
+
+    @field_validator("backend_command")
+    @classmethod
+    def _command(cls, command: str | None) -> str | None:
+        return None if command is None else check_command(command)
+
+    @model_validator(mode="after")
+    def _backend_settings_fit(self) -> ModelSpec:
+        if self.backend is BackendKind.CUSTOM and self.backend_command is None:
+            raise ValueError("backend custom needs backend_command (the server's command line)")
+        if self.backend is not BackendKind.CUSTOM and self.backend_command is not None:
+            raise ValueError("backend_command is for backend custom")
+        if self.backend is BackendKind.SHOAL and (self.backend_parameters
+                                                  or self.backend_version):
+            raise ValueError("backend_parameters and backend_version are for the vllm and "
+                             "custom backends; our engine takes engine_args")
+        return self
 
     @field_validator("aliases")
     @classmethod

@@ -144,6 +144,8 @@ function modelCard(refresh) {
         ...Object.entries(m.worker_selector).map(([k, v]) => `${k}=${v}`),
         m.gpu_type ? `GPU type ${m.gpu_type}` : null].filter(Boolean).join(" · ")),
       fact("Max length", m.max_model_len ?? "model's own"),
+      m.backend !== "shoal" ? fact("Backend", [m.backend, m.backend_version,
+        ...m.backend_parameters].filter(Boolean).join(" ")) : null,
       args.length ? fact("Engine", args.map(([k, v]) => `${k}=${v}`).join(", ")) : null,
       m.autoscaling ? fact("Autoscaling", autoscaleText(m)) : null);
     if (!replicas.dataset.dirty && document.activeElement !== replicas) replicas.value = m.replicas;

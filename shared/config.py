@@ -84,6 +84,12 @@ class Settings(BaseSettings):
     """Seconds an engine being stopped lets in-flight requests finish before aborting them."""
     model_cache_dir: Path | None = None
     """Converted models (GGUF -> safetensors); default ~/.cache/shoal/models."""
+    vllm_venv: Path | None = None
+    """A venv with vLLM installed that the vllm backend runs from (SHOAL_VLLM_VENV, the worker's
+    --vllm-venv); unset, the worker installs the model's backend_version on first use."""
+    backend_cache_dir: Path | None = None
+    """Where the worker installs backends (<package>-<version> venvs); default
+    <data_dir>/backends."""
     engine_restart_max_backoff: float = 300.0
     """Crashed engines restart after 2, 4, 8, ... seconds, at most this long."""
 

@@ -39,6 +39,12 @@ _EXPORTS = {
     "run_engine": "server.service",
     "RankLaunch": "distributed.launch",
     "core_shares": "distributed.launch",
+    "load_tokenizer": "frontend.tokenizer",
+    "render_chat": "frontend.chat",
+    "Intake": "server.intake",
+    "InstanceReporter": "server.lifecycle",
+    "Gone": "server.lifecycle",
+    "report_error": "server.lifecycle",
 }
 
 __all__ = list(_EXPORTS)

@@ -155,6 +155,9 @@ class Supervisor:
         log_path = logs / f"engine-{instance.name}.log"
         env = dict(os.environ)
         env.update(SHOAL_NATS_URL=str(self.settings.nats_url), SHOAL_NAMESPACE=self.settings.ns)
+        for name in ("vllm_venv", "backend_cache_dir"):  # a backend's adapter reads them
+            if getattr(self.settings, name) is not None:
+                env[f"SHOAL_{name.upper()}"] = str(getattr(self.settings, name))
         if self.settings.distributed_host:  # rank 0's rendezvous address (multi-worker stages)
             env["SHOAL_DISTRIBUTED_HOST"] = self.settings.distributed_host
         if instance.gpu_indexes:

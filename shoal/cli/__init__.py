@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--name", help="worker name (default: host name)")
     worker.add_argument("--simulate-devices", help='e.g. "8xH100-80GB" or "2xA10-24GB,1xcpu"')
     worker.add_argument("--label", action="append", default=[], help="KEY=VALUE, repeatable")
+    worker.add_argument("--vllm-venv", type=Path,
+                        help="run the vllm backend from this venv instead of installing it")
 
     for resource, verbs in (("models", ("list", "get", "deploy", "update", "delete")),
                             ("instances", ("list", "get")), ("workers", ("list", "get")),

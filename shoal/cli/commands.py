@@ -67,16 +67,17 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.command == "engine":
         from functools import partial
 
-        from shoal.services.engine import run_engine
+        from shoal.services.backends.service import run_instance
 
-        return run_service("engine", partial(run_engine, instance_id=args.instance_id),
+        return run_service("engine", partial(run_instance, instance_id=args.instance_id),
                            resolve_settings(**overrides))
     if args.command == "worker":
         from shoal.services.worker.agent import run_worker
 
         settings = resolve_settings(**overrides, worker_name=args.name,
                                     simulate_devices=args.simulate_devices,
-                                    worker_labels=_labels(args.label) or None)
+                                    worker_labels=_labels(args.label) or None,
+                                    vllm_venv=args.vllm_venv)
         return run_service("worker", run_worker, settings)
     settings = resolve_settings(**overrides)
     return RESOURCES[args.command](settings, args)

@@ -1,0 +1,371 @@
+"""The NATS adapter of a backend instance: shoal.infer.<id> answered by the backend's OpenAI HTTP
+API, in the same replies our engine sends (InferChunk seq 0 with the prompt's token ids, then
+deltas, then InferEnd with usage or InferError), so the gateway routes, limits, counts and
+traces a backend's requests as any engine's.
+
+Prompts are rendered here as the engine renders them (the model's chat template, the same
+tokenizer) and sent to `/v1/completions` as token ids, streamed, with vLLM's extras (sampling
+knobs, structured outputs, `return_token_ids`, usage with `cached_tokens`); a server that
+ignores an extra still answers (a delta without token ids is counted by tokenizing its text).
+A client that goes away cancels the request's task, which closes its HTTP stream: the backend
+aborts the request. The request's `traceparent` goes on to the backend's HTTP request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from nats.aio.msg import Msg
+from opentelemetry import trace
+from prometheus_client.parser import text_string_to_metric_families
+
+from shoal.services.engine import Intake, render_chat
+from shoal.shared.bus.codec import decode, encode, too_large
+from shoal.shared.errors import InvalidRequest, ShoalError, Unavailable
+from shoal.shared.genai import request_attributes, response_attributes
+from shoal.shared.schemas.common import ErrorBody
+from shoal.shared.schemas.infer import (
+    AbortRequest, ChoiceDelta, DetokenizeReply, DetokenizeRequest, EmbedRequest, EngineLoad,
+    GenerateRequest, InferChunk, InferEnd, InferError, InferReplyEnvelope, InferRequestEnvelope,
+    SamplingOptions, TokenizeReply, TokenizeRequest, TokenLogprobWire, TopLogprob, Usage
+)
+from shoal.shared.telemetry import extract_context, get_tracer, inject_headers
+
+log = logging.getLogger(__name__)
+_tracer = get_tracer("shoal.backend")
+LOAD_GAUGES = {"vllm:num_requests_running": "num_running",
+               "vllm:num_requests_waiting": "num_waiting",
+               "vllm:kv_cache_usage_perc": "kv_cache_usage",
+               "vllm:gpu_cache_usage_perc": "kv_cache_usage"}
+"""vLLM's gauges read from its /metrics into the load the gateway routes by."""
+
+
+def completion_body(req: GenerateRequest, served_name: str, token_ids: list[int]) -> dict[str, Any]:
+    """The /v1/completions body of a request (vLLM's names; a default value is left out)."""
+    s: SamplingOptions = req.sampling
+    body: dict[str, Any] = {
+        "model": served_name, "prompt": token_ids, "stream": True,
+        "stream_options": {"include_usage": True}, "return_token_ids": True,
+        "n": s.n, "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens,
+        "skip_special_tokens": s.skip_special_tokens}
+    optional = {"top_k": s.top_k or None, "min_p": s.min_p or None,
+                "presence_penalty": s.presence_penalty or None,
+                "frequency_penalty": s.frequency_penalty or None,
+                "repetition_penalty": None if s.repetition_penalty == 1.0 else s.repetition_penalty,
+                "seed": s.seed, "stop": s.stop or None, "stop_token_ids": s.stop_token_ids or None,
+                "ignore_eos": s.ignore_eos or None, "min_tokens": s.min_tokens or None,
+                "include_stop_str_in_output": s.include_stop_str_in_output or None,
+                "prompt_logprobs": s.prompt_logprobs,
+                "logit_bias": ({str(k): v for k, v in s.logit_bias.items()}
+                               if s.logit_bias else None)}
+    body.update({k: v for k, v in optional.items() if v is not None})
+    if s.logprobs is not None:
+        body["logprobs"] = s.logprobs
+        body["return_tokens_as_token_ids"] = True  # "token_id:N": ids, not ambiguous text
+    if s.structured_outputs is not None:
+        body["structured_outputs"] = s.structured_outputs.model_dump(exclude_none=True,
+                                                                     by_alias=True)
+    return body
+
+
+def token_id_of(token: str) -> int:
+    """vLLM's "token_id:123" (return_tokens_as_token_ids) -> 123; -1 when the server sent text."""
+    head, _, tail = token.partition(":")
+    return int(tail) if head == "token_id" and tail.isdigit() else -1
+
+
+def error_from_body(status: int, text: str) -> ShoalError:
+    """The backend's refusal in our error kinds, its message and param kept (OpenAI's shape or
+    vLLM's {"object": "error", "message": ...})."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = {}
+    err = data.get("error", data) if isinstance(data, dict) else {}
+    err = err if isinstance(err, dict) else {"message": str(err)}
+    message = str(err.get("message") or text[:500] or f"backend answered {status}")
+    param = err.get("param") if isinstance(err.get("param"), str) else None
+    if 400 <= status < 500:
+        return ShoalError.from_dict({"message": message, "param": param}, 400 if status == 422
+                                    else status)
+    return Unavailable(f"backend error {status}: {message}")
+
+
+@dataclass(kw_only=True)
+class BackendHandlers(Intake):
+    base_url: str
+    served_name: str
+    tokenizer: Any
+    max_model_len: int
+    max_num_seqs: int = 256
+    tool_call_parser: str | None = None
+    chat_template: str | None = None
+    session: aiohttp.ClientSession | None = None
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    gauges: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=lambda: {
+        "prompt_tokens": 0, "generation_tokens": 0, "prefix_cache_hits": 0,
+        "prefix_cache_queries": 0})
+    tokenizing: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenize"))
+
+    async def start(self) -> None:
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None,
+                                                                           sock_connect=10))
+        await super().start()
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    async def subscribe_more(self) -> None:
+        await self.bus.nc.subscribe(self.bus.subjects.abort(self.instance_id), cb=self.on_abort)
+
+    async def wait_in_flight(self, timeout: float) -> None:
+        pending = [t for t in self.tasks.values() if not t.done()]
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=timeout)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
+    def fail_all(self) -> None:
+        """The backend is gone: every stream ends now, with an error (not at its timeout)."""
+        for task in list(self.tasks.values()):
+            task.cancel(msg="backend exited")
+
+    # ------------------------------------------------------------------ requests
+    async def on_request(self, msg: Msg) -> None:
+        try:
+            request = decode(msg.data, InferRequestEnvelope).request
+        except InvalidRequest as exc:
+            await self.bus.respond_error(msg, exc)
+            return
+        if isinstance(request, GenerateRequest):
+            if not msg.reply:
+                return
+            task = asyncio.create_task(self.generate(request, msg.reply, msg.headers),
+                                       name=request.request_id)
+            self.tasks[request.request_id] = task
+            task.add_done_callback(lambda _t, rid=request.request_id: self.tasks.pop(rid, None))
+            return
+        try:
+            if isinstance(request, EmbedRequest):
+                raise InvalidRequest(f"model {self.model_name} generates text; embeddings need an "
+                                     "embedding model", param="model", code="wrong_model_type")
+            if isinstance(request, TokenizeRequest):
+                ids = self.prompt_token_ids(request)
+                reply: Any = TokenizeReply(tokens=ids, count=len(ids),
+                                           max_model_len=self.max_model_len)
+            else:
+                reply = self.detokenize(request)
+        except ShoalError as exc:
+            await self.bus.respond_error(msg, exc)
+            return
+        await msg.respond(encode(reply))
+
+    async def on_abort(self, msg: Msg) -> None:
+        try:
+            request_id = decode(msg.data, AbortRequest).request_id
+        except InvalidRequest:
+            return
+        task = self.tasks.get(request_id)
+        if task is not None:
+            task.cancel()  # closes the HTTP stream: the backend aborts the request
+
+    def prompt_token_ids(self, req: GenerateRequest | TokenizeRequest) -> list[int]:
+        if req.messages is not None:
+            tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+            return render_chat(self.tokenizer,
+                               [m.model_dump(exclude_none=True) for m in req.messages],
+                               tools=tools, add_generation_prompt=req.add_generation_prompt,
+                               chat_template=self.chat_template)[1]
+        if isinstance(req, GenerateRequest) and req.prompt_token_ids is not None:
+            return list(req.prompt_token_ids)
+        if req.prompt is None:
+            raise InvalidRequest("give a prompt, prompt token ids or messages", param="prompt")
+        ids = list(self.tokenizer.encode(req.prompt, add_special_tokens=getattr(
+            req, "add_special_tokens", True)))
+        if not ids:
+            raise InvalidRequest("the prompt is empty", param="prompt")
+        return ids
+
+    def detokenize(self, req: DetokenizeRequest) -> DetokenizeReply:
+        vocab = len(self.tokenizer)
+        if any(not 0 <= t < vocab for t in req.tokens):
+            raise InvalidRequest(f"token ids must be in [0, {vocab})", param="tokens")
+        return DetokenizeReply(prompt=self.tokenizer.decode(req.tokens))
+
+    async def generate(self, req: GenerateRequest, inbox: str,
+                       headers: dict[str, str] | None = None) -> None:
+        subject = self.bus.subjects.infer(self.instance_id)
+        attributes = {**request_attributes(req), "messaging.system": "nats",
+                      "messaging.destination.name": subject, "shoal.instance_id": self.instance_id}
+        with _tracer.start_as_current_span(f"generate {req.model}",
+                                           context=extract_context(headers),
+                                           kind=trace.SpanKind.SERVER,
+                                           attributes=attributes) as span:
+            await self._generate(req, inbox, span)
+
+    async def _generate(self, req: GenerateRequest, inbox: str, span: trace.Span) -> None:
+        seq = 0
+
+        async def send(reply: InferChunk | InferEnd | InferError) -> None:
+            nonlocal seq
+            data = encode(InferReplyEnvelope(reply=reply))
+            try:
+                await self.bus.nc.publish(inbox, data)
+            except Exception as exc:  # MaxPayloadError: a small 413 instead, never a hang
+                raise too_large(self.bus.nc, data, "the answer") from exc
+            seq += 1
+
+        arrival = time.monotonic()
+        try:
+            token_ids = await asyncio.get_running_loop().run_in_executor(
+                self.tokenizing, self.prompt_token_ids, req)
+            if len(token_ids) >= self.max_model_len:
+                raise InvalidRequest(
+                    f"This model's maximum context length is {self.max_model_len} tokens; the "
+                    f"prompt has {len(token_ids)}", param="messages" if req.messages else "prompt")
+            parser = self._parser(req)
+            await send(InferChunk(request_id=req.request_id, seq=seq, choices=[],
+                                  prompt_token_ids=token_ids, tool_call_parser=parser))
+            usage, reasons, ttft = None, {}, None
+            async for chunk in self._stream(completion_body(req, self.served_name, token_ids)):
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                deltas = [self._delta(c) for c in chunk.get("choices") or []]
+                if not deltas:
+                    continue
+                ttft = ttft if ttft is not None else time.monotonic() - arrival
+                reasons.update({d.index: d.finish_reason for d in deltas if d.finish_reason})
+                await send(InferChunk(request_id=req.request_id, seq=seq, choices=deltas))
+            final = self._usage(usage, len(token_ids))
+            span.set_attributes(response_attributes(final, [reasons[i] for i in sorted(reasons)]))
+            await send(InferEnd(request_id=req.request_id, seq=seq, instance_id=self.instance_id,
+                                usage=final, finish_reasons=reasons, ttft_s=ttft))
+        except asyncio.CancelledError as exc:
+            gone = "backend exited" in str(exc.args[0] if exc.args else "")
+            err = (Unavailable("the backend process exited mid-request") if gone
+                   else ShoalError("request aborted", code="aborted"))
+            await send(_error(req.request_id, seq, err, 503 if gone else 499))
+            raise
+        except ShoalError as exc:
+            await send(_error(req.request_id, seq, exc, exc.http_status))
+        except (aiohttp.ClientError, ValueError) as exc:  # the backend died or spoke nonsense
+            await send(_error(req.request_id, seq, Unavailable(
+                f"backend error: {type(exc).__name__}: {exc}"), 503))
+
+    async def _stream(self, body: dict[str, Any]) -> Any:
+        """The backend's SSE events as dicts; an error answer or event raises it."""
+        assert self.session is not None
+        async with self.session.post(f"{self.base_url}/v1/completions", json=body,
+                                     headers=inject_headers()) as response:
+            if response.status != 200:
+                raise error_from_body(response.status, await response.text())
+            async for raw in response.content:
+                line = raw.decode(errors="replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                event = json.loads(data)
+                if "error" in event:
+                    err = event["error"]
+                    raise error_from_body(int(err.get("code") or 500)
+                                          if str(err.get("code", "")).isdigit() else 500,
+                                          json.dumps(event))
+                yield event
+
+    def _delta(self, c: dict[str, Any]) -> ChoiceDelta:
+        text = c.get("text") or ""
+        ids = c.get("token_ids")
+        if ids is None:  # a server without vLLM's return_token_ids: count the text's tokens
+            ids = self.tokenizer.encode(text, add_special_tokens=False) if text else []
+        return ChoiceDelta(index=int(c.get("index", 0)), text=text, token_ids=list(ids),
+                           logprobs=self._logprobs(c.get("logprobs")),
+                           finish_reason=c.get("finish_reason"),
+                           stop_reason=c.get("stop_reason"))
+
+    def _logprobs(self, lp: dict[str, Any] | None) -> list[TokenLogprobWire] | None:
+        if not lp or not lp.get("tokens"):
+            return None
+        items = []
+        for token, value, top in zip(lp["tokens"], lp.get("token_logprobs") or [],
+                                     lp.get("top_logprobs") or [{}] * len(lp["tokens"]),
+                                     strict=False):
+            tid = token_id_of(token)
+            tops = [TopLogprob(token_id=token_id_of(t), token=self._text(t), logprob=v)
+                    for t, v in (top or {}).items()]
+            items.append(TokenLogprobWire(token_id=tid, token=self._text(token),
+                                          logprob=value if value is not None else 0.0, top=tops))
+        return items
+
+    def _text(self, token: str) -> str:
+        tid = token_id_of(token)
+        return self.tokenizer.decode([tid]) if tid >= 0 else token
+
+    def _usage(self, usage: dict[str, Any] | None, prompt_tokens: int) -> Usage:
+        usage = usage or {}
+        details = usage.get("prompt_tokens_details") or {}
+        final = Usage(prompt_tokens=int(usage.get("prompt_tokens") or prompt_tokens),
+                      completion_tokens=int(usage.get("completion_tokens") or 0),
+                      cached_tokens=int(details.get("cached_tokens") or 0))
+        self.counters["prompt_tokens"] += final.prompt_tokens
+        self.counters["generation_tokens"] += final.completion_tokens
+        self.counters["prefix_cache_queries"] += final.prompt_tokens
+        self.counters["prefix_cache_hits"] += final.cached_tokens
+        return final
+
+    def _parser(self, req: GenerateRequest) -> str | None:
+        if not req.needs_tool_call_parser:
+            return None
+        if self.tool_call_parser is None:
+            raise InvalidRequest(
+                f'"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                f'to be set: model {self.model_name} was deployed without a tool call parser '
+                f'(`--engine-arg tool_call_parser=hermes`)', param="tool_choice")
+        return self.tool_call_parser
+
+    # ------------------------------------------------------------------ load
+    async def scrape(self) -> None:
+        """The backend's own gauges (vLLM's running / waiting / KV use), when it has them."""
+        assert self.session is not None
+        try:
+            async with self.session.get(f"{self.base_url}/metrics",
+                                        timeout=aiohttp.ClientTimeout(total=2)) as response:
+                if response.status != 200:
+                    return
+                text = await response.text()
+        except (aiohttp.ClientError, TimeoutError):
+            return
+        found: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            key = LOAD_GAUGES.get(family.name)
+            if key is not None:
+                found[key] = sum(s.value for s in family.samples)
+        self.gauges = found
+
+    def load(self) -> EngineLoad:
+        in_flight = sum(1 for t in self.tasks.values() if not t.done())
+        g = self.gauges
+        return EngineLoad(
+            instance_id=self.instance_id, model_name=self.model_name,
+            num_running=int(g.get("num_running", in_flight)),
+            num_waiting=int(g.get("num_waiting", 0)),
+            kv_cache_usage=min(1.0, max(0.0, g.get("kv_cache_usage", 0.0))),
+            max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
+            draining=self.draining, **self.counters)
+
+
+def _error(request_id: str, seq: int, exc: ShoalError, status: int) -> InferError:
+    return InferError(request_id=request_id, seq=seq, error=ErrorBody(**exc.to_dict()),
+                      status=status)

@@ -1,0 +1,363 @@
+"""An instance whose model names a backend other than our engine: `shoal engine --instance-id ID`
+runs this adapter instead of the engine (run_instance), so the worker hosts, records, adopts and
+restarts it as any engine.
+
+The adapter prepares the model's files (DOWNLOADING, with progress), installs the backend's venv
+on first use (progress in the instance's message), starts the backend process (STARTING: its
+command line in the message) and waits until its health path answers and a one-token completion
+succeeds, then serves the instance on the bus (proxy.py) as RUNNING, with the backend's /metrics
+announced among the targets under the instance's labels. A backend that exits fails its streams
+at once, moves the instance to ERROR with its log's tail and ends the adapter (exit 1): the
+worker restarts both with back-off. SIGTERM drains: intake stops, in-flight requests finish,
+then the backend is stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from shoal.services.backends.args import Command, Stage, VllmLaunch, build_custom, build_vllm
+from shoal.services.backends.proxy import BackendHandlers
+from shoal.services.backends.venv import (
+    DEFAULT_VLLM_VERSION, ensure_venv, installed, python_of, venv_path, vllm_package
+)
+from shoal.services.engine import (
+    ENGINE_DEFAULTS, Gone, InstanceReporter, load_tokenizer, prepare_model, report_error, run_engine
+)
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.config import Settings
+from shoal.shared.errors import ShoalError
+from shoal.shared.logging import log_context
+from shoal.shared.metrics_endpoint import advertised_host, answer_discovery
+from shoal.shared.process import die_with_parent
+from shoal.shared.progress import progress_message
+from shoal.shared.schemas.backends import BackendKind
+from shoal.shared.schemas.metrics import MetricsTarget
+from shoal.shared.schemas.registry import InstancePublic, ModelPublic
+from shoal.shared.states import InstanceState, can_transition
+
+log = logging.getLogger(__name__)
+REPORT_EVERY_S = 2.0
+POLL_S = 1.0
+SCRAPE_EVERY_S = 1.0
+STOP_WAIT_S = 20.0
+
+
+class BackendExited(ShoalError):
+    """The backend process ended; the message has its exit status and its log's tail."""
+
+
+async def run_instance(settings: Settings, stop: asyncio.Event, instance_id: str) -> None:
+    """Our engine, or the adapter of the model's backend."""
+    bus = await Bus.connect(settings, name=f"shoal-backend-{instance_id}")
+    try:
+        registry = RegistryClient(bus)
+        try:
+            instance = await registry.get_instance(instance_id)
+            model = await registry.get_model(id=instance.model_id)
+        except ShoalError:
+            model = None  # the engine's own start says what is wrong
+        if model is not None and model.backend is not BackendKind.SHOAL:
+            await run_backend(settings, bus, stop, instance, model)
+            return
+    finally:
+        await bus.close()
+    await run_engine(settings, stop, instance_id)
+
+
+@dataclass
+class Backend:
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    base_url: str
+    port: int
+    host: str
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def exited(self) -> str | None:
+        code = self.process.poll()
+        return None if code is None else f"the backend exited with {code}: {self.tail()}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+async def run_backend(settings: Settings, bus: Bus, stop: asyncio.Event,
+                      instance: InstancePublic, model: ModelPublic) -> None:
+    registry = RegistryClient(bus)
+    backend: Backend | None = None
+    handlers: BackendHandlers | None = None
+    with log_context(instance_id=instance.id):
+        reporter = InstanceReporter(registry, instance)
+        try:
+            try:
+                backend, handlers = await start_backend(settings, bus, reporter, model, stop)
+            except Gone as exc:
+                log.info("not starting: %s", exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - reported on the instance, then exit 1
+                log.exception("backend failed to start")
+                message = exc.message if isinstance(exc, ShoalError) else (
+                    f"{type(exc).__name__}: {exc}")
+                await report_error(reporter, f"{model.backend.value} failed to start: {message}")
+                raise SystemExit(1) from None
+            if handlers is not None:
+                await serve(settings, bus, reporter, handlers, backend, model, stop)
+        finally:
+            if handlers is not None:
+                await handlers.close()
+            if backend is not None:
+                await asyncio.to_thread(backend.stop)
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+async def start_backend(settings: Settings, bus: Bus, reporter: InstanceReporter,
+                        model: ModelPublic, stop: asyncio.Event
+                        ) -> tuple[Backend | None, BackendHandlers | None]:
+    loop = asyncio.get_running_loop()
+    last = [0.0]
+
+    def progress(message: str) -> None:  # called on a worker thread
+        now = time.monotonic()
+        if now - last[0] >= REPORT_EVERY_S:
+            last[0] = now
+            asyncio.run_coroutine_threadsafe(_message(reporter, message), loop)
+
+    first = (InstanceState.DOWNLOADING if can_transition(reporter.instance.state,
+                                                         InstanceState.DOWNLOADING)
+             else InstanceState.STARTING)
+    await reporter.move(first, "preparing model files")
+    model_dir = await asyncio.to_thread(
+        prepare_model, model.source, settings.model_cache_dir,
+        lambda stage, fraction: progress(progress_message(stage, fraction)))
+    command = await asyncio.to_thread(build_command, settings, reporter.instance, model,
+                                      Path(model_dir), progress)
+    port = int(command.env.pop("SHOAL_BACKEND_PORT"))
+    host = command.env.pop("SHOAL_BACKEND_HOST")
+    await reporter.move(InstanceState.STARTING, f"starting {model.backend.value}: "
+                        + " ".join(command.argv[1:])[:1500])
+    backend = spawn(settings, reporter.instance, command, host, port)
+    try:
+        tokenizer = await asyncio.to_thread(load_tokenizer, model_dir)
+        ready = await wait_ready(backend, model, tokenizer, stop)
+    except BaseException:
+        await asyncio.to_thread(backend.stop)
+        raise
+    if not ready:
+        await asyncio.to_thread(backend.stop)
+        return None, None
+    max_len = model.max_model_len or _context(model_dir)
+    handlers = BackendHandlers(
+        bus=bus, instance_id=reporter.instance.id, model_name=model.name,
+        base_url=backend.base_url, served_name=model.name, tokenizer=tokenizer,
+        max_model_len=max_len,
+        max_num_seqs=model.engine_args.max_num_seqs or ENGINE_DEFAULTS.max_num_seqs,
+        tool_call_parser=model.engine_args.tool_call_parser,
+        chat_template=model.engine_args.chat_template)
+    return backend, handlers
+
+
+def _context(model_dir: str | Path) -> int:
+    from shoal.services.scheduler.claim import read_profile
+
+    return read_profile(model_dir).shape.context_limit.max_model_len
+
+
+def build_command(settings: Settings, instance: InstancePublic, model: ModelPublic,
+                  model_dir: Path, progress: object) -> Command:
+    """The backend's command for this worker (installing vLLM's venv first if need be); the
+    chosen host and port ride in the env under SHOAL_BACKEND_* (taken out before the spawn)."""
+    host = "127.0.0.1" if settings.metrics_host in ("127.0.0.1", "localhost") else (
+        settings.metrics_host)
+    port = free_port(host)
+    where = {"SHOAL_BACKEND_PORT": str(port), "SHOAL_BACKEND_HOST": host}
+    if model.backend is BackendKind.CUSTOM:
+        data_dir = settings.data_dir / "backends" / instance.name
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path = model.source if Path(model.source).exists() else str(model_dir)
+        values = {"model_path": path, "port": str(port), "served_name": model.name,
+                  "host": host, "model_name": model.name, "data_dir": str(data_dir)}
+        cmd = build_custom(model.backend_command or "", model.backend_parameters, values,
+                           model.env)
+        return Command(cmd.argv, {**cmd.env, **where})
+    python = vllm_python(settings, instance, model, progress)
+    device = "gpu" if instance.gpu_indexes else "cpu"
+    from shoal.services.scheduler.claim import compute_claim, read_profile
+
+    profile = read_profile(model_dir)
+    claim = compute_claim(profile, model, device)
+    spec = model.engine_args.speculative_config
+    launch = VllmLaunch(
+        python=str(python), model_path=str(model_dir), served_names=(model.name, *model.aliases),
+        port=port, main=Stage(host, tuple(instance.gpu_indexes),
+                              sum(instance.claim.gpu_memory.values())),
+        tp=instance.tp, pp=instance.pp, device=device,
+        gpu_vendor="nvidia" if device == "gpu" else None,
+        dtype=ENGINE_DEFAULTS.dtype(model.dtype or "auto", device),
+        max_model_len=claim.max_model_len,
+        gpu_memory_utilization=model.gpu_memory_utilization, kv_cache_bytes=claim.kv_cache,
+        cpu_cores=tuple(sorted(settings.worker_cpus or os.sched_getaffinity(0))),
+        backend_version=model.backend_version or DEFAULT_VLLM_VERSION,
+        backend_parameters=tuple(model.backend_parameters),
+        engine_args={k: v for k, v in model.engine_args.given().items()},
+        speculative=spec,
+        draft_model_path=(prepare_model(spec.model, settings.model_cache_dir)
+                          if spec is not None and spec.model else None),
+        extended_kv_cache=(model.extended_kv_cache.model_dump()
+                           if model.extended_kv_cache else None),
+        env=model.env, cache_dir=str(settings.data_dir / "cache" / "vllm"))
+    cmd = build_vllm(launch)
+    for warning in cmd.warnings:
+        log.warning("%s", warning)
+    return Command(cmd.argv, {**cmd.env, **where}, cmd.injected, cmd.warnings)
+
+
+def vllm_python(settings: Settings, instance: InstancePublic, model: ModelPublic,
+                progress: object) -> Path:
+    """The operator's venv, else this worker's install of the model's version."""
+    if instance.subordinate_workers:
+        raise ShoalError("vLLM across workers (Ray) is not run by the worker yet: deploy it "
+                         "with --no-distributed")
+    if settings.vllm_venv is not None:
+        python = python_of(settings.vllm_venv)
+        if not python.exists():
+            raise ShoalError(f"SHOAL_VLLM_VENV {settings.vllm_venv} has no bin/python")
+        return python
+    package = vllm_package("gpu" if instance.gpu_indexes else "cpu")
+    version = model.backend_version or DEFAULT_VLLM_VERSION
+    cache = settings.backend_cache_dir or settings.data_dir / "backends"
+    venv = venv_path(cache, package, version)
+    if not installed(venv):
+        log.info("installing %s %s into %s", package, version, venv)
+    return ensure_venv(venv, package, version, progress)  # type: ignore[arg-type]
+
+
+def spawn(settings: Settings, instance: InstancePublic, command: Command, host: str,
+          port: int) -> Backend:
+    logs = settings.data_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"backend-{instance.name}.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}  # not its own
+    env.update(command.env)
+    with open(log_path, "ab") as out:
+        process = subprocess.Popen(command.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                   preexec_fn=die_with_parent)
+    log.info("started %s (pid %d, log %s)", command.argv[0], process.pid, log_path)
+    return Backend(process, log_path, f"http://{host}:{port}", port, host)
+
+
+async def wait_ready(backend: Backend, model: ModelPublic, tokenizer: object,
+                     stop: asyncio.Event) -> bool:
+    """Until the health path answers 200 and a one-token completion succeeds (a server may
+    answer its health before its model serves); False on `stop`, BackendExited if it ends."""
+    probe = {"model": model.name, "prompt": [int(tokenizer.encode("Hi")[-1])],  # type: ignore
+             "max_tokens": 1}
+    health = model.backend_health_path if model.backend is BackendKind.CUSTOM else "/health"
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        while not stop.is_set():
+            if (exited := backend.exited()) is not None:
+                raise BackendExited(exited)
+            try:
+                async with session.get(backend.base_url + health) as r:
+                    if r.status == 200:
+                        async with session.post(backend.base_url + "/v1/completions",
+                                                json=probe) as p:
+                            if p.status == 200:
+                                return True
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            try:
+                await asyncio.wait_for(stop.wait(), POLL_S)
+            except TimeoutError:
+                pass
+    return False
+
+
+async def serve(settings: Settings, bus: Bus, reporter: InstanceReporter,
+                handlers: BackendHandlers, backend: Backend, model: ModelPublic,
+                stop: asyncio.Event) -> None:
+    await handlers.start()
+    address = f"{advertised_host(backend.host, settings.metrics_advertise_host)}:{backend.port}"
+    target = MetricsTarget(service="backend", address=address, labels={
+        "instance": reporter.instance.name, "model_name": model.name,
+        "backend": model.backend.value})
+    discovery = await answer_discovery(bus, target)
+    load_stop = asyncio.Event()
+    loads = asyncio.create_task(handlers.publish_load_forever(load_stop))
+    scrapes = asyncio.create_task(_scrape_forever(handlers, load_stop))
+    try:
+        await reporter.move(InstanceState.RUNNING, None)
+        log.info("serving %s through %s at %s", model.name, model.backend.value,
+                 backend.base_url)
+        failed = await _until_stop_or_exit(backend, stop)
+        if failed is not None:
+            handlers.fail_all()
+            await asyncio.sleep(0.2)  # the streams' error replies go out
+            await report_error(reporter, failed)
+            raise SystemExit(1)
+        await handlers.stop_intake()
+        await handlers.wait_in_flight(settings.drain_timeout)
+    except Gone as exc:
+        log.info("stopping: %s", exc)
+    finally:
+        load_stop.set()
+        await asyncio.gather(loads, scrapes, return_exceptions=True)
+        try:
+            await discovery.unsubscribe()
+        except Exception:  # noqa: BLE001 - the connection may be closing
+            pass
+
+
+async def _until_stop_or_exit(backend: Backend, stop: asyncio.Event) -> str | None:
+    while not stop.is_set():
+        if (exited := backend.exited()) is not None:
+            return exited
+        try:
+            await asyncio.wait_for(stop.wait(), 0.5)
+        except TimeoutError:
+            pass
+    return None
+
+
+async def _scrape_forever(handlers: BackendHandlers, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        await handlers.scrape()
+        try:
+            await asyncio.wait_for(stop.wait(), SCRAPE_EVERY_S)
+        except TimeoutError:
+            pass
+
+
+async def _message(reporter: InstanceReporter, message: str) -> None:
+    try:
+        await reporter.move(reporter.instance.state, message)
+    except (ShoalError, Gone):
+        pass

@@ -1,0 +1,182 @@
+"""The openai-SDK checks every backend passes through the gateway (test_backend_custom.py,
+test_backend_vllm.py): chat and completions, streamed and not, usage with cached tokens,
+/v1/models, an aborted stream freeing the backend, a key's token budget, the backend's /metrics
+among the targets with the instance's labels, and a SIGKILLed backend process (the stream ends
+with an error, the instance comes back)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+
+import aiohttp
+import openai
+import psutil
+
+from shoal.shared.bus.client import Bus
+from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.schemas.infer import EngineLoad
+from shoal.shared.schemas.registry import (
+    ApiKeyCreate, ApiKeyScope, InstanceFilter, InstancePublic, KeyLimit, ModelPublic
+)
+from shoal.shared.states import InstanceState
+
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@dataclass
+class Served:
+    client: RegistryClient
+    bus: Bus
+    model: ModelPublic
+    instance: InstancePublic
+    url: str
+
+
+def api(url: str, key: str = "none") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=300)
+
+
+async def running_instance(client: RegistryClient, model_id: str, timeout: float,
+                           after_version: int = -1) -> InstancePublic:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = await client.list_instances(InstanceFilter(model_id=model_id,
+                                                             state=InstanceState.RUNNING))
+        running = [i for i in running if i.version > after_version]
+        if running:
+            return running[0]
+        await asyncio.sleep(0.5)
+    instances = await client.list_instances(InstanceFilter(model_id=model_id))
+    raise AssertionError(f"no RUNNING instance after {timeout}s: {instances}")
+
+
+async def check_chat_and_completions(s: Served) -> None:
+    a = api(s.url)
+    chat = await a.chat.completions.create(model=s.model.name, messages=FRANCE, temperature=0,
+                                           max_tokens=24)
+    assert "Paris" in chat.choices[0].message.content
+    assert chat.model == s.model.name and chat.usage.prompt_tokens > 10
+    assert 0 < chat.usage.completion_tokens <= 24
+    done = await a.completions.create(model=s.model.name, prompt="One, two, three,",
+                                      max_tokens=8, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert done.choices[0].text and done.usage.completion_tokens == 8
+    assert done.choices[0].finish_reason == "length"
+    models = await a.models.list()
+    assert s.model.name in [m.id for m in models.data]
+
+
+async def check_streaming_usage_and_cache(s: Served) -> None:
+    a = api(s.url)
+    long = [{"role": "system", "content": "You answer briefly. " * 40}, *FRANCE]
+    for _ in range(2):  # the second reads the first's prefix from the cache
+        stream = await a.chat.completions.create(
+            model=s.model.name, messages=long, temperature=0, max_tokens=12, stream=True,
+            stream_options={"include_usage": True})
+        text, usage = "", None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+            if chunk.usage is not None:
+                usage = chunk.usage
+        assert text and usage is not None and usage.completion_tokens > 0
+        assert usage.prompt_tokens > 100
+    assert usage.prompt_tokens_details.cached_tokens > 0, usage
+
+
+async def check_abort_frees_the_backend(s: Served) -> None:
+    """A client that goes away mid-stream: the backend stops generating (its load says nothing
+    runs), rather than finishing 900 tokens for nobody."""
+    a = api(s.url)
+    stream = await a.completions.create(model=s.model.name, prompt="Count to one thousand:",
+                                        max_tokens=900, temperature=0, stream=True,
+                                        extra_body={"ignore_eos": True})
+    received = 0
+    async for _ in stream:
+        received += 1
+        if received == 3:
+            break
+    await stream.close()
+    loads: asyncio.Queue[EngineLoad] = asyncio.Queue()
+
+    async def on_load(msg) -> None:  # noqa: ANN001
+        await loads.put(EngineLoad.model_validate_json(msg.data))
+
+    sub = await s.bus.nc.subscribe(s.bus.subjects.load(s.instance.id), cb=on_load)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            load = await asyncio.wait_for(loads.get(), 30)
+            if load.num_running == 0 and load.num_waiting == 0:
+                break
+        else:
+            raise AssertionError(f"the aborted request still runs: {load}")
+    finally:
+        await sub.unsubscribe()
+
+
+async def check_key_token_budget(s: Served) -> None:
+    key = await s.client.create_key(ApiKeyCreate(
+        name=f"budget-{uuid.uuid4().hex[:6]}", scope=ApiKeyScope.INFERENCE,
+        limits=[KeyLimit(model=s.model.name, token_budget=60)]))
+    a = api(s.url, key.secret)
+    refused = None
+    for _ in range(20):  # usage is recorded after each answer; the budget then runs out
+        try:
+            await a.chat.completions.create(model=s.model.name, messages=FRANCE,
+                                            temperature=0, max_tokens=16)
+        except openai.RateLimitError as exc:
+            refused = exc
+            break
+        await asyncio.sleep(0.5)
+    assert refused is not None and "insufficient_quota" in str(refused.body)
+
+
+async def check_metrics_target(s: Served, series: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{s.url}/metrics/targets") as r:
+            groups = await r.json()
+        mine = [g for g in groups if g["labels"].get("shoal_service") == "backend"
+                and g["labels"].get("instance") == s.instance.name]
+        assert mine, groups
+        assert mine[0]["labels"]["model_name"] == s.model.name
+        async with http.get(f"http://{mine[0]['targets'][0]}/metrics") as r:
+            assert r.status == 200 and series in await r.text()
+
+
+def backend_pids(instance_id: str) -> list[int]:
+    """The backend process: the child of the instance's adapter (`shoal engine ... ID`)."""
+    adapters = [p for p in psutil.process_iter(["cmdline"])
+                if instance_id in " ".join(p.info["cmdline"] or [])
+                and "engine" in (p.info["cmdline"] or [])]
+    return [c.pid for a in adapters for c in a.children()]
+
+
+async def check_sigkill_then_back(s: Served, timeout: float) -> None:
+    a = api(s.url)
+    before = await s.client.get_instance(s.instance.id)
+    pids = backend_pids(s.instance.id)
+    assert len(pids) == 1, pids
+    stream = await a.completions.create(model=s.model.name, prompt="Count to one thousand:",
+                                        max_tokens=1000, temperature=0, stream=True,
+                                        extra_body={"ignore_eos": True})
+    received = 0
+    try:
+        async for _ in stream:
+            received += 1
+            if received == 3:
+                os.kill(pids[0], signal.SIGKILL)
+    except openai.APIError:
+        pass
+    else:
+        raise AssertionError("the stream ended without an error")
+    back = await running_instance(s.client, s.model.id, timeout, after_version=before.version)
+    assert back.restart_count > before.restart_count
+    chat = await a.chat.completions.create(model=s.model.name, messages=FRANCE, temperature=0,
+                                           max_tokens=24)
+    assert "Paris" in chat.choices[0].message.content

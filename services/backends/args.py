@@ -85,6 +85,8 @@ class Command:
     injected: list[str] = field(default_factory=list)
     """The flags Shoal added (for the instance's message and the dry run)."""
     warnings: list[str] = field(default_factory=list)
+    keep_cwd: bool = False
+    """Run in the worker's folder (a custom command may name paths relative to it)."""
 
 
 def version_tuple(version: str | None) -> tuple[int, ...] | None:

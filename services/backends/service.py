@@ -206,7 +206,7 @@ def build_command(settings: Settings, instance: InstancePublic, model: ModelPubl
                   "host": host, "model_name": model.name, "data_dir": str(data_dir)}
         cmd = build_custom(model.backend_command or "", model.backend_parameters, values,
                            model.env)
-        return Command(cmd.argv, {**cmd.env, **where})
+        return Command(cmd.argv, {**cmd.env, **where}, keep_cwd=True)  # as the user typed it
     python = vllm_python(settings, instance, model, progress)
     device = "gpu" if instance.gpu_indexes else "cpu"
     from shoal.services.scheduler.claim import compute_claim, read_profile
@@ -266,9 +266,15 @@ def spawn(settings: Settings, instance: InstancePublic, command: Command, host: 
     log_path = logs / f"backend-{instance.name}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}  # not its own
     env.update(command.env)
+    # vLLM runs in a folder of its own: from a checkout of Shoal, `python -m` would import the
+    # checkout's top-level folders (kernels/) in place of the packages vLLM asks for
+    cwd = None
+    if not command.keep_cwd:
+        cwd = settings.data_dir / "backends" / instance.name
+        cwd.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
         process = subprocess.Popen(command.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                   preexec_fn=die_with_parent)
+                                   cwd=cwd, preexec_fn=die_with_parent)
     log.info("started %s (pid %d, log %s)", command.argv[0], process.pid, log_path)
     return Backend(process, log_path, f"http://{host}:{port}", port, host)
 

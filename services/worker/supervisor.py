@@ -154,7 +154,8 @@ class Supervisor:
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"engine-{instance.name}.log"
         env = dict(os.environ)
-        env.update(SHOAL_NATS_URL=str(self.settings.nats_url), SHOAL_NAMESPACE=self.settings.ns)
+        env.update(SHOAL_NATS_URL=str(self.settings.nats_url), SHOAL_NAMESPACE=self.settings.ns,
+                   SHOAL_DATA_DIR=str(self.settings.data_dir))  # a backend's logs and venvs
         for name in ("vllm_venv", "backend_cache_dir"):  # a backend's adapter reads them
             if getattr(self.settings, name) is not None:
                 env[f"SHOAL_{name.upper()}"] = str(getattr(self.settings, name))

@@ -281,6 +281,11 @@ ENTRIES: list[Entry] = [
     Skip("make bench                                   # offline engine",
          "benchmarks take minutes each"),
     Skip("make peer-vllm", "builds vLLM's CPU venv; benchmarks take minutes"),
+    Run("SMOL_HF=$(.venv/bin/python -c 'from shoal.services.engine import prepare_model",
+        why="the dry run writes nothing; the second deploy is refused (exit status 2)", rc=2),
+    Skip('.venv/bin/shoal models deploy smol-custom --source "$SMOL_HF"',
+         "a second whole stack as the backend (a minute on two cores): "
+         "tests/e2e/test_backend_custom.py deploys the same command"),
     Skip("make peer-llamacpp", "builds llama.cpp (10 minutes); benchmarks take minutes"),
     Skip("shoal/       the `shoal` command", "the repository's layout, not a command"),
 ]

@@ -26,13 +26,13 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 from prometheus_client.parser import text_string_to_metric_families
 
-from shoal.services.engine import Intake, render_chat
+from shoal.services.engine import StreamIntake, render_chat
 from shoal.shared.bus.codec import decode, encode, too_large
 from shoal.shared.errors import InvalidRequest, ShoalError, Unavailable
 from shoal.shared.genai import request_attributes, response_attributes
 from shoal.shared.schemas.common import ErrorBody
 from shoal.shared.schemas.infer import (
-    AbortRequest, ChoiceDelta, DetokenizeReply, DetokenizeRequest, EmbedRequest, EngineLoad,
+    ChoiceDelta, DetokenizeReply, DetokenizeRequest, EmbedRequest, EngineLoad,
     GenerateRequest, InferChunk, InferEnd, InferError, InferReplyEnvelope, InferRequestEnvelope,
     SamplingOptions, TokenizeReply, TokenizeRequest, TokenLogprobWire, TopLogprob, Usage
 )
@@ -99,7 +99,7 @@ def error_from_body(status: int, text: str) -> ShoalError:
 
 
 @dataclass(kw_only=True)
-class BackendHandlers(Intake):
+class BackendHandlers(StreamIntake):
     base_url: str
     served_name: str
     tokenizer: Any
@@ -108,7 +108,6 @@ class BackendHandlers(Intake):
     tool_call_parser: str | None = None
     chat_template: str | None = None
     session: aiohttp.ClientSession | None = None
-    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     gauges: dict[str, float] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=lambda: {
         "prompt_tokens": 0, "generation_tokens": 0, "prefix_cache_hits": 0,
@@ -125,17 +124,6 @@ class BackendHandlers(Intake):
         if self.session is not None:
             await self.session.close()
 
-    async def subscribe_more(self) -> None:
-        await self.bus.nc.subscribe(self.bus.subjects.abort(self.instance_id), cb=self.on_abort)
-
-    async def wait_in_flight(self, timeout: float) -> None:
-        pending = [t for t in self.tasks.values() if not t.done()]
-        if pending:
-            _, late = await asyncio.wait(pending, timeout=timeout)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
-
     def fail_all(self) -> None:
         """The backend is gone: every stream ends now, with an error (not at its timeout)."""
         for task in list(self.tasks.values()):
@@ -149,12 +137,7 @@ class BackendHandlers(Intake):
             await self.bus.respond_error(msg, exc)
             return
         if isinstance(request, GenerateRequest):
-            if not msg.reply:
-                return
-            task = asyncio.create_task(self.generate(request, msg.reply, msg.headers),
-                                       name=request.request_id)
-            self.tasks[request.request_id] = task
-            task.add_done_callback(lambda _t, rid=request.request_id: self.tasks.pop(rid, None))
+            self.start_generate(request, msg)  # an abort cancels its task: the stream closes
             return
         try:
             if isinstance(request, EmbedRequest):
@@ -170,15 +153,6 @@ class BackendHandlers(Intake):
             await self.bus.respond_error(msg, exc)
             return
         await msg.respond(encode(reply))
-
-    async def on_abort(self, msg: Msg) -> None:
-        try:
-            request_id = decode(msg.data, AbortRequest).request_id
-        except InvalidRequest:
-            return
-        task = self.tasks.get(request_id)
-        if task is not None:
-            task.cancel()  # closes the HTTP stream: the backend aborts the request
 
     def prompt_token_ids(self, req: GenerateRequest | TokenizeRequest) -> list[int]:
         if req.messages is not None:

@@ -32,7 +32,8 @@ from shoal.services.backends.venv import (
     DEFAULT_VLLM_VERSION, ensure_venv, installed, python_of, venv_path, vllm_package
 )
 from shoal.services.engine import (
-    ENGINE_DEFAULTS, Gone, InstanceReporter, load_tokenizer, prepare_model, report_error, run_engine
+    ENGINE_DEFAULTS, Gone, InstanceReporter, load_tokenizer, prepare_model, report_error,
+    run_engine, until_stop_or_failure
 )
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
@@ -232,11 +233,16 @@ def build_command(settings: Settings, instance: InstancePublic, model: ModelPubl
                           if spec is not None and spec.model else None),
         extended_kv_cache=(model.extended_kv_cache.model_dump()
                            if model.extended_kv_cache else None),
-        env=model.env, cache_dir=str(settings.data_dir / "cache" / "vllm"))
+        env=model.env, cache_dir=str(backend_cache(settings) / "vllm-cache"))
     cmd = build_vllm(launch)
     for warning in cmd.warnings:
         log.warning("%s", warning)
     return Command(cmd.argv, {**cmd.env, **where}, cmd.injected, cmd.warnings)
+
+
+def backend_cache(settings: Settings) -> Path:
+    """Installed backends and vLLM's compile cache: kept across restarts and stacks."""
+    return settings.backend_cache_dir or settings.data_dir / "backends"
 
 
 def vllm_python(settings: Settings, instance: InstancePublic, model: ModelPublic,
@@ -252,8 +258,7 @@ def vllm_python(settings: Settings, instance: InstancePublic, model: ModelPublic
         return python
     package = vllm_package("gpu" if instance.gpu_indexes else "cpu")
     version = model.backend_version or DEFAULT_VLLM_VERSION
-    cache = settings.backend_cache_dir or settings.data_dir / "backends"
-    venv = venv_path(cache, package, version)
+    venv = venv_path(backend_cache(settings), package, version)
     if not installed(venv):
         log.info("installing %s %s into %s", package, version, venv)
     return ensure_venv(venv, package, version, progress)  # type: ignore[arg-type]
@@ -323,7 +328,7 @@ async def serve(settings: Settings, bus: Bus, reporter: InstanceReporter,
         await reporter.move(InstanceState.RUNNING, None)
         log.info("serving %s through %s at %s", model.name, model.backend.value,
                  backend.base_url)
-        failed = await _until_stop_or_exit(backend, stop)
+        failed = await until_stop_or_failure(backend.exited, stop)
         if failed is not None:
             handlers.fail_all()
             await asyncio.sleep(0.2)  # the streams' error replies go out
@@ -340,17 +345,6 @@ async def serve(settings: Settings, bus: Bus, reporter: InstanceReporter,
             await discovery.unsubscribe()
         except Exception:  # noqa: BLE001 - the connection may be closing
             pass
-
-
-async def _until_stop_or_exit(backend: Backend, stop: asyncio.Event) -> str | None:
-    while not stop.is_set():
-        if (exited := backend.exited()) is not None:
-            return exited
-        try:
-            await asyncio.wait_for(stop.wait(), 0.5)
-        except TimeoutError:
-            pass
-    return None
 
 
 async def _scrape_forever(handlers: BackendHandlers, stop: asyncio.Event) -> None:

@@ -28,14 +28,14 @@ from shoal.services.engine.core.outputs import TokenLogprob
 from shoal.services.engine.core.request_output import RequestOutput
 from shoal.services.engine.input_processor import InputProcessor
 from shoal.services.engine.sampling_params import SamplingParams
-from shoal.services.engine.server.intake import Intake
+from shoal.services.engine.server.intake import StreamIntake
 from shoal.services.engine.server.metrics import EngineMetrics
 from shoal.services.engine.server.tracing import generate_span, record_finished
 from shoal.shared.bus.codec import decode, encode, too_large
 from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.schemas.common import ErrorBody
 from shoal.shared.schemas.infer import (
-    AbortRequest, ChoiceDelta, DetokenizeReply, DetokenizeRequest, EmbedRequest, EngineLoad,
+    ChoiceDelta, DetokenizeReply, DetokenizeRequest, EmbedRequest, EngineLoad,
     GenerateRequest,
     InferChunk, InferEnd, InferError, InferReplyEnvelope, InferRequestEnvelope, TokenizeReply,
     TokenizeRequest, TokenLogprobWire, TopLogprob, Usage
@@ -45,9 +45,8 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
-class EngineHandlers(Intake):
+class EngineHandlers(StreamIntake):
     engine: AsyncEngine
-    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     tokenizer: Any = None
     inputs: InputProcessor | None = None
     """Prompts as token ids (set at start, over this adapter's own tokenizer)."""
@@ -67,19 +66,6 @@ class EngineHandlers(Intake):
         self.inputs.longest_token_bytes()  # a scan of the vocabulary: at start, not per request
         await super().start()
 
-    async def subscribe_more(self) -> None:
-        # Aborts stay subscribed while draining: in-flight requests may still be cancelled.
-        await self.bus.nc.subscribe(self.bus.subjects.abort(self.instance_id), cb=self.on_abort)
-
-    async def wait_in_flight(self, timeout: float) -> None:
-        """Drain step 2: let running requests finish, then abort what is left."""
-        pending = [t for t in self.tasks.values() if not t.done()]
-        if pending:
-            _, late = await asyncio.wait(pending, timeout=timeout)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
-
     # ------------------------------------------------------------------ requests
     async def on_request(self, msg: Msg) -> None:
         try:
@@ -88,12 +74,7 @@ class EngineHandlers(Intake):
             await self.bus.respond_error(msg, exc)
             return
         if isinstance(request, GenerateRequest):
-            if not msg.reply:
-                return
-            task = asyncio.create_task(self.generate(request, msg.reply, msg.headers),
-                                       name=request.request_id)
-            self.tasks[request.request_id] = task
-            task.add_done_callback(lambda _t, rid=request.request_id: self.tasks.pop(rid, None))
+            self.start_generate(request, msg)
             return
         try:
             if isinstance(request, EmbedRequest):
@@ -109,15 +90,6 @@ class EngineHandlers(Intake):
             await msg.respond(data)
         except MaxPayloadError:  # e.g. the token ids of a huge prompt
             await self.bus.respond_error(msg, too_large(self.bus.nc, data, "the answer"))
-
-    async def on_abort(self, msg: Msg) -> None:
-        try:
-            request_id = decode(msg.data, AbortRequest).request_id
-        except InvalidRequest:
-            return
-        task = self.tasks.get(request_id)
-        if task is not None:
-            task.cancel()  # the engine stream's finally aborts it and frees its blocks
 
     async def generate(self, req: GenerateRequest, inbox: str,
                        headers: dict[str, str] | None = None) -> None:

@@ -13,8 +13,10 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from shoal.shared.bus.client import Bus
+from shoal.shared.bus.codec import decode
+from shoal.shared.errors import InvalidRequest
 from shoal.shared.loops import run_every
-from shoal.shared.schemas.infer import EngineLoad
+from shoal.shared.schemas.infer import AbortRequest, EngineLoad, GenerateRequest
 
 log = logging.getLogger(__name__)
 LOAD_INTERVAL_S = 0.25
@@ -65,3 +67,46 @@ class Intake:
     async def publish_load_forever(self, stop: asyncio.Event) -> None:
         await run_every(LOAD_INTERVAL_S, stop, self.publish_load, "publishing load", log,
                         expected=())
+
+
+@dataclass(kw_only=True)
+class StreamIntake(Intake):
+    """An intake whose generate requests each run as a task (our engine's handlers.py, a
+    backend's adapter): an abort cancels the request's task, draining waits for the tasks."""
+
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    async def subscribe_more(self) -> None:
+        # Aborts stay subscribed while draining: in-flight requests may still be cancelled.
+        await self.bus.nc.subscribe(self.bus.subjects.abort(self.instance_id), cb=self.on_abort)
+
+    async def generate(self, req: GenerateRequest, inbox: str,
+                       headers: dict[str, str] | None = None) -> None:
+        raise NotImplementedError
+
+    def start_generate(self, request: GenerateRequest, msg: Msg) -> None:
+        """Serve `request` in a task of its own, known by its id until it ends."""
+        if not msg.reply:
+            return
+        task = asyncio.create_task(self.generate(request, msg.reply, msg.headers),
+                                   name=request.request_id)
+        self.tasks[request.request_id] = task
+        task.add_done_callback(lambda _t, rid=request.request_id: self.tasks.pop(rid, None))
+
+    async def on_abort(self, msg: Msg) -> None:
+        try:
+            request_id = decode(msg.data, AbortRequest).request_id
+        except InvalidRequest:
+            return
+        task = self.tasks.get(request_id)
+        if task is not None:
+            task.cancel()  # the request's own cleanup aborts it where it runs
+
+    async def wait_in_flight(self, timeout: float) -> None:
+        """Drain step 2: let running requests finish, then abort what is left."""
+        pending = [t for t in self.tasks.values() if not t.done()]
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=timeout)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+from prometheus_client import CollectorRegistry
 
 from shoal.services.backends.args import Command, Stage, VllmLaunch, build_custom, build_vllm
 from shoal.services.backends.proxy import BackendHandlers
@@ -33,7 +34,7 @@ from shoal.services.backends.venv import (
 )
 from shoal.services.engine import (
     ENGINE_DEFAULTS, Gone, InstanceReporter, load_tokenizer, prepare_model, report_error,
-    run_engine, until_stop_or_failure
+    run_engine, serve_instance
 )
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
@@ -315,32 +316,29 @@ async def wait_ready(backend: Backend, model: ModelPublic, tokenizer: object,
 async def serve(settings: Settings, bus: Bus, reporter: InstanceReporter,
                 handlers: BackendHandlers, backend: Backend, model: ModelPublic,
                 stop: asyncio.Event) -> None:
-    await handlers.start()
+    """The engine's serving lifecycle (RUNNING, drain on stop, ERROR and exit 1 on failure),
+    the backend's exit as the failure; its /metrics announced and its gauges read meanwhile."""
     address = f"{advertised_host(backend.host, settings.metrics_advertise_host)}:{backend.port}"
     target = MetricsTarget(service="backend", address=address, labels={
         "instance": reporter.instance.name, "model_name": model.name,
         "backend": model.backend.value})
     discovery = await answer_discovery(bus, target)
-    load_stop = asyncio.Event()
-    loads = asyncio.create_task(handlers.publish_load_forever(load_stop))
-    scrapes = asyncio.create_task(_scrape_forever(handlers, load_stop))
+    scrape_stop = asyncio.Event()
+    scrapes = asyncio.create_task(_scrape_forever(handlers, scrape_stop))
+
+    def failure() -> str | None:
+        exited = backend.exited()
+        if exited is not None:
+            handlers.fail_all()  # the streams end now, with an error
+        return exited
+
+    log.info("serving %s through %s at %s", model.name, model.backend.value, backend.base_url)
     try:
-        await reporter.move(InstanceState.RUNNING, None)
-        log.info("serving %s through %s at %s", model.name, model.backend.value,
-                 backend.base_url)
-        failed = await until_stop_or_failure(backend.exited, stop)
-        if failed is not None:
-            handlers.fail_all()
-            await asyncio.sleep(0.2)  # the streams' error replies go out
-            await report_error(reporter, failed)
-            raise SystemExit(1)
-        await handlers.stop_intake()
-        await handlers.wait_in_flight(settings.drain_timeout)
-    except Gone as exc:
-        log.info("stopping: %s", exc)
+        await serve_instance(settings, bus, reporter, handlers, CollectorRegistry(), stop,
+                             failure)
     finally:
-        load_stop.set()
-        await asyncio.gather(loads, scrapes, return_exceptions=True)
+        scrape_stop.set()
+        await scrapes
         try:
             await discovery.unsubscribe()
         except Exception:  # noqa: BLE001 - the connection may be closing

@@ -42,7 +42,7 @@ _EXPORTS = {
     "load_tokenizer": "frontend.tokenizer",
     "render_chat": "frontend.chat",
     "StreamIntake": "server.intake",
-    "until_stop_or_failure": "server.lifecycle",
+    "serve_instance": "server.lifecycle",
     "InstanceReporter": "server.lifecycle",
     "Gone": "server.lifecycle",
     "report_error": "server.lifecycle",

@@ -7,23 +7,31 @@ with an error, the instance comes back)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 import openai
 import psutil
 
+from shoal.services.engine import prepare_model, smollm2_gguf_path
 from shoal.shared.bus.client import Bus
+from shoal.shared.embedded import free_port
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.schemas.infer import EngineLoad
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate, ApiKeyScope, InstanceFilter, InstancePublic, KeyLimit, ModelPublic
+    ApiKeyCreate, ApiKeyScope, InstancePublic, KeyLimit, ModelPublic
 )
-from shoal.shared.states import InstanceState
+from shoal.shared.schemas.registry import ModelCreate
+from tests.e2e.test_serving import running_instance
+from tests.integration.conftest import make_settings, running_services
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -37,22 +45,31 @@ class Served:
     url: str
 
 
+@contextlib.asynccontextmanager
+async def serving(servers: Any, data_dir: Path, name: str, ready_timeout: float,
+                  settings: dict[str, Any] | None = None, **model: Any) -> AsyncIterator[Served]:
+    """A stack with a real worker and a gateway, and SmolLM2's Hugging Face folder deployed on
+    its CPU with the backend `model` names, RUNNING."""
+    config = make_settings(servers, data_dir, drain_timeout=5.0, heartbeat_timeout=10.0,
+                           engine_restart_max_backoff=2.0, gateway_engine_dead_after=5.0,
+                           gateway_port=free_port(None), scheduler_interval=1.0,
+                           **(settings or {}))
+    worker = {"worker_name": f"{name}-{uuid.uuid4().hex[:6]}"}
+    async with running_services(config, worker=worker, gateway={}, name=name) as stack:
+        created = await stack.client.create_model(ModelCreate(
+            name=f"{name}-{uuid.uuid4().hex[:6]}",
+            source=str(prepare_model(str(smollm2_gguf_path()))), device="cpu",
+            max_model_len=1024, worker_selector=stack.selector, **model))
+        inst = await running_instance(stack.client, created.id, ready_timeout)
+        bus = await Bus.connect(config, name=f"{name}-test")
+        try:
+            yield Served(stack.client, bus, created, inst, stack.url)
+        finally:
+            await bus.close()
+
+
 def api(url: str, key: str = "none") -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=300)
-
-
-async def running_instance(client: RegistryClient, model_id: str, timeout: float,
-                           after_version: int = -1) -> InstancePublic:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        running = await client.list_instances(InstanceFilter(model_id=model_id,
-                                                             state=InstanceState.RUNNING))
-        running = [i for i in running if i.version > after_version]
-        if running:
-            return running[0]
-        await asyncio.sleep(0.5)
-    instances = await client.list_instances(InstanceFilter(model_id=model_id))
-    raise AssertionError(f"no RUNNING instance after {timeout}s: {instances}")
 
 
 async def check_chat_and_completions(s: Served) -> None:
@@ -180,3 +197,28 @@ async def check_sigkill_then_back(s: Served, timeout: float) -> None:
     chat = await a.chat.completions.create(model=s.model.name, messages=FRANCE, temperature=0,
                                            max_tokens=24)
     assert "Paris" in chat.choices[0].message.content
+
+
+class BackendChecks:
+    """The checks as tests, for a module that gives a `served` fixture and READY_TIMEOUT."""
+
+    metrics_series = ""
+    ready_timeout = 600.0
+
+    async def test_chat_and_completions(self, served: Served) -> None:
+        await check_chat_and_completions(served)
+
+    async def test_streaming_usage_and_cached_tokens(self, served: Served) -> None:
+        await check_streaming_usage_and_cache(served)
+
+    async def test_abort_frees_the_backend(self, served: Served) -> None:
+        await check_abort_frees_the_backend(served)
+
+    async def test_key_token_budget(self, served: Served) -> None:
+        await check_key_token_budget(served)
+
+    async def test_backend_metrics_target(self, served: Served) -> None:
+        await check_metrics_target(served, self.metrics_series)
+
+    async def test_sigkill_ends_the_stream_then_comes_back(self, served: Served) -> None:
+        await check_sigkill_then_back(served, self.ready_timeout)

@@ -6,16 +6,10 @@ vLLM backend (backend_checks.py)."""
 from __future__ import annotations
 
 import sys
-import uuid
 
 import pytest
 
-from shoal.services.engine import prepare_model, smollm2_gguf_path
-from shoal.shared.bus.client import Bus
-from shoal.shared.embedded import free_port
-from shoal.shared.schemas.registry import ModelCreate
 from tests.e2e import backend_checks as checks
-from tests.integration.conftest import make_settings, running_services
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 READY_TIMEOUT = 600
@@ -25,43 +19,12 @@ COMMAND = (f"{sys.executable} -m shoal serve {{model_path}} --port {{port}} "
 
 @pytest.fixture(scope="module")
 async def served(servers, tmp_path_factory):
-    settings = make_settings(servers, tmp_path_factory.mktemp("backend-custom"),
-                             drain_timeout=5.0, heartbeat_timeout=10.0,
-                             engine_restart_max_backoff=2.0, gateway_engine_dead_after=5.0,
-                             gateway_port=free_port(None), scheduler_interval=1.0)
-    async with running_services(settings, worker={"worker_name": f"cb-{uuid.uuid4().hex[:6]}"},
-                                gateway={}, name="backend-custom") as stack:
-        model = await stack.client.create_model(ModelCreate(
-            name=f"custom-{uuid.uuid4().hex[:6]}", source=str(prepare_model(
-                str(smollm2_gguf_path()))), device="cpu", max_model_len=1024,
-            backend="custom", backend_command=COMMAND, worker_selector=stack.selector))
-        inst = await checks.running_instance(stack.client, model.id, READY_TIMEOUT)
-        bus = await Bus.connect(settings, name="backend-custom-test")
-        try:
-            yield checks.Served(stack.client, bus, model, inst, stack.url)
-        finally:
-            await bus.close()
+    async with checks.serving(servers, tmp_path_factory.mktemp("backend-custom"), "custom",
+                              READY_TIMEOUT, backend="custom",
+                              backend_command=COMMAND) as served:
+        yield served
 
 
-async def test_chat_and_completions(served) -> None:
-    await checks.check_chat_and_completions(served)
-
-
-async def test_streaming_usage_and_cached_tokens(served) -> None:
-    await checks.check_streaming_usage_and_cache(served)
-
-
-async def test_abort_frees_the_backend(served) -> None:
-    await checks.check_abort_frees_the_backend(served)
-
-
-async def test_key_token_budget(served) -> None:
-    await checks.check_key_token_budget(served)
-
-
-async def test_backend_metrics_target(served) -> None:
-    await checks.check_metrics_target(served, "shoal:gateway_requests_in_flight")
-
-
-async def test_sigkill_ends_the_stream_then_comes_back(served) -> None:
-    await checks.check_sigkill_then_back(served, READY_TIMEOUT)
+class TestCustomBackend(checks.BackendChecks):
+    metrics_series = "shoal:gateway_requests_in_flight"
+    ready_timeout = READY_TIMEOUT

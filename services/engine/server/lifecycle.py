@@ -79,7 +79,7 @@ async def serve_instance(settings: Settings, bus: Bus, reporter: InstanceReporte
     try:
         await reporter.move(InstanceState.RUNNING, None)
         log.info("serving %s as instance %s", handlers.model_name, reporter.instance.name)
-        failed = await until_stop_or_failure(failure, stop)
+        failed = await _until_stop_or_failure(failure, stop)
         if failed is not None:  # e.g. a tensor / pipeline parallel rank died: restart them all
             await report_error(reporter, f"engine failed: {failed}")
             raise SystemExit(1)
@@ -94,7 +94,7 @@ async def serve_instance(settings: Settings, bus: Bus, reporter: InstanceReporte
         await endpoint.stop()
 
 
-async def until_stop_or_failure(failure: Callable[[], str | None],
+async def _until_stop_or_failure(failure: Callable[[], str | None],
                                  stop: asyncio.Event) -> str | None:
     """Wait for the stop signal; return the engine's failure if one comes first (the streams
     have had their errors already: the instance then goes to ERROR and the supervisor restarts

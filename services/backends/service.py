@@ -94,16 +94,28 @@ class Backend:
 
     def exited(self) -> str | None:
         code = self.process.poll()
-        return None if code is None else f"the backend exited with {code}: {self.tail()}"
+        if code is None:
+            return None
+        self._signal_group(signal.SIGKILL)  # vLLM's engine core outlives a killed server
+        return f"the backend exited with {code}: {self.tail()}"
 
     def stop(self) -> None:
+        """SIGTERM to the backend's process group (its server and the workers it started),
+        SIGKILL to what is left after STOP_WAIT_S."""
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            self._signal_group(signal.SIGTERM)
             try:
                 self.process.wait(STOP_WAIT_S)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                pass
+        self._signal_group(signal.SIGKILL)
+        self.process.wait()
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.process.pid, sig)  # its own group: spawn() starts a session
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 async def run_backend(settings: Settings, bus: Bus, stop: asyncio.Event,
@@ -280,7 +292,7 @@ def spawn(settings: Settings, instance: InstancePublic, command: Command, host: 
         cwd.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
         process = subprocess.Popen(command.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                   cwd=cwd, preexec_fn=die_with_parent)
+                                   cwd=cwd, preexec_fn=die_with_parent, start_new_session=True)
     log.info("started %s (pid %d, log %s)", command.argv[0], process.pid, log_path)
     return Backend(process, log_path, f"http://{host}:{port}", port, host)
 

@@ -41,9 +41,10 @@ async def wait_health(url: str, process: subprocess.Popen[bytes], timeout: float
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise SystemExit(f"shoal up exited with {process.returncode}")
-            try:
-                async with http.get(f"{url}/health") as r:
-                    if r.status == 200:
+            try:  # the gateway answers, and through it the registry, with a READY worker
+                async with http.get(f"{url}/api/v1/workers") as r:
+                    if r.status == 200 and any(w["state"] == "READY"
+                                               for w in (await r.json())["items"]):
                         return
             except aiohttp.ClientError:
                 pass

@@ -252,6 +252,11 @@ ENTRIES: list[Entry] = [
     Skip("with LLM(smollm2, tensor_parallel_size=3",
          "starts 3 rank processes, then 2 (a minute of two cores); "
          "tests/e2e/test_parallel_serving.py and the engine's parallel tests run the same"),
+    Run("SMOL_HF=$(.venv/bin/python -c 'from shoal.services.engine import prepare_model",
+        why="the dry run writes nothing; the second deploy is refused (exit status 2)", rc=2),
+    Skip('.venv/bin/shoal models deploy smol-custom --source "$SMOL_HF"',
+         "a second whole stack as the backend (a minute on two cores): "
+         "tests/e2e/test_backend_custom.py deploys the same command"),
     Run(".venv/bin/shoal models deploy llama --source /models/llama-3-8b --dry-run",
         why="a path of the reader's: SmolLM2's", subs=(("/models/llama-3-8b", SMOL_SUB),)),
     Skip(".venv/bin/shoal models deploy smol-pp --source",
@@ -281,11 +286,6 @@ ENTRIES: list[Entry] = [
     Skip("make bench                                   # offline engine",
          "benchmarks take minutes each"),
     Skip("make peer-vllm", "builds vLLM's CPU venv; benchmarks take minutes"),
-    Run("SMOL_HF=$(.venv/bin/python -c 'from shoal.services.engine import prepare_model",
-        why="the dry run writes nothing; the second deploy is refused (exit status 2)", rc=2),
-    Skip('.venv/bin/shoal models deploy smol-custom --source "$SMOL_HF"',
-         "a second whole stack as the backend (a minute on two cores): "
-         "tests/e2e/test_backend_custom.py deploys the same command"),
     Skip("make peer-llamacpp", "builds llama.cpp (10 minutes); benchmarks take minutes"),
     Skip("shoal/       the `shoal` command", "the repository's layout, not a command"),
 ]

@@ -3,7 +3,7 @@ API, in the same replies our engine sends (InferChunk seq 0 with the prompt's to
 deltas, then InferEnd with usage or InferError), so the gateway routes, limits, counts and
 traces a backend's requests as any engine's.
 
-Prompts are rendered here as the engine renders them (the model's chat template, the same
+Prompts are rendered here as the engine renders them (its InputProcessor over the model's
 tokenizer) and sent to `/v1/completions` as token ids, streamed, with vLLM's extras (sampling
 knobs, structured outputs, `return_token_ids`, usage with `cached_tokens`); a server that
 ignores an extra still answers (a delta without token ids is counted by tokenizing its text).
@@ -26,7 +26,7 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 from prometheus_client.parser import text_string_to_metric_families
 
-from shoal.services.engine import StreamIntake, render_chat
+from shoal.services.engine import InputProcessor, StreamIntake
 from shoal.shared.bus.codec import decode, encode, too_large
 from shoal.shared.errors import InvalidRequest, ShoalError, Unavailable
 from shoal.shared.genai import request_attributes, response_attributes
@@ -116,6 +116,9 @@ class BackendHandlers(StreamIntake):
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenize"))
 
     async def start(self) -> None:
+        self.inputs = InputProcessor(tokenizer=self.tokenizer, max_model_len=self.max_model_len,
+                                     chat_template=self.chat_template)
+        self.inputs.longest_token_bytes()  # a scan of the vocabulary: at start, not per request
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None,
                                                                            sock_connect=10))
         await super().start()
@@ -153,23 +156,6 @@ class BackendHandlers(StreamIntake):
             await self.bus.respond_error(msg, exc)
             return
         await msg.respond(encode(reply))
-
-    def prompt_token_ids(self, req: GenerateRequest | TokenizeRequest) -> list[int]:
-        if req.messages is not None:
-            tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-            return render_chat(self.tokenizer,
-                               [m.model_dump(exclude_none=True) for m in req.messages],
-                               tools=tools, add_generation_prompt=req.add_generation_prompt,
-                               chat_template=self.chat_template)[1]
-        if isinstance(req, GenerateRequest) and req.prompt_token_ids is not None:
-            return list(req.prompt_token_ids)
-        if req.prompt is None:
-            raise InvalidRequest("give a prompt, prompt token ids or messages", param="prompt")
-        ids = list(self.tokenizer.encode(req.prompt, add_special_tokens=getattr(
-            req, "add_special_tokens", True)))
-        if not ids:
-            raise InvalidRequest("the prompt is empty", param="prompt")
-        return ids
 
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeReply:
         vocab = len(self.tokenizer)

@@ -41,6 +41,7 @@ from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.errors import ShoalError
 from shoal.shared.logging import log_context
+from shoal.shared.loops import run_every, wait_or_stop
 from shoal.shared.metrics_endpoint import advertised_host, answer_discovery
 from shoal.shared.process import die_with_parent
 from shoal.shared.progress import progress_message
@@ -318,10 +319,7 @@ async def wait_ready(backend: Backend, model: ModelPublic, tokenizer: object,
                                 return True
             except (aiohttp.ClientError, TimeoutError):
                 pass
-            try:
-                await asyncio.wait_for(stop.wait(), POLL_S)
-            except TimeoutError:
-                pass
+            await wait_or_stop(stop, POLL_S)
     return False
 
 
@@ -336,7 +334,8 @@ async def serve(settings: Settings, bus: Bus, reporter: InstanceReporter,
         "backend": model.backend.value})
     discovery = await answer_discovery(bus, target)
     scrape_stop = asyncio.Event()
-    scrapes = asyncio.create_task(_scrape_forever(handlers, scrape_stop))
+    scrapes = asyncio.create_task(run_every(SCRAPE_EVERY_S, scrape_stop, handlers.scrape,
+                                            "reading the backend's gauges", log, expected=()))
 
     def failure() -> str | None:
         exited = backend.exited()
@@ -354,15 +353,6 @@ async def serve(settings: Settings, bus: Bus, reporter: InstanceReporter,
         try:
             await discovery.unsubscribe()
         except Exception:  # noqa: BLE001 - the connection may be closing
-            pass
-
-
-async def _scrape_forever(handlers: BackendHandlers, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        await handlers.scrape()
-        try:
-            await asyncio.wait_for(stop.wait(), SCRAPE_EVERY_S)
-        except TimeoutError:
             pass
 
 

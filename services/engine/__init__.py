@@ -40,7 +40,7 @@ _EXPORTS = {
     "RankLaunch": "distributed.launch",
     "core_shares": "distributed.launch",
     "load_tokenizer": "frontend.tokenizer",
-    "render_chat": "frontend.chat",
+    "InputProcessor": "input_processor",
     "StreamIntake": "server.intake",
     "serve_instance": "server.lifecycle",
     "InstanceReporter": "server.lifecycle",

@@ -48,8 +48,6 @@ log = logging.getLogger(__name__)
 class EngineHandlers(StreamIntake):
     engine: AsyncEngine
     tokenizer: Any = None
-    inputs: InputProcessor | None = None
-    """Prompts as token ids (set at start, over this adapter's own tokenizer)."""
     metrics: EngineMetrics | None = None
     tokenizing: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenize"))
@@ -163,18 +161,6 @@ class EngineHandlers(StreamIntake):
                 outputs.close()  # aborts the request in the engine unless it finished
 
     # ------------------------------------------------------------------ tokens
-    def prompt_token_ids(self, req: GenerateRequest | TokenizeRequest) -> list[int]:
-        """The request's prompt as token ids (the input processor's rules)."""
-        assert self.inputs is not None, "start() sets the input processor"
-        messages = ([m.model_dump(exclude_none=True) for m in req.messages]
-                    if req.messages is not None else None)
-        return self.inputs.request_ids(
-            prompt=req.prompt, messages=messages,
-            prompt_token_ids=req.prompt_token_ids if isinstance(req, GenerateRequest) else None,
-            tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
-            add_generation_prompt=req.add_generation_prompt,
-            add_special_tokens=getattr(req, "add_special_tokens", True))
-
     def tool_call_parser(self, req: GenerateRequest) -> str | None:
         """The parser the gateway applies to an "auto" tool choice answer (vLLM refuses "auto"
         without --tool-call-parser; so do we)."""

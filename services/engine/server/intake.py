@@ -16,7 +16,10 @@ from shoal.shared.bus.client import Bus
 from shoal.shared.bus.codec import decode
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.loops import run_every
-from shoal.shared.schemas.infer import AbortRequest, EngineLoad, GenerateRequest
+from shoal.services.engine.input_processor import InputProcessor
+from shoal.shared.schemas.infer import (
+    AbortRequest, EngineLoad, GenerateRequest, TokenizeRequest
+)
 
 log = logging.getLogger(__name__)
 LOAD_INTERVAL_S = 0.25
@@ -75,6 +78,8 @@ class StreamIntake(Intake):
     backend's adapter): an abort cancels the request's task, draining waits for the tasks."""
 
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    inputs: InputProcessor | None = None
+    """Prompts as token ids (set at start, over this adapter's own tokenizer)."""
 
     async def subscribe_more(self) -> None:
         # Aborts stay subscribed while draining: in-flight requests may still be cancelled.
@@ -110,3 +115,15 @@ class StreamIntake(Intake):
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
+
+    def prompt_token_ids(self, req: GenerateRequest | TokenizeRequest) -> list[int]:
+        """The request's prompt as token ids (the input processor's rules)."""
+        assert self.inputs is not None, "start() sets the input processor"
+        messages = ([m.model_dump(exclude_none=True) for m in req.messages]
+                    if req.messages is not None else None)
+        return self.inputs.request_ids(
+            prompt=req.prompt, messages=messages,
+            prompt_token_ids=req.prompt_token_ids if isinstance(req, GenerateRequest) else None,
+            tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
+            add_generation_prompt=req.add_generation_prompt,
+            add_special_tokens=getattr(req, "add_special_tokens", True))

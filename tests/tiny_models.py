@@ -1,4 +1,5 @@
-"""Tiny random-weight Llama / Mistral / Qwen2 / Qwen3 checkpoints for fast parity tests.
+"""Tiny random-weight Llama / Mistral / Qwen2 / Qwen3 checkpoints for fast parity tests, and the
+mixture-of-experts families (Qwen3-MoE, Qwen2-MoE, Mixtral) at the same width.
 
 Each is saved with save_pretrained (fp32 safetensors) plus SmolLM2's tokenizer files (the tiny
 vocabulary is a prefix of it), so the engine loads it exactly as it loads a real model.
@@ -12,10 +13,12 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, PretrainedConfig,
-                          Qwen2Config, Qwen3Config)
+from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, MixtralConfig,
+                          PretrainedConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config,
+                          Qwen3MoeConfig)
 
-ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+MOE_ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", *MOE_ARCHS]
 VOCAB = 512
 
 _COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -42,6 +45,20 @@ def tiny_config(arch: str) -> PretrainedConfig:
     if arch == "qwen3":  # q/k norms, head_dim (32) != hidden / heads (16), tied
         return Qwen3Config(**_COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                            tie_word_embeddings=True)
+    if arch == "qwen3_moe":  # 8 experts top-2 renormalised; layer 1 dense (mlp_only_layers)
+        return Qwen3MoeConfig(**{**_COMMON, "num_hidden_layers": 3}, num_attention_heads=4,
+                              num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
+                              num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+                              norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1])
+    if arch == "qwen2_moe":  # a shared expert and its gate, top-k not renormalised, tied
+        return Qwen2MoeConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
+                              tie_word_embeddings=True, num_experts=4, num_experts_per_tok=2,
+                              moe_intermediate_size=64, shared_expert_intermediate_size=96,
+                              norm_topk_prob=False, decoder_sparse_step=1)
+    if arch == "mixtral":  # 4 experts of intermediate_size each, top-2, one KV head
+        return MixtralConfig(**{**_COMMON, "intermediate_size": 64}, num_attention_heads=4,
+                             num_key_value_heads=1, tie_word_embeddings=False,
+                             num_local_experts=4, num_experts_per_tok=2, sliding_window=None)
     raise ValueError(arch)
 
 

@@ -27,6 +27,8 @@ _EXPORTS = {
     "check_parallel_sizes": "model_limits",
     "tp_problems": "model_limits",
     "valid_tp_sizes": "model_limits",
+    "mlp_split_size": "model_limits",
+    "MLP_SIZE_KEYS": "model_limits",
     "RequestOutput": "core.request_output",
     "CompletionOutput": "core.request_output",
     "RequestOutputKind": "core.request_output",

@@ -6,7 +6,8 @@ engine checks them before a rank starts, the scheduler before it places an insta
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,17 @@ counts the scaling)."""
 
 
 # ---------------------------------------------------------------- parallel sizes
+MLP_SIZE_KEYS = ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size")
+"""The config fields of the MLP widths tensor parallelism splits: the dense MLP, each expert of
+an MoE (Qwen-MoE; Mixtral's experts are `intermediate_size` wide) and a shared expert."""
+
+
+def mlp_split_size(sizes: Iterable[int | None]) -> int:
+    """The one width tp must divide for all of a model's MLPs: their gcd (tp divides each of
+    them exactly when it divides the gcd); 0 when none is given."""
+    return math.gcd(*(int(s) for s in sizes if s))
+
+
 def tp_problems(num_heads: int, num_kv_heads: int, intermediate_size: int, tp: int) -> list[str]:
     """What `tp` fails to divide, in words; empty when it splits the model. TP divides the
     attention heads and the MLP size, and divides the KV heads or is a multiple of them (each KV
@@ -29,7 +41,7 @@ def tp_problems(num_heads: int, num_kv_heads: int, intermediate_size: int, tp: i
     if (num_kv_heads % tp) if tp <= num_kv_heads else (tp % num_kv_heads):
         problems.append(f"its {num_kv_heads} KV heads (tp must divide them, or be a multiple of "
                         "them to replicate them)")
-    if intermediate_size and intermediate_size % tp:
+    if intermediate_size and intermediate_size % tp:  # (an MoE: mlp_split_size's gcd)
         problems.append(f"its MLP size {intermediate_size}")
     return problems
 

@@ -4,6 +4,7 @@ and nothing is written. Real registry, scheduler replica, simulated worker and g
 
 from __future__ import annotations
 
+import json
 import struct
 import uuid
 from collections.abc import AsyncIterator
@@ -12,6 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from tests.integration.conftest import running_service
+from tests.model_shapes import QWEN3_30B_A3B
 from tests.integration.sched_helpers import llama_config, start_worker, stop_workers
 from tests.integration.test_gateway import running_gateway
 
@@ -80,6 +82,21 @@ async def test_dry_run_places_refuses_and_writes_nothing(fleet, settings: Settin
         assert status == 400 and err["error"]["param"] == "dry_run"
     names = {m.name for m in await client.list_models()}
     assert not {f"smol-{tag}", f"huge-{tag}", f"gone-{tag}", f"bad-{tag}"} & names
+
+
+async def test_dry_run_of_an_moe_claims_every_expert(fleet, settings: Settings,
+                                                     tmp_path: Path) -> None:
+    """Qwen3-30B-A3B (config only): 3.3B parameters active per token would fit the 24 GB GPU,
+    but the engine holds all 30.5B (61 GB in bf16): the plan says it does not fit, and why."""
+    url, tag = fleet
+    folder = tmp_path / "qwen3-30b-a3b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**QWEN3_30B_A3B, "torch_dtype": "bfloat16"}))
+    async with running_service(run_scheduler, settings):
+        status, plan = await _dry_run(url, {"name": f"moe-{tag}", "source": str(folder),
+                                            "worker_selector": {"dry": tag}})
+    assert status == 200 and plan["fits"] is False, plan
+    assert "30.5B parameters" in plan["message"], plan["message"]
 
 
 def _never_runs(root: Path) -> list[tuple[dict, str, str]]:

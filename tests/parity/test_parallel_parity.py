@@ -2,7 +2,8 @@
 TP=1: greedy tokens identical, logprobs (sampled, top-2 and prompt) within 1e-4, a seeded
 sampled request identical, over mixed prompts prefilled in chunks. One parallel shape per tiny
 family (TP=2 with split KV heads, TP=2 with a replicated KV head, PP=2 with a tied LM head on the
-last stage, TP=2 x PP=2) and SmolLM2 at TP=3 and at PP=2 (TP=2 refused before any rank starts).
+last stage, TP=2 x PP=2; the MoE families: TP=2 with every expert split, PP=2) and SmolLM2
+at TP=3 and at PP=2 (TP=2 refused before any rank starts).
 Killing a rank fails the next step with the rank named."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from shoal.services.engine.distributed.executor import RankFailed
 from shoal.services.engine.frontend.llm import LLM
 from shoal.services.engine.core.request_output import RequestOutput
 from shoal.services.engine.sampling_params import SamplingParams
-from tests.tiny_models import VOCAB, save_tiny_model, smollm2_dir
+from tests.tiny_models import MOE_ARCHS, VOCAB, save_tiny_model, smollm2_dir
 
 ENGINE = dict(device="cpu", dtype="float32", block_size=4, num_kv_blocks=128,
               max_num_batched_tokens=16)
@@ -53,7 +54,8 @@ def _assert_same(ours: list[RequestOutput], ref: list[RequestOutput]) -> None:
 
 
 @pytest.mark.parametrize("arch, tp, pp", [("llama", 2, 1), ("mistral", 2, 1), ("qwen2", 1, 2),
-                                          ("qwen3", 2, 2)])
+                                          ("qwen3", 2, 2), ("qwen3_moe", 2, 1),
+                                          ("qwen2_moe", 2, 1), ("mixtral", 1, 2)])
 def test_parallel_matches_one_rank(arch: str, tp: int, pp: int,
                                    tmp_path_factory: pytest.TempPathFactory) -> None:
     folder = save_tiny_model(arch, tmp_path_factory.mktemp(arch), seed=1)
@@ -66,6 +68,9 @@ def test_parallel_matches_one_rank(arch: str, tp: int, pp: int,
         if tp > 1:  # sharded, not replicated: half the heads and half the vocabulary rows
             attn = model.model.layers[0].self_attn
             assert attn.num_heads == 2 and model.model.embed_tokens.weight.shape[0] == VOCAB // 2
+            if arch in MOE_ARCHS:  # every expert's intermediate size split, as the MLP's
+                experts = model.model.layers[0].mlp.experts
+                assert experts.inter == experts.inter_total // 2
         if pp > 1:  # the first stage holds the first layer only, no LM head
             assert model.lm_head is None and isinstance(model.model.layers[1], torch.nn.Identity)
         if arch == "llama":  # a rank that dies fails the next step, naming it

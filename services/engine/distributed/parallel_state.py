@@ -17,7 +17,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shoal.services.engine.model_limits import check_parallel_sizes
+from shoal.services.engine.model_limits import (
+    MLP_SIZE_KEYS, check_parallel_sizes, mlp_split_size
+)
 
 
 @dataclass
@@ -154,5 +156,5 @@ def check_parallel_shapes(hf_config: Any, tp_size: int, pp_size: int) -> None:
     heads = hf_config.num_attention_heads
     check_parallel_sizes("/".join(getattr(hf_config, "architectures", None) or ["the model"]),
                          heads, getattr(hf_config, "num_key_value_heads", None) or heads,
-                         hf_config.intermediate_size, hf_config.num_hidden_layers, tp_size,
-                         pp_size)
+                         mlp_split_size(getattr(hf_config, k, None) for k in MLP_SIZE_KEYS),
+                         hf_config.num_hidden_layers, tp_size, pp_size)

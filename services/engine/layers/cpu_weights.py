@@ -11,6 +11,9 @@ LM head (a tied one's is the embedding table, an untied one keeps its own), one 
 every Linear's weight, so `cpu_gemv` (EngineConfig) decides: None keeps it when it takes under
 an eighth of the machine's memory; False releases it (and runs every step through oneDNN).
 
+An MoE's experts (layers/moe.py) get the same kernels, one pair per expert, from their slices
+of the stacked weights (the router stays a plain fp32 matmul).
+
 Quantised weights (`quantization=`), for batch 1, which reads every weight once per token:
 - "int8": int8 weights, one scale per output row, through `torch._weight_int8pack_mm` (bf16
   activations: its fp32 path is scalar).
@@ -211,6 +214,7 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
     EngineConfig's (whether the Linears keep plain weights for the GEMV)."""
     from shoal.services.engine.layers.embedding import LMHead
     from shoal.services.engine.layers.linear import Linear
+    from shoal.services.engine.layers.moe import StackedExperts
 
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ConfigError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}",
@@ -241,6 +245,8 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
         make = head = OneDNNLinear
         used = "oneDNN packed weights"
         weights = [m.weight for m in model.modules() if isinstance(m, Linear)]
+        weights += [w for m in model.modules() if isinstance(m, StackedExperts)
+                    for w in (m.w13, m.w2)]
         if gemv_available(weights[0].dtype if weights else torch.float32):
             head = partial(OneDNNLinear, plain=True)  # the LM head's weight stays anyway
             extra = sum(w.numel() * w.element_size() for w in weights)
@@ -261,4 +267,9 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
             module.weight.data = torch.empty(0, dtype=module.weight.dtype)  # the kernel's copy
         elif isinstance(module, LMHead):  # tied: the embedding keeps the dense weight
             module.kernel = head(module.weight, None)
+        elif isinstance(module, StackedExperts):  # each expert's two matmuls, as a Linear's
+            module.kernels = [(make(module.w13[e], None), make(module.w2[e], None))
+                              for e in range(module.num_experts)]
+            for param in (module.w13, module.w2):  # (a GEMV's plain weights: views of them)
+                param.data = torch.empty(0, dtype=param.dtype)
     return used

@@ -14,6 +14,7 @@ the checkpoint tensors that belong to other stages, which the loader does not re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -72,25 +73,34 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: Any, bias: bool, parallel: ParallelContext) -> None:
+    def __init__(self, cfg: Any, bias: bool, parallel: ParallelContext,
+                 intermediate_size: int | None = None) -> None:
         super().__init__()
-        self.gate_up_proj = GateUpLinear(cfg.hidden_size, cfg.intermediate_size, bias=bias,
-                                         parallel=parallel)
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=bias,
-                                           parallel=parallel)
+        inter = intermediate_size or cfg.intermediate_size  # (a shared expert's own size)
+        self.gate_up_proj = GateUpLinear(cfg.hidden_size, inter, bias=bias, parallel=parallel)
+        self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias=bias, parallel=parallel)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
+MlpBuilder = Callable[[Any, int, ParallelContext], nn.Module]
+"""(hf config, layer index, parallel) -> that layer's MLP: a dense one, or an MoE (moe.py)."""
+
+
+def dense_mlp(cfg: Any, layer: int, parallel: ParallelContext) -> nn.Module:
+    return LlamaMLP(cfg, bool(getattr(cfg, "mlp_bias", False)), parallel)
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: Any, max_model_len: int, ops: Ops, qkv_bias: bool, o_bias: bool,
-                 qk_norm: bool, window: int | None, parallel: ParallelContext) -> None:
+                 qk_norm: bool, window: int | None, parallel: ParallelContext,
+                 mlp: nn.Module) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm,
                                         window, parallel)
-        self.mlp = LlamaMLP(cfg, bool(getattr(cfg, "mlp_bias", False)), parallel)
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
 
@@ -111,7 +121,8 @@ IntermediateTensors = tuple[torch.Tensor, torch.Tensor]
 
 class LlamaModel(nn.Module):
     def __init__(self, cfg: Any, max_model_len: int, ops: Ops, qkv_bias: bool, o_bias: bool,
-                 qk_norm: bool, windows: list[int | None], parallel: ParallelContext) -> None:
+                 qk_norm: bool, windows: list[int | None], parallel: ParallelContext,
+                 build_mlp: MlpBuilder = dense_mlp) -> None:
         super().__init__()
         assert len(windows) == cfg.num_hidden_layers, (len(windows), cfg.num_hidden_layers)
         self.parallel = parallel
@@ -120,7 +131,8 @@ class LlamaModel(nn.Module):
         self.embed_tokens = (VocabEmbedding(cfg.vocab_size, cfg.hidden_size, parallel)
                              if parallel.is_first_stage else None)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm, window, parallel)
+            LlamaDecoderLayer(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm, window, parallel,
+                              build_mlp(cfg, i, parallel))
             if self.start <= i < self.end else nn.Identity()  # another stage's layer
             for i, window in enumerate(windows))
         self.norm = (RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
@@ -158,7 +170,7 @@ class LlamaForCausalLM(nn.Module):
         self.hidden_size = cfg.hidden_size
         qkv_bias, o_bias, qk_norm = self.attention_options(cfg)
         self.model = LlamaModel(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm,
-                                self.sliding_windows(cfg), parallel)
+                                self.sliding_windows(cfg), parallel, self.build_mlp)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         tied = self.model.embed_tokens if self.tie_word_embeddings else None
         self.lm_head = (LMHead(cfg.vocab_size, cfg.hidden_size, tied, parallel)
@@ -184,6 +196,14 @@ class LlamaForCausalLM(nn.Module):
 
     sliding_windows = staticmethod(sliding_window.full_attention)
     """Per layer: its attention window, None = full (models/sliding_window.py)."""
+
+    build_mlp: MlpBuilder = staticmethod(dense_mlp)  # type: ignore[assignment]
+    """Per layer: its MLP (the MoE families build experts: models/moe_models.py)."""
+
+    def checkpoint_target(self, name: str) -> tuple[str, Any] | None:
+        """A checkpoint name this family stores otherwise -> (our parameter, shard id); None:
+        the name is ours, or a packed one (`packed_modules_mapping`). The loader asks first."""
+        return None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 intermediate: IntermediateTensors | None = None

@@ -8,6 +8,9 @@ from shoal.services.engine.config import ConfigError
 from shoal.services.engine.models.llama import (
     LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
 )
+from shoal.services.engine.models.moe_models import (
+    MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
+)
 from shoal.services.engine.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
@@ -15,6 +18,9 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
 }
 
 

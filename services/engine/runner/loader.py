@@ -1,7 +1,9 @@
 """Load safetensors checkpoints into our model through each parameter's weight_loader.
 
 Checkpoint names are transformers'; `packed_modules_mapping` routes q/k/v and gate/up shards
-into the packed parameters (nano-vllm's 28-line loader, plus a check that nothing was missed).
+into the packed parameters, and a family's `checkpoint_target` the names it maps otherwise (an
+MoE's per-expert tensors into its stacked experts): nano-vllm's 28-line loader, plus a check
+that nothing was missed.
 Under tensor / pipeline parallelism a rank reads only the tensors of its stage (the model's
 `skipped_prefixes`), one at a time, and its parameters' loaders keep only its slice of each.
 """
@@ -25,6 +27,7 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
     mapping: dict[str, tuple[str, str]] = getattr(model, "packed_modules_mapping", {})
     tied = bool(getattr(model, "tie_word_embeddings", False))
     skipped: tuple[str, ...] = getattr(model, "skipped_prefixes", ())
+    route = getattr(model, "checkpoint_target", None)
     renamed = {}
     if tied and "model.embed_tokens.weight" not in params and "lm_head.weight" in params:
         renamed["model.embed_tokens.weight"] = "lm_head.weight"  # a last stage's tied head
@@ -36,10 +39,14 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
                         or (name.startswith(skipped) and name not in renamed)):
                     continue
                 target, shard_id = renamed.get(name, name), None
-                for hf_part, (our_part, shard) in mapping.items():
-                    if f".{hf_part}." in name:
-                        target, shard_id = name.replace(hf_part, our_part), shard
-                        break
+                routed = route(name) if route is not None else None
+                if routed is not None:  # an expert weight (layers/moe.py), a renamed module
+                    target, shard_id = routed
+                else:
+                    for hf_part, (our_part, shard) in mapping.items():
+                        if f".{hf_part}." in name:
+                            target, shard_id = name.replace(hf_part, our_part), shard
+                            break
                 if target not in params:
                     raise ConfigError(f"checkpoint tensor {name!r} has no parameter in our model")
                 param = params[target]

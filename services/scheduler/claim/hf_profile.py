@@ -99,14 +99,36 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         is_causal_lm=architecture.endswith(("ForCausalLM", "LMHeadModel",
                                             "ForConditionalGeneration")),
         context=context_limit(config),
+        **_experts(config),
     )
 
 
+def _experts(config: dict[str, Any]) -> dict[str, int]:
+    """An MoE's expert fields of ModelShape (Qwen-MoE: `num_experts`, `moe_intermediate_size`,
+    `shared_expert_intermediate_size`; Mixtral: `num_local_experts` of `intermediate_size`)."""
+    experts = _count(config, "num_experts", 0) if config.get("num_experts") else (
+        _count(config, "num_local_experts", 0) if config.get("num_local_experts") else 0)
+    if not experts:
+        return {}
+    width = (_count(config, "moe_intermediate_size") if config.get("moe_intermediate_size")
+             else _count(config, "intermediate_size"))
+    shared = config.get("shared_expert_intermediate_size")
+    return {"num_experts": experts, "expert_intermediate_size": width,
+            "shared_expert_intermediate_size": _count(config, "shared_expert_intermediate_size")
+            if shared else 0}
+
+
 def estimate_num_params(shape: ModelShape, tied_embeddings: bool) -> int:
-    """Parameters of a Llama-style decoder (gated MLP, GQA) of this shape."""
+    """Parameters of a Llama-style decoder (gated MLP, GQA) of this shape. An MoE counts every
+    expert in every layer (the engine holds them all, though a token reads only its top-k),
+    with its router and shared expert."""
     h, hd = shape.hidden_size, shape.head_dim
     attention = h * shape.num_attention_heads * hd * 2 + h * shape.num_kv_heads * hd * 2
     mlp = 3 * h * shape.intermediate_size
+    if shape.num_experts:
+        mlp = (shape.num_experts * (3 * h * shape.expert_intermediate_size + h)
+               + (3 * h * shape.shared_expert_intermediate_size + h
+                  if shape.shared_expert_intermediate_size else 0))
     per_layer = attention + mlp + 2 * h
     embeddings = shape.vocab_size * h * (1 if tied_embeddings else 2)
     return shape.num_layers * per_layer + embeddings + h

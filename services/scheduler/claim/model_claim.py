@@ -56,7 +56,7 @@ class ModelClaim:
         """The engine's rule (vLLM's; services/engine/model_limits.py owns it): TP divides the
         attention heads and the MLP size, and divides the KV heads or is a multiple of them."""
         s = self.shape
-        return not tp_problems(s.num_attention_heads, s.num_kv_heads, s.intermediate_size, tp)
+        return not tp_problems(s.num_attention_heads, s.num_kv_heads, s.mlp_split_size, tp)
 
     def kv_bytes_per_token(self) -> int:
         s = self.shape

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from shoal.services.engine import ContextLimit
+from shoal.services.engine import ContextLimit, mlp_split_size
 from shoal.shared.errors import InvalidRequest, NotFound, ShoalError
 from shoal.shared.hf_hub import hub_config_folder, is_hub_id
 
@@ -27,6 +27,7 @@ class ModelShape:
     num_kv_heads: int
     head_dim: int
     intermediate_size: int
+    """The dense MLP's width (an MoE's dense layers; Mixtral: each expert's)."""
     vocab_size: int
     max_position_embeddings: int
     is_causal_lm: bool = True
@@ -34,6 +35,16 @@ class ModelShape:
     context: ContextLimit | None = None
     """The longest context the engine takes (rope scaling considered: the engine's own rule);
     None: max_position_embeddings."""
+    num_experts: int = 0
+    """Routed experts per MoE layer (0: a dense model); all of them count in the weights."""
+    expert_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+
+    @property
+    def mlp_split_size(self) -> int:
+        """The width tensor parallelism must divide (every MLP's: model_limits.py)."""
+        return mlp_split_size((self.intermediate_size, self.expert_intermediate_size,
+                               self.shared_expert_intermediate_size))
 
     def __post_init__(self) -> None:
         if self.num_layers < 1 or self.num_attention_heads < 1 or self.num_kv_heads < 1:

@@ -26,7 +26,7 @@ def parallel_problem(s: ModelShape, tp: int, pp: int) -> InvalidRequest | None:
                               param=field)
     try:
         check_parallel_sizes(s.architecture, s.num_attention_heads, s.num_kv_heads,
-                             s.intermediate_size, s.num_layers, tp, pp)
+                             s.mlp_split_size, s.num_layers, tp, pp)
     except ConfigError as exc:
         field = SPEC_FIELDS.get(exc.param or "", "tp")
         value = tp if field == "tp" else pp

@@ -27,6 +27,18 @@ def test_smollm2_splits_in_three_and_refuses_two_with_the_reason() -> None:
     assert err.value.param == "tensor_parallel_size"
 
 
+def test_an_moe_splits_only_where_every_expert_and_the_shared_one_split() -> None:
+    moe = dict(architectures=["Qwen2MoeForCausalLM"], num_attention_heads=8,
+               num_key_value_heads=4, intermediate_size=512, num_hidden_layers=2)
+    check_parallel_shapes(SimpleNamespace(**moe, moe_intermediate_size=96,
+                                          shared_expert_intermediate_size=36), 4, 1)
+    with pytest.raises(ConfigError, match="MLP size 4"):  # 8 splits 512 and 96, not 36: gcd 4
+        check_parallel_shapes(SimpleNamespace(**moe, moe_intermediate_size=96,
+                                              shared_expert_intermediate_size=36), 8, 1)
+    with pytest.raises(ConfigError, match="sizes that work: 1, 2"):  # experts 1406: 2 only
+        check_parallel_shapes(SimpleNamespace(**moe, moe_intermediate_size=1406), 4, 1)
+
+
 def test_kv_heads_are_split_or_replicated() -> None:
     gqa = SimpleNamespace(num_attention_heads=8, num_key_value_heads=2, intermediate_size=64,
                           num_hidden_layers=4)

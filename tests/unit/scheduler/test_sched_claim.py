@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from tests.model_shapes import QWEN3_30B_A3B
 from tests.unit.scheduler.sched_fleet import GIB, profile, spec
 
 from shoal.services.scheduler.claim import compute_claim, read_profile
@@ -104,6 +105,29 @@ def test_config_only_estimates_parameters(tmp_path: Path) -> None:
     p = read_profile(tmp_path)
     assert p.format == "config"
     assert abs(p.num_params - 6.74e9) / 6.74e9 < 0.01
+
+
+def test_an_moe_claims_all_of_its_experts_not_the_active_ones(tmp_path: Path) -> None:
+    # Qwen3-30B-A3B's shape: 30.5B parameters in all (3.3B active per token); the engine holds
+    # every expert, so the claim counts them all, and tp must split each expert's MLP too
+    _config(tmp_path, **QWEN3_30B_A3B)
+    p = read_profile(tmp_path)
+    assert (p.shape.num_experts, p.shape.expert_intermediate_size) == (128, 768)
+    assert abs(p.num_params - 30.5e9) / 30.5e9 < 0.01
+    claim = compute_claim(p, spec(dtype="bfloat16"), "cpu")
+    assert claim.weights == p.num_params * 2 and claim.weights > 56 * GIB
+    assert claim.valid_tp(4) and not claim.valid_tp(3)
+    mixtral = tmp_path / "mixtral"  # Mixtral-8x7B: 8 experts of intermediate_size, 46.7B
+    mixtral.mkdir()
+    _config(mixtral, architectures=["MixtralForCausalLM"], hidden_size=4096,
+            num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=32,
+            intermediate_size=14336, num_local_experts=8, num_experts_per_tok=2,
+            vocab_size=32000, max_position_embeddings=32768)
+    assert abs(read_profile(mixtral).num_params - 46.7e9) / 46.7e9 < 0.01
+    odd = tmp_path / "odd"  # an expert width tp=2 cannot split, the dense MLP's it can
+    odd.mkdir()
+    _config(odd, **{**QWEN3_30B_A3B, "moe_intermediate_size": 765})
+    assert not compute_claim(read_profile(odd), spec(), "cpu").valid_tp(2)
 
 
 def test_encoder_has_no_kv_cache_and_no_gpu_fraction() -> None:

@@ -14,7 +14,7 @@ def valid_tp_sizes(request: PlacementRequest, upto: int) -> list[int]:
     assert request.gpu_claim is not None
     s = request.gpu_claim.shape
     return [n for n in engine_tp_sizes(s.num_attention_heads, s.num_kv_heads,
-                                       s.intermediate_size) if 2 <= n <= upto]
+                                       s.mlp_split_size) if 2 <= n <= upto]
 
 
 def capacities(slot: WorkerSlot, request: PlacementRequest) -> list[int]:

@@ -1,0 +1,128 @@
+"""The fused MoE layer (layers/moe.py) against a per-token reference loop: routing (softmax, top-k,
+renormalised or not), grouped experts for one token and for many, a shared expert with its
+sigmoid gate; checkpoint names of both layouts; CPU kernels (oneDNN, int8, int4) per expert; and
+the engine's int8 / int4 paths running a tiny Qwen3-MoE."""
+
+from __future__ import annotations
+
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from shoal.services.engine.distributed.parallel_state import ParallelContext
+from shoal.services.engine.frontend.llm import LLM
+from shoal.services.engine.layers.cpu_weights import prepare_cpu_weights
+from shoal.services.engine.layers.moe import FusedMoE, expert_target, route
+from shoal.services.engine.models.llama import LlamaMLP
+from shoal.services.engine.models.moe_models import MIXTRAL_PROJECTIONS, QWEN_PROJECTIONS
+from shoal.services.engine.sampling_params import SamplingParams
+from tests.tiny_models import VOCAB, save_tiny_model
+
+HIDDEN, INTER, EXPERTS, TOP_K = 32, 64, 6, 2
+
+
+class _Cfg:
+    hidden_size, intermediate_size = HIDDEN, 96
+
+
+def _moe(renormalize: bool, shared: bool, seed: int = 0) -> FusedMoE:
+    torch.manual_seed(seed)
+    layer = FusedMoE(EXPERTS, TOP_K, HIDDEN, INTER, renormalize, ParallelContext.single(),
+                     LlamaMLP(_Cfg(), False, ParallelContext.single()) if shared else None)
+    for p in layer.parameters():
+        p.data.normal_(0, 0.3)
+    return layer
+
+
+def _reference(layer: FusedMoE, x: torch.Tensor) -> torch.Tensor:
+    """One token at a time, one expert at a time (transformers' arithmetic)."""
+    probs = torch.softmax(F.linear(x, layer.gate.weight), -1)
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        top = probs[t].topk(TOP_K)
+        weights = top.values / top.values.sum() if layer.renormalize else top.values
+        for w, e in zip(weights, top.indices.tolist()):
+            gate, up = F.linear(x[t], layer.experts.w13[e]).chunk(2)
+            out[t] += w * F.linear(F.silu(gate) * up, layer.experts.w2[e])
+    if layer.shared_expert is not None and layer.shared_expert_gate is not None:
+        out += torch.sigmoid(F.linear(x, layer.shared_expert_gate.weight)) * layer.shared_expert(x)
+    return out
+
+
+@pytest.mark.parametrize("renormalize, shared", [(True, False), (False, True)])
+@pytest.mark.parametrize("tokens", [1, 2, 37])
+def test_grouped_experts_match_the_per_token_loop(renormalize: bool, shared: bool,
+                                                  tokens: int) -> None:
+    layer = _moe(renormalize, shared)
+    x = torch.randn(tokens, HIDDEN)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), _reference(layer, x), atol=1e-5, rtol=1e-5)
+
+
+def test_route_renormalises_the_top_k_of_the_softmax() -> None:
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
+    weights, ids = route(logits, 2, renormalize=False)
+    probs = torch.softmax(logits, -1)[0]
+    assert ids.tolist() == [[3, 2]]
+    torch.testing.assert_close(weights[0], probs[[3, 2]])
+    weights, _ = route(logits, 2, renormalize=True)
+    torch.testing.assert_close(weights.sum(), torch.tensor(1.0))
+
+
+def test_checkpoint_names_of_both_layouts_map_to_the_stacked_experts() -> None:
+    assert expert_target("model.layers.3.mlp.experts.17.up_proj.weight", QWEN_PROJECTIONS) == (
+        "model.layers.3.mlp.experts.w13", (17, "up"))
+    assert expert_target("model.layers.0.mlp.experts.2.w2.weight", MIXTRAL_PROJECTIONS) == (
+        "model.layers.0.mlp.experts.w2", (2, "down"))
+    assert expert_target("model.layers.0.mlp.experts.gate_up_proj", QWEN_PROJECTIONS) == (
+        "model.layers.0.mlp.experts.w13", (None, "gate_up"))
+    assert expert_target("model.layers.0.mlp.gate.weight", QWEN_PROJECTIONS) is None
+    assert expert_target("model.layers.0.mlp.shared_expert.up_proj.weight",
+                         QWEN_PROJECTIONS) is None
+
+
+def test_stacked_and_per_expert_checkpoints_load_the_same_weights() -> None:
+    source = _moe(True, False).experts
+    per_expert = _moe(True, False, seed=1).experts
+    stacked = _moe(True, False, seed=2).experts
+    for e in range(EXPERTS):
+        gate, up = source.w13[e].split(INTER)
+        per_expert.w13.weight_loader(per_expert.w13, gate, (e, "gate"))
+        per_expert.w13.weight_loader(per_expert.w13, up, (e, "up"))
+        per_expert.w2.weight_loader(per_expert.w2, source.w2[e], (e, "down"))
+    stacked.w13.weight_loader(stacked.w13, source.w13.data.clone(), (None, "gate_up"))
+    stacked.w2.weight_loader(stacked.w2, source.w2.data.clone(), (None, "down"))
+    for layer in (per_expert, stacked):
+        assert torch.equal(layer.w13, source.w13) and torch.equal(layer.w2, source.w2)
+
+
+@pytest.mark.parametrize("quantization, tolerance", [(None, 1e-4), ("int8", 0.05),
+                                                     ("int4", 0.15)])
+def test_each_expert_gets_the_cpu_kernels_of_a_linear(quantization: str | None,
+                                                      tolerance: float) -> None:
+    layer = _moe(True, True)
+    x = torch.randn(9, HIDDEN)
+    with torch.no_grad():
+        expected = _reference(layer, x)
+        prepare_cpu_weights(torch.nn.Sequential(layer), quantization)
+        assert layer.experts.kernels is not None and len(layer.experts.kernels) == EXPERTS
+        assert layer.experts.w13.numel() == 0 and layer.gate.weight.numel() > 0  # router kept
+        for rows in (1, 9):  # the single-token path and the grouped one
+            got = layer(x[:rows])
+            scale = expected[:rows].abs().max().item()
+            torch.testing.assert_close(got, expected[:rows], atol=tolerance * scale,
+                                       rtol=tolerance)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_the_engine_runs_a_quantised_moe(quantization: str,
+                                         tmp_path_factory: pytest.TempPathFactory) -> None:
+    folder = save_tiny_model("qwen3_moe", tmp_path_factory.mktemp("qmoe"), seed=1)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    prompt = torch.randint(3, VOCAB, (12,), generator=torch.Generator().manual_seed(0)).tolist()
+    with LLM(str(folder), device="cpu", dtype="float32", num_kv_blocks=64,
+             quantization=quantization) as llm:
+        out = llm.generate([prompt], params, use_tqdm=False)[0]
+        assert f"{quantization} weights" in llm.engine.runner.settings
+    assert len(out.outputs[0].token_ids) == 8

@@ -197,6 +197,9 @@ class LlamaForCausalLM(nn.Module):
     sliding_windows = staticmethod(sliding_window.full_attention)
     """Per layer: its attention window, None = full (models/sliding_window.py)."""
 
+    cuda_graphs = True
+    """Whether a decode step can be captured as a CUDA graph (no host sync in the forward)."""
+
     build_mlp: MlpBuilder = staticmethod(dense_mlp)  # type: ignore[assignment]
     """Per layer: its MLP (the MoE families build experts: models/moe_models.py)."""
 

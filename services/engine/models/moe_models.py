@@ -7,6 +7,8 @@
   of `shared_expert_intermediate_size` beside the routed ones, scaled by sigmoid(its gate).
 - Mixtral: Mistral's attention; experts in every layer (`intermediate_size` each, `w1`/`w3`/`w2`
   under `block_sparse_moe` in its checkpoints), top-k weights always renormalised.
+
+On CUDA they run eagerly (no decode graphs): the fused layer's group sizes are read on the host.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ def mixtral_mlp(cfg: Any, layer: int, parallel: ParallelContext) -> nn.Module:
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
+    cuda_graphs = False  # the fused layer reads its group sizes on the host (layers/moe.py)
     sliding_windows = staticmethod(sliding_window.every_layer)  # transformers: all, when used
     build_mlp = staticmethod(qwen3_moe_mlp)
 
@@ -76,6 +79,7 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
 
 
 class Qwen2MoeForCausalLM(Qwen2ForCausalLM):
+    cuda_graphs = False
     build_mlp = staticmethod(qwen2_moe_mlp)
 
     @staticmethod
@@ -87,6 +91,7 @@ class Qwen2MoeForCausalLM(Qwen2ForCausalLM):
 
 
 class MixtralForCausalLM(LlamaForCausalLM):
+    cuda_graphs = False
     sliding_windows = staticmethod(sliding_window.every_layer)
     build_mlp = staticmethod(mixtral_mlp)
 

@@ -102,7 +102,8 @@ class ModelRunner:
         self.workspace = Workspace()
         self.graphs: DecodeGraphs | None = None
         if (self.device.type == "cuda" and not config.enforce_eager
-                and self.parallel.world_size == 1):  # CUDA path: decode graphs (one rank only)
+                and self.parallel.world_size == 1  # CUDA path: decode graphs (one rank only)
+                and self.model.cuda_graphs):
             self.graphs = DecodeGraphs(self.model, config.max_num_seqs,
                                        -(-self.max_model_len // self.block_size), self.device)
             self.graphs.capture()

@@ -267,3 +267,6 @@ class EngineLoad(Wire):
     prompt_tokens: int = 0
     generation_tokens: int = 0
     draining: bool = False
+    chat_template_tokens: int = 0
+    """What the chat template adds to a one-message chat (its tags, a default system prompt): a
+    gateway adds it to its estimate of a chat's prompt when it reserves a key's tokens."""

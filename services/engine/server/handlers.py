@@ -54,6 +54,17 @@ class EngineHandlers(StreamIntake):
     """Prompts are tokenized here, off the event loop: a 4 MiB prompt takes seconds, during which
     the loop must keep publishing loads (or gateways count the engine dead and fail its streams)
     and serving every other stream. One thread: the handlers' tokenizer is used by one at a time."""
+    lookups: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenize-api"))
+    """/tokenize and /detokenize run here, with an input processor and tokenizer of their own
+    (`lookup_inputs`): off the event loop (issue 24: a large /tokenize kept the engine from
+    publishing its load for seconds, so gateways routed around it), and not ahead of the
+    chats' prompts in `tokenizing`."""
+    lookup_inputs: InputProcessor | None = None
+    lookup_tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    chat_template_tokens: int = 0
+    """What the chat template adds to a one-message chat (published with the load: gateways
+    estimate a chat's prompt with it when they reserve a key's tokens)."""
 
     async def start(self) -> None:
         # A tokenizer of our own: the engine thread detokenizes with its copy meanwhile.
@@ -62,7 +73,21 @@ class EngineHandlers(StreamIntake):
         self.inputs = InputProcessor(tokenizer=self.tokenizer, max_model_len=core.max_model_len,
                                      chat_template=core.config.chat_template)
         self.inputs.longest_token_bytes()  # a scan of the vocabulary: at start, not per request
+        self.lookup_inputs = InputProcessor(
+            tokenizer=load_tokenizer(core.model_dir), max_model_len=core.max_model_len,
+            chat_template=core.config.chat_template, max_token_bytes=self.inputs.max_token_bytes)
+        try:
+            self.chat_template_tokens = len(
+                self.inputs.chat([{"role": "user", "content": ""}]).token_ids)
+        except InvalidRequest:  # a template that needs more than one user turn
+            self.chat_template_tokens = 0
         await super().start()
+
+    async def wait_in_flight(self, timeout: float) -> None:
+        """Drain step 2, the /tokenize and /detokenize answers in flight included."""
+        if self.lookup_tasks:
+            await asyncio.wait(list(self.lookup_tasks), timeout=timeout)
+        await super().wait_in_flight(timeout)
 
     # ------------------------------------------------------------------ requests
     async def on_request(self, msg: Msg) -> None:
@@ -74,12 +99,21 @@ class EngineHandlers(StreamIntake):
         if isinstance(request, GenerateRequest):
             self.start_generate(request, msg)
             return
+        if isinstance(request, EmbedRequest):
+            await self.bus.respond_error(msg, InvalidRequest(
+                f"model {self.model_name} generates text; embeddings need an embedding model",
+                param="model", code="wrong_model_type"))
+            return
+        task = asyncio.create_task(self.look_up(request, msg))  # the next message is not held
+        self.lookup_tasks.add(task)
+        task.add_done_callback(self.lookup_tasks.discard)
+
+    async def look_up(self, request: TokenizeRequest | DetokenizeRequest, msg: Msg) -> None:
+        """Answer a /tokenize or /detokenize on the `lookups` thread."""
+        work = self.tokenize if isinstance(request, TokenizeRequest) else self.detokenize
         try:
-            if isinstance(request, EmbedRequest):
-                raise InvalidRequest(f"model {self.model_name} generates text; embeddings need an "
-                                     "embedding model", param="model", code="wrong_model_type")
-            reply = (self.tokenize(request) if isinstance(request, TokenizeRequest)
-                     else self.detokenize(request))
+            reply = await asyncio.get_running_loop().run_in_executor(self.lookups, work,
+                                                                     request)
         except ShoalError as exc:
             await self.bus.respond_error(msg, exc)
             return
@@ -178,15 +212,22 @@ class EngineHandlers(StreamIntake):
         return parser
 
     def tokenize(self, req: TokenizeRequest) -> TokenizeReply:
-        ids = self.prompt_token_ids(req)
+        ids = self.prompt_token_ids(req, self.lookup_inputs)
         return TokenizeReply(tokens=ids, count=len(ids),
                              max_model_len=self.engine.core.max_model_len)
 
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeReply:
+        """Token ids back to text, at most max_model_len of them (the longest sequence this
+        model holds): the tokenizer's decode holds the GIL, a million ids for seconds."""
+        limit = self.engine.core.max_model_len
+        if len(req.tokens) > limit:
+            raise InvalidRequest(f"{len(req.tokens)} tokens: this model detokenizes at most "
+                                 f"{limit} at once (its max_model_len)", param="tokens")
         vocab = self.engine.core.vocab_bound
         if any(not 0 <= t < vocab for t in req.tokens):
             raise InvalidRequest(f"token ids must be in [0, {vocab})", param="tokens")
-        return DetokenizeReply(prompt=self.tokenizer.decode(req.tokens))
+        tokenizer = self.lookup_inputs.tokenizer if self.lookup_inputs else self.tokenizer
+        return DetokenizeReply(prompt=tokenizer.decode(req.tokens))
 
     def choice(self, c: Any) -> ChoiceDelta:
         logprobs = [self.logprob(lp) for lp in c.logprobs] if c.logprobs is not None else None
@@ -216,7 +257,7 @@ class EngineHandlers(StreamIntake):
             max_model_len=self.engine.core.max_model_len, num_preemptions=s.num_preemptions,
             prefix_cache_queries=s.prefix_cache_queries, prefix_cache_hits=s.prefix_cache_hits,
             prompt_tokens=s.prompt_tokens, generation_tokens=s.generation_tokens,
-            draining=self.draining,
+            draining=self.draining, chat_template_tokens=self.chat_template_tokens,
         )
 
 def _error(request_id: str, seq: int, exc: ShoalError, status: int) -> InferError:

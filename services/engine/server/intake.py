@@ -116,12 +116,15 @@ class StreamIntake(Intake):
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
 
-    def prompt_token_ids(self, req: GenerateRequest | TokenizeRequest) -> list[int]:
-        """The request's prompt as token ids (the input processor's rules)."""
-        assert self.inputs is not None, "start() sets the input processor"
+    def prompt_token_ids(self, req: GenerateRequest | TokenizeRequest,
+                         inputs: InputProcessor | None = None) -> list[int]:
+        """The request's prompt as token ids (the input processor's rules), by `inputs` (the
+        adapter's own when None)."""
+        inputs = inputs or self.inputs
+        assert inputs is not None, "start() sets the input processor"
         messages = ([m.model_dump(exclude_none=True) for m in req.messages]
                     if req.messages is not None else None)
-        return self.inputs.request_ids(
+        return inputs.request_ids(
             prompt=req.prompt, messages=messages,
             prompt_token_ids=req.prompt_token_ids if isinstance(req, GenerateRequest) else None,
             tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,

@@ -3,6 +3,7 @@ arguments reach it as dicts, and "auto" tool choice is refused without a tool ca
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,7 +12,8 @@ import pytest
 from shoal.services.engine.input_processor import InputProcessor
 from shoal.services.engine.server.handlers import EngineHandlers
 from shoal.shared.errors import InvalidRequest
-from shoal.shared.schemas.infer import (ChatMessage, FunctionCall, FunctionDefinition,
+from shoal.shared.schemas.infer import (ChatMessage, DetokenizeRequest, FunctionCall,
+                                        FunctionDefinition,
                                         GenerateRequest, TokenizeRequest, ToolCall,
                                         ToolDefinition)
 
@@ -151,5 +153,16 @@ async def test_an_answer_the_bus_cannot_carry_is_a_413_reply() -> None:
     h.engine.core.max_model_len = 100
     h.tokenizer.encode = lambda text, add_special_tokens=True: list(range(100))  # type: ignore
     await h.on_request(Msg())  # type: ignore[arg-type]
+    await asyncio.gather(*h.lookup_tasks)  # answered on the lookups thread
     assert len(errors) == 1 and isinstance(errors[0], PayloadTooLarge)
     assert errors[0].http_status == 413 and "at most 64 bytes" in errors[0].message
+
+
+def test_detokenize_takes_at_most_max_model_len_tokens() -> None:
+    """A million ids held the GIL (so the engine's event loop) for seconds in decode."""
+    h, _ = handlers()
+    h.engine.core.max_model_len = 4
+    h.engine.core.vocab_bound = 100
+    with pytest.raises(InvalidRequest) as err:
+        h.detokenize(DetokenizeRequest(model="m", tokens=[1] * 5))
+    assert err.value.param == "tokens" and "at most 4" in err.value.message

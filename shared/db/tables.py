@@ -138,3 +138,21 @@ class OutboxRow(Base):
     """The trace context (traceparent, tracestate) of the call that made the change: the event
     is published with it, so the consumers' spans continue that call's trace."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class QuotaReservationRow(Base):
+    """Tokens a request of a key with token limits may still spend, reserved at its admission
+    (added to its window's tokens and counted against budgets) and deleted when its usage record
+    settles it. A reservation whose record never comes (its gateway died) stops counting against
+    budgets at `expires_at`."""
+
+    __tablename__ = "quota_reservations"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"),
+                                        index=True)
+    model: Mapped[str] = mapped_column(String(64), nullable=False)
+    window: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    """The Unix minute whose token windows hold the reserved tokens."""
+    tokens: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)

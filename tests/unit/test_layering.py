@@ -43,7 +43,8 @@ PURE = ["kernels", "services/scheduler/policies", "services/scheduler/claim",
         "openai/body.py", "routing/router.py", "openai/protocol.py", "openai/responses.py",
         "openai/streaming.py", "auth/admission.py", "openai/structured.py", "openai/tools.py",
         "openai/tool_parsers.py", "openai/embeddings.py", "auth/ratelimit.py", "json_body.py",
-        "auth/edge_rules.py", "openai/objects.py", "openai/builders.py")]
+        "auth/edge_rules.py", "openai/objects.py", "openai/builders.py",
+        "auth/reservation.py")]
 
 
 def python_files(entry: str | Path) -> list[Path]:

@@ -1,5 +1,7 @@
 """Per-key limits and usage at the gateway: ask the registry before a request (only for keys
-with limits), record its tokens after (every key), and add OpenAI's x-ratelimit-* headers.
+with limits), reserving the tokens it may spend (reservation.py), record its tokens after (every
+key; for a reservation, also when nothing was spent: that gives it back), and add OpenAI's
+x-ratelimit-* headers.
 
 The counters live in Postgres behind the registry (services/registry/repo/quota.py says why), so
 every gateway replica counts against the same limits. Usage of a key with limits is sent after
@@ -26,7 +28,7 @@ from shoal.services.gateway.auth.ratelimit import ratelimit_headers, refusal
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.errors import ShoalError, Unavailable
 from shoal.shared.schemas.infer import Usage
-from shoal.shared.schemas.registry import ApiKeyVerified, QuotaAcquire, UsageRecord
+from shoal.shared.schemas.registry import MAX_LIMIT, ApiKeyVerified, QuotaAcquire, UsageRecord
 
 log = logging.getLogger(__name__)
 API_KEY: web.RequestKey[ApiKeyVerified] = web.RequestKey("shoal_api_key", ApiKeyVerified)
@@ -45,6 +47,8 @@ class Ticket:
     key_id: str
     model: str
     has_limits: bool = False
+    reservation_id: str | None = None
+    """Tokens the registry holds for this request until its record settles them."""
 
 
 class UsageBatch:
@@ -81,22 +85,32 @@ class Quota:
         self._pending: set[asyncio.Task[None]] = set()
         self._flusher: asyncio.Task[None] | None = None
 
-    async def admit(self, request: web.Request, model: str) -> Ticket | None:
-        """Count the request against its key's limits (429 when over one); None without a key
-        of the registry (keys not required, or the fixed --api-key)."""
+    async def admit(self, request: web.Request, model: str, tokens: int = 0) -> Ticket | None:
+        """Count the request against its key's limits, reserving `tokens` (the most it may
+        spend) against its token limits (429 when over one); None without a key of the registry
+        (keys not required, or the fixed --api-key). A reservation must be settled: record() or
+        release() the ticket however the request ends."""
         key = request.get(API_KEY)
         if key is None or key.key_id is None:
             return None
-        if key.has_limits:
-            try:
-                grant = await self.registry.acquire_quota(QuotaAcquire(key_id=key.key_id,
-                                                                       model=model))
-            except ShoalError as exc:  # fail closed: a limited key is not let through unchecked
-                raise Unavailable(f"cannot check this key's limits now: {exc.message}") from None
-            request[RATELIMIT_HEADERS] = ratelimit_headers(grant)
-            if not grant.allowed:
-                raise refusal(grant)
-        return Ticket(key.key_id, model, key.has_limits)
+        if not key.has_limits:
+            return Ticket(key.key_id, model)
+        try:
+            grant = await self.registry.acquire_quota(QuotaAcquire(
+                key_id=key.key_id, model=model, tokens=min(tokens, MAX_LIMIT)))
+        except ShoalError as exc:  # fail closed: a limited key is not let through unchecked
+            raise Unavailable(f"cannot check this key's limits now: {exc.message}") from None
+        request[RATELIMIT_HEADERS] = ratelimit_headers(grant)
+        if not grant.allowed:
+            raise refusal(grant)
+        return Ticket(key.key_id, model, True, grant.reservation_id)
+
+    def release(self, ticket: Ticket | None) -> None:
+        """A request that spent nothing (refused before any token): not usage, but its
+        reservation is given back."""
+        if ticket is not None and ticket.reservation_id is not None:
+            self._send_soon([UsageRecord(key_id=ticket.key_id, model=ticket.model, requests=0,
+                                         reservation_id=ticket.reservation_id)])
 
     def record(self, ticket: Ticket | None, usage: Usage | None) -> None:
         """Record the request's tokens in the background (the answer does not wait for it)."""
@@ -105,7 +119,8 @@ class Quota:
         usage = usage or Usage(prompt_tokens=0, completion_tokens=0)
         record = UsageRecord(key_id=ticket.key_id, model=ticket.model,
                              prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
-                             output_tokens=usage.completion_tokens)
+                             output_tokens=usage.completion_tokens,
+                             reservation_id=ticket.reservation_id)
         if ticket.has_limits:
             self._send_soon([record])
             return

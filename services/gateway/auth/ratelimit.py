@@ -1,7 +1,8 @@
 """OpenAI's rate-limit headers from a quota grant (pure).
 
 `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, with resets written as OpenAI writes
-them ("1s", "6m0s", "20ms"); only the kinds of limit the key has are sent.
+them ("1s", "6m0s", "20ms"); only the kinds of limit the key has are sent. The tokens' are the
+tightest of the key's tpm and token_budget; a budget never resets, so it has no reset header.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ def ratelimit_headers(grant: QuotaGrant) -> dict[str, str]:
             continue
         headers[f"x-ratelimit-limit-{kind}"] = str(limit)
         headers[f"x-ratelimit-remaining-{kind}"] = str(getattr(grant, f"remaining_{kind}"))
-        headers[f"x-ratelimit-reset-{kind}"] = duration(getattr(grant, f"reset_{kind}") or 0.0)
+        reset = getattr(grant, f"reset_{kind}")
+        if reset is not None:
+            headers[f"x-ratelimit-reset-{kind}"] = duration(reset)
     return headers
 
 

@@ -8,6 +8,9 @@ import asyncio
 
 from aiohttp import web
 
+from shoal.services.gateway.auth.reservation import (
+    chat_tokens, prompt_tokens, reservation
+)
 from shoal.services.gateway.errors import read_body
 from shoal.services.gateway.json_body import parse_body
 from shoal.services.gateway.openai.builders import ChatResponseBuilder, CompletionResponseBuilder
@@ -102,7 +105,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
         answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model),
                         body.include_usage,
                         body.continuous_usage)
-        return await _answer(request, answer, body.stream, body.spec()[1])
+        tokens = reservation([prompt_tokens(p) for p in prompts], body.n, body.max_tokens,
+                             st.table.max_model_len(body.model))
+        return await _answer(request, answer, body.stream, body.spec()[1], tokens)
 
 
 @routes.post("/v1/chat/completions")
@@ -118,17 +123,25 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model),
                         body.include_usage,
                         body.continuous_usage)
-        return await _answer(request, answer, body.stream, body.spec()[1])
+        texts = [m.text() or "" for m in body.messages] + [
+            c.model_dump_json() for m in body.messages for c in m.tool_calls or []] + [
+            t.model_dump_json() for t in body.tools or []]
+        max_tokens = (body.max_completion_tokens if body.max_completion_tokens is not None
+                      else body.max_tokens)
+        prompt = chat_tokens(texts, st.table.chat_template_tokens(body.model))
+        tokens = reservation([prompt], body.n, max_tokens, st.table.max_model_len(body.model))
+        return await _answer(request, answer, body.stream, body.spec()[1], tokens)
 
 
 async def _answer(request: web.Request, answer: Answer, stream: bool,
-                  spec_source: str | None = None) -> web.StreamResponse:
+                  spec_source: str | None, tokens: int) -> web.StreamResponse:
     """Run the answer inside its GenAI span (whose traceparent rides to the engine) and a log
-    context, counted against the key's limits and usage (quota.py). An engine 400 about the
-    output constraint names the field the client sent."""
+    context, counted against the key's limits and usage (quota.py), reserving `tokens` (the
+    most it may spend) until its usage settles them. An engine 400 about the output constraint
+    names the field the client sent."""
     quota = request.app[STATE].quota
     answer.spec_source = spec_source
-    ticket = await quota.admit(request, answer.builder.model)
+    ticket = await quota.admit(request, answer.builder.model, tokens)
     with log_context(request_id=answer.builder.id, model=answer.builder.model), \
             inference_span(answer.jobs[0].request, answer.builder, stream):
         answered = False
@@ -142,6 +155,8 @@ async def _answer(request: web.Request, answer: Answer, stream: bool,
             usage = answer.builder.usage or answer.usage_so_far()
             if answered or usage.total_tokens:  # a refusal before any token is not usage
                 quota.record(ticket, usage)
+            else:
+                quota.release(ticket)
 
 
 @routes.post("/v1/embeddings")
@@ -152,10 +167,15 @@ async def embeddings(request: web.Request) -> web.Response:
     body.model = await st.names.resolve(body.model)  # an alias: the model's own name
     batches = body.batches()  # each is one engine request in flight: what admission counts
     with st.admission.slot(len(batches), param="input"), log_context(model=body.model):
-        ticket = await st.quota.admit(request, body.model)
+        ticket = await st.quota.admit(request, body.model,
+                                      sum(prompt_tokens(x) for x in body.inputs()))
         timeout = st.settings.gateway_embed_timeout
-        replies = await asyncio.gather(*(st.client.call(body.model, part, EmbedReply, timeout)
-                                         for part in batches))
+        try:
+            replies = await asyncio.gather(*(st.client.call(body.model, part, EmbedReply,
+                                                            timeout) for part in batches))
+        except BaseException:
+            st.quota.release(ticket)
+            raise
         st.quota.record(ticket, Usage(prompt_tokens=sum(r.prompt_tokens for r in replies),
                                       completion_tokens=0))
         return web.json_response(
@@ -167,6 +187,7 @@ async def tokenize(request: web.Request) -> web.Response:
     st = request.app[STATE]
     body = parse_body(await read_body(request), TokenizeBody)
     body.model = await st.names.resolve(body.model)  # an alias: the model's own name
+    await st.quota.admit(request, body.model)  # a request under the key's limits; no usage
     messages = None
     if body.messages is not None:
         messages = ChatCompletionRequest(model=body.model, messages=body.messages).wire_messages()
@@ -185,6 +206,7 @@ async def detokenize(request: web.Request) -> web.Response:
     st = request.app[STATE]
     body = parse_body(await read_body(request), DetokenizeBody)
     body.model = await st.names.resolve(body.model)  # an alias: the model's own name
+    await st.quota.admit(request, body.model)  # a request under the key's limits; no usage
     reply = await st.client.call(body.model,
                                  DetokenizeRequest(model=body.model, tokens=body.tokens),
                                  DetokenizeReply, st.settings.gateway_accept_timeout)

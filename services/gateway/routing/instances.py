@@ -237,6 +237,11 @@ class InstanceTable:
                 if i.model_name == model_name and i.load is not None and not i.is_dead]
         return min(lens) if lens else None
 
+    def chat_template_tokens(self, model_name: str) -> int:
+        """What the model's chat template adds to a chat (the most its engines report)."""
+        return max((i.load.chat_template_tokens for i in self.instances.values()
+                    if i.model_name == model_name and i.load is not None), default=0)
+
     def live_loads(self) -> list[EngineLoad]:
         return [i.load for i in self.instances.values() if i.load is not None and not i.is_dead]
 

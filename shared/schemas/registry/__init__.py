@@ -26,9 +26,9 @@ from shoal.shared.schemas.registry.instances import (
     InstanceTransition, InstanceFilter, InstanceDelete,
 )
 from shoal.shared.schemas.registry.keys import (
-    SECRET_PREFIX, ApiKeyScope, KeyLimit, ApiKeyCreate, ApiKeyUpdate, ApiKeyPublic, ApiKeyCreated,
-    ApiKeyVerify, ApiKeyVerified, QuotaAcquire, QuotaGrant, UsageRecord, UsageQuery, UsageRow,
-    UsageReport,
+    MAX_LIMIT, SECRET_PREFIX, ApiKeyScope, KeyLimit, ApiKeyCreate, ApiKeyUpdate, ApiKeyPublic,
+    ApiKeyCreated, ApiKeyVerify, ApiKeyVerified, QuotaAcquire, QuotaGrant, UsageRecord,
+    UsageQuery, UsageRow, UsageReport,
 )
 
 __all__ = [
@@ -37,7 +37,8 @@ __all__ = [
     "PlacementStrategy", "DeviceKind", "AutoscaleSpec", "ScaleEvent", "MAX_SCALE_EVENTS",
     "ModelSpec", "ModelCreate", "ModelUpdate", "ModelPublic", "ResourceClaim", "SubordinateWorker",
     "Placement", "LeaderFence", "InstanceCreate", "InstancePublic", "InstanceTransition",
-    "InstanceFilter", "InstanceDelete", "SECRET_PREFIX", "ApiKeyScope", "KeyLimit", "ApiKeyCreate",
-    "ApiKeyUpdate", "ApiKeyPublic", "ApiKeyCreated", "ApiKeyVerify", "ApiKeyVerified",
-    "QuotaAcquire", "QuotaGrant", "UsageRecord", "UsageQuery", "UsageRow", "UsageReport",
+    "InstanceFilter", "InstanceDelete", "MAX_LIMIT", "SECRET_PREFIX", "ApiKeyScope", "KeyLimit",
+    "ApiKeyCreate", "ApiKeyUpdate", "ApiKeyPublic", "ApiKeyCreated", "ApiKeyVerify",
+    "ApiKeyVerified", "QuotaAcquire", "QuotaGrant", "UsageRecord", "UsageQuery", "UsageRow",
+    "UsageReport",
 ]

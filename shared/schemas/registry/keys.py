@@ -13,6 +13,12 @@ from shoal.shared.schemas.common import Wire
 from shoal.shared.schemas.registry.requests import NAME_PATTERN
 
 
+MAX_LIMIT = 10**15
+"""The largest rpm, tpm or token_budget (and token reservation): the counters are Postgres
+BIGINTs (to 9.2e18), which this leaves room to add to, and dashboards read it exactly (below
+JavaScript's 2**53). A larger number is a 400 naming the field, not a key that fails later."""
+MAX_VERSION = 2**31 - 1
+"""Row versions are Postgres INTEGERs."""
 SECRET_PREFIX = "sk-shoal-"
 """Every secret the registry makes begins so: a gateway can tell a Shoal key from a placeholder
 token (vLLM's `EMPTY`) without asking, and refuse the latter where keys are required."""
@@ -30,12 +36,14 @@ class KeyLimit(Wire):
     Each number is optional; unset means unlimited."""
 
     model: str | None = None
-    rpm: int | None = Field(default=None, ge=1)
+    rpm: int | None = Field(default=None, ge=1, le=MAX_LIMIT)
     """Requests per minute (fixed one-minute windows)."""
-    tpm: int | None = Field(default=None, ge=1)
-    """Tokens per minute: prompt + output tokens of the requests finished in the window."""
-    token_budget: int | None = Field(default=None, ge=1)
-    """Total tokens (prompt + output) ever; spent, the key gets 429 insufficient_quota."""
+    tpm: int | None = Field(default=None, ge=1, le=MAX_LIMIT)
+    """Tokens per minute: prompt + output tokens of the requests admitted in the window (each
+    reserves its most at admission, settled to its usage when it ends)."""
+    token_budget: int | None = Field(default=None, ge=1, le=MAX_LIMIT)
+    """Total tokens (prompt + output) ever, reservations of requests in flight included; spent,
+    the key gets 429 insufficient_quota."""
 
     @model_validator(mode="after")
     def _some_limit(self) -> KeyLimit:
@@ -71,7 +79,7 @@ class ApiKeyUpdate(Wire):
 
     id: str
     """The key's id, or its name (the registry resolves it)."""
-    version: int | None = None
+    version: int | None = Field(default=None, ge=0, le=MAX_VERSION)
     """The version read (a stale one: 409); unset: no check."""
     scope: ApiKeyScope | None = None
     limits: list[KeyLimit] | None = Field(default=None, max_length=64)
@@ -117,10 +125,13 @@ class ApiKeyVerified(Wire):
 
 # ---------------------------------------------------------------- quotas and usage
 class QuotaAcquire(Wire):
-    """Before a request: count it against the key's limits for `model` (all or nothing)."""
+    """Before a request: count it against the key's limits for `model` (all or nothing), and
+    reserve `tokens` (the most it can spend: its prompts' estimate plus prompts x n x
+    max_tokens) against its token limits until its usage is recorded."""
 
     key_id: str
     model: str
+    tokens: int = Field(default=0, ge=0, le=MAX_LIMIT)
 
 
 class QuotaGrant(Wire):
@@ -138,6 +149,9 @@ class QuotaGrant(Wire):
     limit_tokens: int | None = None
     remaining_tokens: int | None = None
     reset_tokens: float | None = None
+    """None with limit_tokens set: the tightest token limit is a budget, which never resets."""
+    reservation_id: str | None = None
+    """The reservation to settle with the request's UsageRecord (None: nothing reserved)."""
 
 
 class UsageRecord(Wire):
@@ -153,6 +167,8 @@ class UsageRecord(Wire):
     """Set by the sender once per record and kept across its retries: the registry counts a
     batch id once (a retry after a reply that timed out, though the write committed, is a no-op).
     """
+    reservation_id: str | None = Field(default=None, min_length=1, max_length=32)
+    """The admission's reservation, which this record settles: its tokens give way to these."""
 
 
 class UsageQuery(Wire):

@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "inference)")
                 p.add_argument("--limit", action="append", default=None, metavar="SPEC",
                                help="rpm=N,tpm=N,token_budget=N[,model=NAME] (repeatable; "
-                                    "without model=: all models together)")
+                                    "without model=: all models together; N from 1 to 10^15)")
             if (resource, verb) == ("keys", "update"):
                 p.add_argument("--no-limits", action="store_true", help="remove every limit")
             if (resource, verb) == ("keys", "usage"):

@@ -94,3 +94,34 @@ async def test_duplicate_key_names_are_renamed_and_then_refused(servers) -> None
                     "VALUES ('k8', 1, 'my-app', 'sk-shoal-xxxx', 'h8')"))
     finally:
         await engine.dispose()
+
+
+async def test_limits_beyond_the_counters_are_lowered_to_the_largest(servers) -> None:
+    """Issue 24: a limit of 1e20 rpm was stored, and every request of its key was then a 503
+    (the counters are BIGINTs). Limits are now bounded (MAX_LIMIT); the migration lowers one
+    stored before to the bound, so the key works, and leaves the others as they were."""
+    from shoal.services.registry.repo.quota import QuotaRepo
+    from shoal.shared.schemas.registry import MAX_LIMIT, QuotaAcquire
+
+    url = await asyncio.to_thread(_fresh_database, servers.database_url)
+    engine = make_engine(url)
+    try:
+        async with engine.begin() as conn:  # the schema and keys as before this change
+            await conn.run_sync(_upgrade_to("0007_key_names_unique"))
+            for key_id, limits in (
+                    ("big", '[{"rpm": 100000000000000000000, "model": "m"}, {"tpm": 5}]'),
+                    ("fine", '[{"rpm": 60}]')):
+                await conn.execute(text(
+                    "INSERT INTO api_keys (id, version, name, prefix, secret_hash, limits) "
+                    "VALUES (:id, 1, :id, 'sk-shoal-xxxx', :h, CAST(:limits AS json))"),
+                    {"id": key_id, "h": hash_secret(new_secret()), "limits": limits})
+        await run_migrations(engine)
+        keys = ApiKeyRepo(make_session_factory(engine))
+        assert [x.model_dump(exclude_none=True) for x in (await keys.get(ById(id="big"))).limits
+                ] == [{"model": "m", "rpm": MAX_LIMIT}, {"tpm": 5}]
+        assert (await keys.get(ById(id="fine"))).limits[0].rpm == 60
+        grant = await QuotaRepo(make_session_factory(engine)).acquire(
+            QuotaAcquire(key_id="big", model="m"))
+        assert grant.allowed and grant.limit_requests == MAX_LIMIT
+    finally:
+        await engine.dispose()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -17,6 +18,7 @@ from shoal.shared.bus.codec import decode
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.loops import run_every
 from shoal.services.engine.input_processor import InputProcessor
+from shoal.services.engine.server.heap import trim_after
 from shoal.shared.schemas.infer import (
     AbortRequest, EngineLoad, GenerateRequest, TokenizeRequest
 )
@@ -119,11 +121,21 @@ class StreamIntake(Intake):
     def prompt_token_ids(self, req: GenerateRequest | TokenizeRequest,
                          inputs: InputProcessor | None = None) -> list[int]:
         """The request's prompt as token ids (the input processor's rules), by `inputs` (the
-        adapter's own when None)."""
+        adapter's own when None); after a large one, the heap the tokenizer freed goes back to
+        the OS (heap.py)."""
         inputs = inputs or self.inputs
         assert inputs is not None, "start() sets the input processor"
         messages = ([m.model_dump(exclude_none=True) for m in req.messages]
                     if req.messages is not None else None)
+        size = sum(len(t.encode()) for t in [req.prompt or ""] + [
+            m.content or "" for m in req.messages or []])
+        try:
+            return self._token_ids(req, inputs, messages)
+        finally:
+            trim_after(size)
+
+    def _token_ids(self, req: GenerateRequest | TokenizeRequest, inputs: InputProcessor,
+                   messages: list[dict[str, Any]] | None) -> list[int]:
         return inputs.request_ids(
             prompt=req.prompt, messages=messages,
             prompt_token_ids=req.prompt_token_ids if isinstance(req, GenerateRequest) else None,

@@ -162,7 +162,9 @@ class QuotaRepo:
 
     async def _count_request(self, s: AsyncSession, req: QuotaAcquire, limits: list[KeyLimit],
                              window: int, reset: float, grant: QuotaGrant) -> None:
-        for limit in limits:
+        # all models' row first, as records write them: two transactions never wait on each
+        # other's rows in opposite orders (a deadlock)
+        for limit in sorted(limits, key=_scope):
             if limit.rpm is None:
                 continue
             table = RateWindowRow.__table__

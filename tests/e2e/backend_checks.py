@@ -26,15 +26,12 @@ from shoal.shared.bus.client import Bus
 from shoal.shared.embedded import free_port
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.schemas.infer import EngineLoad
-from shoal.shared.errors import Timeout, Unavailable
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate, ApiKeyScope, InstanceFilter, InstancePublic, KeyLimit, ModelPublic
+    ApiKeyCreate, ApiKeyScope, InstancePublic, KeyLimit, ModelPublic
 )
-from shoal.shared.states import InstanceState
 from shoal.shared.schemas.registry import ModelCreate
+from tests.e2e.test_serving import FRANCE, running_instance
 from tests.integration.conftest import make_settings, running_services
-
-FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @dataclass
@@ -44,25 +41,6 @@ class Served:
     model: ModelPublic
     instance: InstancePublic
     url: str
-
-
-async def running_instance(client: RegistryClient, model_id: str, timeout: float,
-                           after_version: int = -1) -> InstancePublic:
-    """The model's first RUNNING instance (after `after_version`: restarted). A registry slow
-    to answer one poll (two cores, a backend compiling beside it) is asked again."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            running = await client.list_instances(InstanceFilter(
-                model_id=model_id, state=InstanceState.RUNNING))
-        except (Timeout, Unavailable):
-            running = []
-        running = [i for i in running if i.version > after_version]
-        if running:
-            return running[0]
-        await asyncio.sleep(0.5)
-    instances = await client.list_instances(InstanceFilter(model_id=model_id))
-    raise AssertionError(f"no RUNNING instance after {timeout}s: {instances}")
 
 
 @contextlib.asynccontextmanager

@@ -29,8 +29,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from shoal.services.engine.model_prep import prepare_model, smollm2_gguf_path
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.schemas.registry import (
-    ApiKeyCreate, ApiKeyScope, InstanceFilter, ModelCreate, UsageQuery
+    ApiKeyCreate, ApiKeyScope, InstanceFilter, InstancePublic, ModelCreate, UsageQuery
 )
+from shoal.shared.errors import Timeout, Unavailable
 from shoal.shared.states import InstanceState
 from tests.integration.conftest import make_settings, running_services
 from shoal.shared.embedded import free_port
@@ -49,12 +50,16 @@ answers, n, stop strings, logprobs and usage right; the offline LLM compared wit
 
 
 async def running_instance(client: RegistryClient, model_id: str, timeout: float = READY_TIMEOUT,
-                           after_version: int = -1):
-    """The model's first RUNNING instance (RUNNING again after `after_version`: restarted)."""
+                           after_version: int = -1) -> InstancePublic:
+    """The model's first RUNNING instance (RUNNING again after `after_version`: restarted). A
+    registry slow to answer one poll (two cores, a backend compiling beside it) is asked again."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        running = await client.list_instances(InstanceFilter(model_id=model_id,
-                                                             state=InstanceState.RUNNING))
+        try:
+            running = await client.list_instances(InstanceFilter(
+                model_id=model_id, state=InstanceState.RUNNING))
+        except (Timeout, Unavailable):
+            running = []
         running = [i for i in running if i.version > after_version]
         if running:
             return running[0]

@@ -22,19 +22,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from nats.aio.msg import Msg
 from opentelemetry import trace
 from prometheus_client.parser import text_string_to_metric_families
 
 from shoal.services.engine import InputProcessor, StreamIntake
-from shoal.shared.bus.codec import decode, encode, too_large
+from shoal.shared.bus.codec import encode, too_large
 from shoal.shared.errors import InvalidRequest, ShoalError, Unavailable
 from shoal.shared.genai import request_attributes, response_attributes
 from shoal.shared.schemas.common import ErrorBody
 from shoal.shared.schemas.infer import (
-    ChoiceDelta, DetokenizeReply, DetokenizeRequest, EmbedRequest, EngineLoad,
-    GenerateRequest, InferChunk, InferEnd, InferError, InferReplyEnvelope, InferRequestEnvelope,
-    SamplingOptions, TokenizeReply, TokenizeRequest, TokenLogprobWire, TopLogprob, Usage
+    ChoiceDelta, DetokenizeReply, DetokenizeRequest, EngineLoad,
+    GenerateRequest, InferChunk, InferEnd, InferError, InferReplyEnvelope, SamplingOptions,
+    TokenizeReply, TokenizeRequest, TokenLogprobWire, TopLogprob, Usage
 )
 from shoal.shared.telemetry import extract_context, get_tracer, inject_headers
 
@@ -116,6 +115,9 @@ class BackendHandlers(StreamIntake):
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenize"))
 
     async def start(self) -> None:
+        # One tokenizer, used by one thread at a time: /tokenize and /detokenize queue with
+        # the prompts (our engine gives its lookups a tokenizer of their own instead)
+        self.lookups = self.tokenizing
         self.inputs = InputProcessor(tokenizer=self.tokenizer, max_model_len=self.max_model_len,
                                      chat_template=self.chat_template)
         self.inputs.longest_token_bytes()  # a scan of the vocabulary: at start, not per request
@@ -133,35 +135,13 @@ class BackendHandlers(StreamIntake):
             task.cancel(msg="backend exited")
 
     # ------------------------------------------------------------------ requests
-    async def on_request(self, msg: Msg) -> None:
-        try:
-            request = decode(msg.data, InferRequestEnvelope).request
-        except InvalidRequest as exc:
-            await self.bus.respond_error(msg, exc)
-            return
-        if isinstance(request, GenerateRequest):
-            self.start_generate(request, msg)  # an abort cancels its task: the stream closes
-            return
-        try:
-            if isinstance(request, EmbedRequest):
-                raise InvalidRequest(f"model {self.model_name} generates text; embeddings need an "
-                                     "embedding model", param="model", code="wrong_model_type")
-            if isinstance(request, TokenizeRequest):
-                ids = self.prompt_token_ids(request)
-                reply: Any = TokenizeReply(tokens=ids, count=len(ids),
-                                           max_model_len=self.max_model_len)
-            else:
-                reply = self.detokenize(request)
-        except ShoalError as exc:
-            await self.bus.respond_error(msg, exc)
-            return
-        await msg.respond(encode(reply))
+    def tokenize(self, req: TokenizeRequest) -> TokenizeReply:
+        ids = self.prompt_token_ids(req)
+        return TokenizeReply(tokens=ids, count=len(ids), max_model_len=self.max_model_len)
 
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeReply:
-        vocab = len(self.tokenizer)
-        if any(not 0 <= t < vocab for t in req.tokens):
-            raise InvalidRequest(f"token ids must be in [0, {vocab})", param="tokens")
-        return DetokenizeReply(prompt=self.tokenizer.decode(req.tokens))
+        assert self.inputs is not None, "start() sets the input processor"
+        return DetokenizeReply(prompt=self.inputs.detokenize(req.tokens, len(self.tokenizer)))
 
     async def generate(self, req: GenerateRequest, inbox: str,
                        headers: dict[str, str] | None = None) -> None:

@@ -129,6 +129,18 @@ class InputProcessor:
         return ids
 
     # ------------------------------------------------------------------ embeddings
+    def detokenize(self, token_ids: Sequence[int], vocab_bound: int) -> str:
+        """Token ids back to text (/detokenize), at most max_model_len of them (the longest
+        sequence this model holds: the tokenizer's decode holds the GIL, a million ids for
+        seconds), each below `vocab_bound`."""
+        if len(token_ids) > self.max_model_len:
+            raise InvalidRequest(f"{len(token_ids)} tokens: this model detokenizes at most "
+                                 f"{self.max_model_len} at once (its max_model_len)",
+                                 param="tokens")
+        if any(not 0 <= t < vocab_bound for t in token_ids):
+            raise InvalidRequest(f"token ids must be in [0, {vocab_bound})", param="tokens")
+        return self.tokenizer.decode(list(token_ids))
+
     def embedding_inputs(self, texts: Sequence[str] | None = None,
                          token_ids: Sequence[Sequence[int]] | None = None,
                          truncate: int | None = None) -> list[list[int]]:

@@ -17,7 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from nats.aio.msg import Msg
 from nats.errors import MaxPayloadError
 from opentelemetry.trace import Span
 
@@ -31,13 +30,13 @@ from shoal.services.engine.sampling_params import SamplingParams
 from shoal.services.engine.server.intake import StreamIntake
 from shoal.services.engine.server.metrics import EngineMetrics
 from shoal.services.engine.server.tracing import generate_span, record_finished
-from shoal.shared.bus.codec import decode, encode, too_large
+from shoal.shared.bus.codec import encode, too_large
 from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.schemas.common import ErrorBody
 from shoal.shared.schemas.infer import (
-    ChoiceDelta, DetokenizeReply, DetokenizeRequest, EmbedRequest, EngineLoad,
+    ChoiceDelta, DetokenizeReply, DetokenizeRequest, EngineLoad,
     GenerateRequest,
-    InferChunk, InferEnd, InferError, InferReplyEnvelope, InferRequestEnvelope, TokenizeReply,
+    InferChunk, InferEnd, InferError, InferReplyEnvelope, TokenizeReply,
     TokenizeRequest, TokenLogprobWire, TopLogprob, Usage
 )
 
@@ -54,14 +53,9 @@ class EngineHandlers(StreamIntake):
     """Prompts are tokenized here, off the event loop: a 4 MiB prompt takes seconds, during which
     the loop must keep publishing loads (or gateways count the engine dead and fail its streams)
     and serving every other stream. One thread: the handlers' tokenizer is used by one at a time."""
-    lookups: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenize-api"))
-    """/tokenize and /detokenize run here, with an input processor and tokenizer of their own
-    (`lookup_inputs`): off the event loop (issue 24: a large /tokenize kept the engine from
-    publishing its load for seconds, so gateways routed around it), and not ahead of the
-    chats' prompts in `tokenizing`."""
     lookup_inputs: InputProcessor | None = None
-    lookup_tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    """/tokenize and /detokenize's own input processor and tokenizer, used on the `lookups`
+    thread (intake.py): not ahead of the chats' prompts in `tokenizing`."""
     chat_template_tokens: int = 0
     """What the chat template adds to a one-message chat (published with the load: gateways
     estimate a chat's prompt with it when they reserve a key's tokens)."""
@@ -82,46 +76,6 @@ class EngineHandlers(StreamIntake):
         except InvalidRequest:  # a template that needs more than one user turn
             self.chat_template_tokens = 0
         await super().start()
-
-    async def wait_in_flight(self, timeout: float) -> None:
-        """Drain step 2, the /tokenize and /detokenize answers in flight included."""
-        if self.lookup_tasks:
-            await asyncio.wait(list(self.lookup_tasks), timeout=timeout)
-        await super().wait_in_flight(timeout)
-
-    # ------------------------------------------------------------------ requests
-    async def on_request(self, msg: Msg) -> None:
-        try:
-            request = decode(msg.data, InferRequestEnvelope).request
-        except InvalidRequest as exc:
-            await self.bus.respond_error(msg, exc)
-            return
-        if isinstance(request, GenerateRequest):
-            self.start_generate(request, msg)
-            return
-        if isinstance(request, EmbedRequest):
-            await self.bus.respond_error(msg, InvalidRequest(
-                f"model {self.model_name} generates text; embeddings need an embedding model",
-                param="model", code="wrong_model_type"))
-            return
-        task = asyncio.create_task(self.look_up(request, msg))  # the next message is not held
-        self.lookup_tasks.add(task)
-        task.add_done_callback(self.lookup_tasks.discard)
-
-    async def look_up(self, request: TokenizeRequest | DetokenizeRequest, msg: Msg) -> None:
-        """Answer a /tokenize or /detokenize on the `lookups` thread."""
-        work = self.tokenize if isinstance(request, TokenizeRequest) else self.detokenize
-        try:
-            reply = await asyncio.get_running_loop().run_in_executor(self.lookups, work,
-                                                                     request)
-        except ShoalError as exc:
-            await self.bus.respond_error(msg, exc)
-            return
-        data = encode(reply)
-        try:
-            await msg.respond(data)
-        except MaxPayloadError:  # e.g. the token ids of a huge prompt
-            await self.bus.respond_error(msg, too_large(self.bus.nc, data, "the answer"))
 
     async def generate(self, req: GenerateRequest, inbox: str,
                        headers: dict[str, str] | None = None) -> None:
@@ -217,17 +171,9 @@ class EngineHandlers(StreamIntake):
                              max_model_len=self.engine.core.max_model_len)
 
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeReply:
-        """Token ids back to text, at most max_model_len of them (the longest sequence this
-        model holds): the tokenizer's decode holds the GIL, a million ids for seconds."""
-        limit = self.engine.core.max_model_len
-        if len(req.tokens) > limit:
-            raise InvalidRequest(f"{len(req.tokens)} tokens: this model detokenizes at most "
-                                 f"{limit} at once (its max_model_len)", param="tokens")
-        vocab = self.engine.core.vocab_bound
-        if any(not 0 <= t < vocab for t in req.tokens):
-            raise InvalidRequest(f"token ids must be in [0, {vocab})", param="tokens")
-        tokenizer = self.lookup_inputs.tokenizer if self.lookup_inputs else self.tokenizer
-        return DetokenizeReply(prompt=tokenizer.decode(req.tokens))
+        inputs = self.lookup_inputs or self.inputs
+        assert inputs is not None, "start() sets the input processors"
+        return DetokenizeReply(prompt=inputs.detokenize(req.tokens, self.engine.core.vocab_bound))
 
     def choice(self, c: Any) -> ChoiceDelta:
         logprobs = [self.logprob(lp) for lp in c.logprobs] if c.logprobs is not None else None

@@ -7,20 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import MaxPayloadError
 
 from shoal.shared.bus.client import Bus
-from shoal.shared.bus.codec import decode
-from shoal.shared.errors import InvalidRequest
+from shoal.shared.bus.codec import decode, encode, too_large
+from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.loops import run_every
 from shoal.services.engine.input_processor import InputProcessor
 from shoal.services.engine.server.heap import trim_after
 from shoal.shared.schemas.infer import (
-    AbortRequest, EngineLoad, GenerateRequest, TokenizeRequest
+    AbortRequest, DetokenizeReply, DetokenizeRequest, EmbedRequest, EngineLoad, GenerateRequest,
+    InferRequestEnvelope, TokenizeReply, TokenizeRequest
 )
 
 log = logging.getLogger(__name__)
@@ -77,11 +80,56 @@ class Intake:
 @dataclass(kw_only=True)
 class StreamIntake(Intake):
     """An intake whose generate requests each run as a task (our engine's handlers.py, a
-    backend's adapter): an abort cancels the request's task, draining waits for the tasks."""
+    backend's adapter): an abort cancels the request's task, draining waits for the tasks.
+    /tokenize and /detokenize are answered on the `lookups` thread, each in a task of its own:
+    off the event loop (issue 24: a large /tokenize kept the engine from publishing its load for
+    seconds, so gateways routed around it). Subclasses say how to tokenize and detokenize."""
 
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     inputs: InputProcessor | None = None
     """Prompts as token ids (set at start, over this adapter's own tokenizer)."""
+    lookups: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenize-api"))
+    lookup_tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def on_request(self, msg: Msg) -> None:
+        try:
+            request = decode(msg.data, InferRequestEnvelope).request
+        except InvalidRequest as exc:
+            await self.bus.respond_error(msg, exc)
+            return
+        if isinstance(request, GenerateRequest):
+            self.start_generate(request, msg)  # an abort cancels its task: the stream closes
+            return
+        if isinstance(request, EmbedRequest):
+            await self.bus.respond_error(msg, InvalidRequest(
+                f"model {self.model_name} generates text; embeddings need an embedding model",
+                param="model", code="wrong_model_type"))
+            return
+        task = asyncio.create_task(self.look_up(request, msg))  # the next message is not held
+        self.lookup_tasks.add(task)
+        task.add_done_callback(self.lookup_tasks.discard)
+
+    async def look_up(self, request: TokenizeRequest | DetokenizeRequest, msg: Msg) -> None:
+        """Answer a /tokenize or /detokenize on the `lookups` thread."""
+        work = self.tokenize if isinstance(request, TokenizeRequest) else self.detokenize
+        try:
+            reply = await asyncio.get_running_loop().run_in_executor(self.lookups, work,
+                                                                     request)
+        except ShoalError as exc:
+            await self.bus.respond_error(msg, exc)
+            return
+        data = encode(reply)
+        try:
+            await msg.respond(data)
+        except MaxPayloadError:  # e.g. the token ids of a huge prompt
+            await self.bus.respond_error(msg, too_large(self.bus.nc, data, "the answer"))
+
+    def tokenize(self, req: TokenizeRequest) -> TokenizeReply:
+        raise NotImplementedError
+
+    def detokenize(self, req: DetokenizeRequest) -> DetokenizeReply:
+        raise NotImplementedError
 
     async def subscribe_more(self) -> None:
         # Aborts stay subscribed while draining: in-flight requests may still be cancelled.
@@ -110,7 +158,9 @@ class StreamIntake(Intake):
             task.cancel()  # the request's own cleanup aborts it where it runs
 
     async def wait_in_flight(self, timeout: float) -> None:
-        """Drain step 2: let running requests finish, then abort what is left."""
+        """Drain step 2: let running requests (and lookups) finish, then abort what is left."""
+        if self.lookup_tasks:
+            await asyncio.wait(list(self.lookup_tasks), timeout=timeout)
         pending = [t for t in self.tasks.values() if not t.done()]
         if pending:
             _, late = await asyncio.wait(pending, timeout=timeout)

@@ -161,7 +161,7 @@ async def test_an_answer_the_bus_cannot_carry_is_a_413_reply() -> None:
 def test_detokenize_takes_at_most_max_model_len_tokens() -> None:
     """A million ids held the GIL (so the engine's event loop) for seconds in decode."""
     h, _ = handlers()
-    h.engine.core.max_model_len = 4
+    h.inputs.max_model_len = 4  # the input processor owns the bound (InputProcessor.detokenize)
     h.engine.core.vocab_bound = 100
     with pytest.raises(InvalidRequest) as err:
         h.detokenize(DetokenizeRequest(model="m", tokens=[1] * 5))

@@ -18,7 +18,12 @@ from shoal.services.gateway.openai.objects import (
 from shoal.services.gateway.openai.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody
 )
-from shoal.shared.schemas.registry import ApiKeyCreate, ApiKeyUpdate, ModelCreate, ModelUpdate
+from shoal.shared.schemas.infer import EngineLoad
+from shoal.shared.schemas.registry import (
+    ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyUpdate, Deleted, InstancePublic, ModelCreate,
+    ModelPublic, ModelUpdate, WorkerPublic
+)
+from shoal.shared.schemas.scheduler import PlacementPlan
 
 _OPS: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
     ("get", "/v1/models", "List models", None, "openai"),
@@ -72,6 +77,8 @@ class Answer:
 
     model: type[BaseModel]
     event: type[BaseModel] | None = None
+    many: bool = False
+    """A JSON array of `model` (the management API's lists)."""
 
 
 _ANSWERS: dict[tuple[str, str], Answer] = {
@@ -82,7 +89,28 @@ _ANSWERS: dict[tuple[str, str], Answer] = {
     ("post", "/v1/embeddings"): Answer(EmbeddingList),
     ("post", "/tokenize"): Answer(TokenizeResponse),
     ("post", "/detokenize"): Answer(DetokenizeResponse),
+    ("get", "/api/v1/models"): Answer(ModelPublic, many=True),
+    ("post", "/api/v1/models"): Answer(PlacementPlan),  # ?dry_run=true; a deploy is a 201
+    ("get", "/api/v1/models/{id}"): Answer(ModelPublic),
+    ("patch", "/api/v1/models/{id}"): Answer(ModelPublic),
+    ("delete", "/api/v1/models/{id}"): Answer(Deleted),
+    ("get", "/api/v1/instances"): Answer(InstancePublic, many=True),
+    ("get", "/api/v1/instances/{id}"): Answer(InstancePublic),
+    ("delete", "/api/v1/instances/{id}"): Answer(Deleted),
+    ("get", "/api/v1/loads"): Answer(EngineLoad, many=True),
+    ("get", "/api/v1/workers"): Answer(WorkerPublic, many=True),
+    ("get", "/api/v1/workers/{id}"): Answer(WorkerPublic),
+    ("delete", "/api/v1/workers/{id}"): Answer(Deleted),
+    ("get", "/api/v1/keys"): Answer(ApiKeyPublic, many=True),
+    ("get", "/api/v1/keys/{id}"): Answer(ApiKeyPublic),
+    ("delete", "/api/v1/keys/{id}"): Answer(ApiKeyPublic),
+    ("patch", "/api/v1/keys/{id}"): Answer(ApiKeyPublic),
 }
+_CREATED: dict[tuple[str, str], Answer] = {
+    ("post", "/api/v1/models"): Answer(ModelPublic),
+    ("post", "/api/v1/keys"): Answer(ApiKeyCreated),
+}
+"""Routes whose success is a 201 with the object made."""
 _ERRORS = {"400": "Bad input", "401": "Missing or invalid API key",
            "404": "Unknown model or resource",
            "409": "Stale version", "429": "Too many requests in flight",
@@ -101,9 +129,13 @@ def _ref(model: type[BaseModel], schemas: dict[str, Any]) -> dict[str, str]:
 def _ok(answer: Answer | None, schemas: dict[str, Any]) -> dict[str, Any]:
     if answer is None:
         return {"description": "OK"}
-    content: dict[str, Any] = {"application/json": {"schema": _ref(answer.model, schemas)}}
+    schema = _ref(answer.model, schemas)
+    if answer.many:
+        schema = {"type": "array", "items": schema}
+    content: dict[str, Any] = {"application/json": {"schema": schema}}
     if answer.event is None:
-        return {"description": answer.model.__name__, "content": content}
+        name = answer.model.__name__
+        return {"description": f"a list of {name}" if answer.many else name, "content": content}
     content["text/event-stream"] = {"schema": {
         **_ref(answer.event, schemas), "description": f"with stream: true, server-sent events: "
         f"one `data: <{answer.event.__name__}>` per chunk, then `data: [DONE]`"}}
@@ -118,7 +150,11 @@ def openapi_document(version: str) -> dict[str, Any]:
     for method, path, summary, body, tag in _OPS:
         op: dict[str, Any] = {
             "summary": summary, "tags": [tag],
-            "responses": {"200": _ok(_ANSWERS.get((method, path)), schemas),
+            "responses": {**({"201": _ok(_CREATED[method, path], schemas)}
+                             if (method, path) in _CREATED else {}),
+                          **({"200": _ok(_ANSWERS.get((method, path)), schemas)}
+                             if (method, path) in _ANSWERS or (method, path) not in _CREATED
+                             else {}),
                           **{code: {"description": text, "content": {"application/json": {
                               "schema": error}}}
                              for code, text in _ERRORS.items()}},

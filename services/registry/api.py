@@ -27,7 +27,7 @@ from shoal.services.registry.repo.quota import QuotaRepo
 from shoal.services.registry.repo.workers import WorkerRepo
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.service import RpcService
-from shoal.shared.errors import ShoalError
+from shoal.shared.errors import Conflict, ShoalError
 from shoal.shared.schemas.events import (
     ApiKeyEvent, EventKind, InstanceEvent, ModelEvent, WorkerEvent
 )
@@ -40,6 +40,9 @@ from shoal.shared.schemas.registry import (
 
 log = logging.getLogger(__name__)
 Req = TypeVar("Req", bound=BaseModel)
+UNCONDITIONAL_DELETE_TRIES = 3
+"""A delete without a version lost a race with a concurrent write (an instance's state moved
+between the read and the delete): done again, since its caller asked for no version check."""
 Res = TypeVar("Res")
 
 
@@ -60,8 +63,16 @@ class RegistryApi:
         """`handler` in one transaction with the events it writes; the relay is told after."""
 
         async def run(req: Req) -> Res:
-            async with transaction(self.sessions):
-                result = await handler(req)
+            for attempt in range(UNCONDITIONAL_DELETE_TRIES):
+                try:
+                    async with transaction(self.sessions):
+                        result = await handler(req)
+                    break
+                except Conflict as exc:  # a delete that named no version asked for no check
+                    if (exc.code != "stale_version" or not isinstance(req, DeleteRequest)
+                            or req.version is not None
+                            or attempt == UNCONDITIONAL_DELETE_TRIES - 1):
+                        raise
             self.committed()
             return result
 

@@ -85,10 +85,12 @@ class Quota:
         self._pending: set[asyncio.Task[None]] = set()
         self._flusher: asyncio.Task[None] | None = None
 
-    async def admit(self, request: web.Request, model: str, tokens: int = 0) -> Ticket | None:
-        """Count the request against its key's limits, reserving `tokens` (the most it may
-        spend) against its token limits (429 when over one); None without a key of the registry
-        (keys not required, or the fixed --api-key). A reservation must be settled: record() or
+    async def admit(self, request: web.Request, model: str,
+                    tokens: Callable[[], int] | None = None) -> Ticket | None:
+        """Count the request against its key's limits, reserving `tokens()` (the most it may
+        spend; asked only of a key with limits, so no other request pays for the estimate)
+        against its token limits (429 when over one); None without a key of the registry (keys
+        not required, or the fixed --api-key). A reservation must be settled: record() or
         release() the ticket however the request ends."""
         key = request.get(API_KEY)
         if key is None or key.key_id is None:
@@ -97,7 +99,8 @@ class Quota:
             return Ticket(key.key_id, model)
         try:
             grant = await self.registry.acquire_quota(QuotaAcquire(
-                key_id=key.key_id, model=model, tokens=min(tokens, MAX_LIMIT)))
+                key_id=key.key_id, model=model,
+                tokens=min(tokens() if tokens is not None else 0, MAX_LIMIT)))
         except ShoalError as exc:  # fail closed: a limited key is not let through unchecked
             raise Unavailable(f"cannot check this key's limits now: {exc.message}") from None
         request[RATELIMIT_HEADERS] = ratelimit_headers(grant)

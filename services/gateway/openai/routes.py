@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -105,8 +106,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
         answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model),
                         body.include_usage,
                         body.continuous_usage)
-        tokens = reservation([prompt_tokens(p) for p in prompts], body.n, body.max_tokens,
-                             st.table.max_model_len(body.model))
+        def tokens() -> int:
+            return reservation([prompt_tokens(p) for p in prompts], body.n, body.max_tokens,
+                               st.table.max_model_len(body.model))
+
         return await _answer(request, answer, body.stream, body.spec()[1], tokens)
 
 
@@ -123,22 +126,24 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model),
                         body.include_usage,
                         body.continuous_usage)
-        texts = [m.text() or "" for m in body.messages] + [
-            c.model_dump_json() for m in body.messages for c in m.tool_calls or []] + [
-            t.model_dump_json() for t in body.tools or []]
-        max_tokens = (body.max_completion_tokens if body.max_completion_tokens is not None
-                      else body.max_tokens)
-        prompt = chat_tokens(texts, st.table.chat_template_tokens(body.model))
-        tokens = reservation([prompt], body.n, max_tokens, st.table.max_model_len(body.model))
+        def tokens() -> int:
+            texts = [m.text() or "" for m in body.messages] + [
+                c.model_dump_json() for m in body.messages for c in m.tool_calls or []] + [
+                t.model_dump_json() for t in body.tools or []]
+            max_tokens = (body.max_completion_tokens if body.max_completion_tokens is not None
+                          else body.max_tokens)
+            prompt = chat_tokens(texts, st.table.chat_template_tokens(body.model))
+            return reservation([prompt], body.n, max_tokens, st.table.max_model_len(body.model))
+
         return await _answer(request, answer, body.stream, body.spec()[1], tokens)
 
 
 async def _answer(request: web.Request, answer: Answer, stream: bool,
-                  spec_source: str | None, tokens: int) -> web.StreamResponse:
+                  spec_source: str | None, tokens: Callable[[], int]) -> web.StreamResponse:
     """Run the answer inside its GenAI span (whose traceparent rides to the engine) and a log
-    context, counted against the key's limits and usage (quota.py), reserving `tokens` (the
-    most it may spend) until its usage settles them. An engine 400 about the output constraint
-    names the field the client sent."""
+    context, counted against the key's limits and usage (quota.py), reserving `tokens()` (the
+    most it may spend; estimated only for a key with limits) until its usage settles them. An
+    engine 400 about the output constraint names the field the client sent."""
     quota = request.app[STATE].quota
     answer.spec_source = spec_source
     ticket = await quota.admit(request, answer.builder.model, tokens)
@@ -168,7 +173,7 @@ async def embeddings(request: web.Request) -> web.Response:
     batches = body.batches()  # each is one engine request in flight: what admission counts
     with st.admission.slot(len(batches), param="input"), log_context(model=body.model):
         ticket = await st.quota.admit(request, body.model,
-                                      sum(prompt_tokens(x) for x in body.inputs()))
+                                      lambda: sum(prompt_tokens(x) for x in body.inputs()))
         timeout = st.settings.gateway_embed_timeout
         try:
             replies = await asyncio.gather(*(st.client.call(body.model, part, EmbedReply,

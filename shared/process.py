@@ -1,5 +1,6 @@
 """Child-process helpers shared by `shoal up`, its embedded servers and the worker's engines:
-die with the parent, find and end a previous run's processes by their command line."""
+die with the parent, stop a child (signal, wait, kill), find and end a previous run's processes
+by their command line."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import contextlib
 import ctypes
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 PR_SET_PDEATHSIG = 1
 
@@ -27,6 +30,33 @@ def die_with_parent_on(sig: int) -> Callable[[], None]:
 
 die_with_parent = die_with_parent_on(signal.SIGTERM)
 """preexec_fn: the child gets SIGTERM when its parent dies."""
+
+
+class Child(Protocol):
+    """What stop_child needs of a process: a Popen, or a worker's adopted engine."""
+
+    def poll(self) -> Any: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> Any: ...
+
+
+def stop_child(process: Child, sig: int = signal.SIGTERM, timeout: float = 10.0) -> bool:
+    """Send `sig` to a child still running, wait up to `timeout` seconds, then SIGKILL it; reaped
+    either way. True when it had to be killed."""
+    killed = False
+    if process.poll() is None:
+        process.send_signal(sig)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            killed = True
+    process.wait()
+    return killed
 
 
 def cmdline(pid: int) -> list[str]:

@@ -32,6 +32,7 @@ from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.loops import run_every
+from shoal.shared.process import stop_child
 from shoal.shared.schemas.events import InstanceEvent
 from shoal.shared.schemas.registry import InstanceFilter, InstancePublic, InstanceTransition
 from shoal.shared.states import InstanceState, can_transition
@@ -190,14 +191,8 @@ class Supervisor:
                 state_message=message[-2000:], restart_count=fresh.restart_count + 1))
 
     def _stop(self, engine: EngineProcess) -> None:
-        if not engine.alive:
-            return
-        engine.process.send_signal(signal.SIGTERM)
-        try:
-            engine.process.wait(self.settings.drain_timeout + 10)
-        except subprocess.TimeoutExpired:
-            engine.process.kill()
-            engine.process.wait()
+        if engine.alive:
+            stop_child(engine.process, signal.SIGTERM, self.settings.drain_timeout + 10)
 
     def stop_all(self) -> None:
         self.stages.stop_all()  # never adopted: rank 0 fails and the instance restarts

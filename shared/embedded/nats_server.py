@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 from shoal.shared.embedded.files import Credentials, write_private
 from shoal.shared.embedded.net import free_port, port_is_free
-from shoal.shared.process import die_with_parent_on, find_processes
+from shoal.shared.process import die_with_parent_on, find_processes, stop_child
 
 NATS_MAX_PAYLOAD = 8 * 1024 * 1024
 """What one NATS message may carry on the embedded server and in compose (infra/nats.conf): the
@@ -108,13 +108,7 @@ class EmbeddedNats:
         raise TimeoutError(f"nats-server not ready within {timeout}s")
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        self.process.wait()
+        stop_child(self.process, signal.SIGTERM, timeout)
 
     @staticmethod
     def orphans(data_dir: Path) -> list[int]:

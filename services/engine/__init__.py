@@ -44,6 +44,7 @@ _EXPORTS = {
     "load_tokenizer": "frontend.tokenizer",
     "InputProcessor": "input_processor",
     "StreamIntake": "server.intake",
+    "Replies": "server.intake",
     "serve_instance": "server.lifecycle",
     "InstanceReporter": "server.lifecycle",
     "Gone": "server.lifecycle",

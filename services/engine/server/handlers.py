@@ -17,7 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from nats.errors import MaxPayloadError
 from opentelemetry.trace import Span
 
 from shoal.services.engine.frontend.async_engine import AsyncEngine
@@ -27,16 +26,14 @@ from shoal.services.engine.core.outputs import TokenLogprob
 from shoal.services.engine.core.request_output import RequestOutput
 from shoal.services.engine.input_processor import InputProcessor
 from shoal.services.engine.sampling_params import SamplingParams
-from shoal.services.engine.server.intake import StreamIntake
+from shoal.services.engine.server.intake import Replies, StreamIntake
 from shoal.services.engine.server.metrics import EngineMetrics
-from shoal.services.engine.server.tracing import generate_span, record_finished
-from shoal.shared.bus.codec import encode, too_large
+from shoal.services.engine.server.tracing import record_finished
 from shoal.shared.errors import InvalidRequest, ShoalError
-from shoal.shared.schemas.common import ErrorBody
 from shoal.shared.schemas.infer import (
     ChoiceDelta, DetokenizeReply, DetokenizeRequest, EngineLoad,
     GenerateRequest,
-    InferChunk, InferEnd, InferError, InferReplyEnvelope, TokenizeReply,
+    TokenizeReply,
     TokenizeRequest, TokenLogprobWire, TopLogprob, Usage
 )
 
@@ -77,25 +74,7 @@ class EngineHandlers(StreamIntake):
             self.chat_template_tokens = 0
         await super().start()
 
-    async def generate(self, req: GenerateRequest, inbox: str,
-                       headers: dict[str, str] | None = None) -> None:
-        """Serve one request inside its span, in the trace its NATS headers carry."""
-        subject = self.bus.subjects.infer(self.instance_id)
-        with generate_span(req, headers, subject, self.instance_id) as span:
-            await self._generate(req, inbox, span)
-
-    async def _generate(self, req: GenerateRequest, inbox: str, span: Span) -> None:
-        seq = 0  # the seq of the next reply: every reply counts, so a gap is visible
-
-        async def send(reply: InferChunk | InferEnd | InferError) -> None:
-            nonlocal seq
-            data = encode(InferReplyEnvelope(reply=reply))
-            try:
-                await self.bus.nc.publish(inbox, data)
-            except MaxPayloadError:  # a 413 error reply instead (small), never a silent hang
-                raise too_large(self.bus.nc, data, "the answer") from None
-            seq += 1
-
+    async def serve(self, req: GenerateRequest, replies: Replies, span: Span) -> None:
         outputs: RequestStream | None = None
         try:
             token_ids = await asyncio.get_running_loop().run_in_executor(
@@ -104,8 +83,8 @@ class EngineHandlers(StreamIntake):
             parser = self.tool_call_parser(req)
             outputs = self.engine.open(req.request_id, token_ids, params, time.time(),
                                        prompt=req.prompt)  # the engine's one check: 400 here
-            await send(InferChunk(request_id=req.request_id, seq=seq, choices=[],
-                                  prompt_token_ids=token_ids, tool_call_parser=parser))
+            await replies.chunk(choices=[], prompt_token_ids=token_ids,
+                                tool_call_parser=parser)
             last: RequestOutput | None = None
             finish_reasons: dict[int, str] = {}
             child_tokens: dict[int, int] = {}
@@ -115,9 +94,8 @@ class EngineHandlers(StreamIntake):
                     child_tokens[c.index] = child_tokens.get(c.index, 0) + len(c.token_ids)
                 finish_reasons.update({c.index: c.finish_reason for c in out.outputs
                                        if c.finish_reason})
-                await send(InferChunk(request_id=req.request_id, seq=seq,
-                                      choices=[self.choice(c) for c in out.outputs],
-                                      prompt_logprobs=self.prompt_logprobs(out)))
+                await replies.chunk(choices=[self.choice(c) for c in out.outputs],
+                                    prompt_logprobs=self.prompt_logprobs(out))
             assert last is not None
             m = last.metrics
             usage = Usage(prompt_tokens=len(token_ids),
@@ -127,43 +105,27 @@ class EngineHandlers(StreamIntake):
             if self.metrics is not None:
                 self.metrics.on_finished(m, req.sampling, len(token_ids), child_tokens,
                                          finish_reasons)
-            await send(InferEnd(
-                request_id=req.request_id, seq=seq, instance_id=self.instance_id, usage=usage,
-                finish_reasons=finish_reasons,
+            await replies.end(
+                instance_id=self.instance_id, usage=usage, finish_reasons=finish_reasons,
                 ttft_s=(m.first_token_time - m.arrival_time) if m.first_token_time else None,
                 queue_s=((m.first_scheduled_time - m.arrival_time) if m.first_scheduled_time
                          else None),
-            ))
+            )
         except asyncio.CancelledError:
-            await send(_error(req.request_id, seq, ShoalError("request aborted", code="aborted"),
-                              499))
+            await replies.error(ShoalError("request aborted", code="aborted"), 499)
             raise
         except ShoalError as exc:
-            await send(_error(req.request_id, seq, exc, exc.http_status))
+            await replies.error(exc, exc.http_status)
         except Exception as exc:  # noqa: BLE001 - the client gets an error, never a hang
             log.exception("generate %s failed", req.request_id)
-            await send(_error(req.request_id, seq,
-                              ShoalError(f"engine error: {type(exc).__name__}"), 500))
+            await replies.error(ShoalError(f"engine error: {type(exc).__name__}"), 500)
         finally:
             if outputs is not None:
                 outputs.close()  # aborts the request in the engine unless it finished
 
     # ------------------------------------------------------------------ tokens
     def tool_call_parser(self, req: GenerateRequest) -> str | None:
-        """The parser the gateway applies to an "auto" tool choice answer (vLLM refuses "auto"
-        without --tool-call-parser; so do we)."""
-        if not req.needs_tool_call_parser:
-            return None
-        parser = self.engine.core.config.tool_call_parser
-        if parser is None:
-            raise InvalidRequest(  # vLLM's words first: clients' docs and checks know them
-                f'"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
-                f'to be set: model {self.model_name} was served without a tool call parser '
-                f'(`shoal serve MODEL --enable-auto-tool-choice --tool-call-parser hermes`, or '
-                f'`shoal models deploy ... --engine-arg tool_call_parser=hermes`); tools '
-                f'without tool_choice mean "auto": send "none", "required" or a named '
-                f'function instead', param="tool_choice")
-        return parser
+        return self.check_tool_call_parser(req, self.engine.core.config.tool_call_parser)
 
     def tokenize(self, req: TokenizeRequest) -> TokenizeReply:
         ids = self.prompt_token_ids(req, self.lookup_inputs)
@@ -205,7 +167,3 @@ class EngineHandlers(StreamIntake):
             prompt_tokens=s.prompt_tokens, generation_tokens=s.generation_tokens,
             draining=self.draining, chat_template_tokens=self.chat_template_tokens,
         )
-
-def _error(request_id: str, seq: int, exc: ShoalError, status: int) -> InferError:
-    return InferError(request_id=request_id, seq=seq, error=ErrorBody(**exc.to_dict()),
-                      status=status)

@@ -11,8 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from opentelemetry.trace import Span
 from nats.errors import MaxPayloadError
 
 from shoal.shared.bus.client import Bus
@@ -21,9 +23,12 @@ from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.loops import run_every
 from shoal.services.engine.input_processor import InputProcessor
 from shoal.services.engine.server.heap import trim_after
+from shoal.services.engine.server.tracing import generate_span
+from shoal.shared.schemas.common import ErrorBody
 from shoal.shared.schemas.infer import (
     AbortRequest, DetokenizeReply, DetokenizeRequest, EmbedRequest, EngineLoad, GenerateRequest,
-    InferRequestEnvelope, TokenizeReply, TokenizeRequest
+    InferChunk, InferEnd, InferError, InferReplyEnvelope, InferRequestEnvelope, TokenizeReply,
+    TokenizeRequest
 )
 
 log = logging.getLogger(__name__)
@@ -75,6 +80,34 @@ class Intake:
     async def publish_load_forever(self, stop: asyncio.Event) -> None:
         await run_every(LOAD_INTERVAL_S, stop, self.publish_load, "publishing load", log,
                         expected=())
+
+
+class Replies:
+    """One generate request's replies on its inbox, numbered from 0 (the accepting chunk): every
+    reply counts, so a gap is visible to the gateway. An answer too large for the NATS server
+    raises a 413 (too_large), which the caller sends as a small error reply, never a hang."""
+
+    def __init__(self, nc: NATS, inbox: str, request_id: str) -> None:
+        self.nc, self.inbox, self.request_id = nc, inbox, request_id
+        self.seq = 0
+
+    async def chunk(self, **fields: Any) -> None:
+        await self._send(InferChunk(request_id=self.request_id, seq=self.seq, **fields))
+
+    async def end(self, **fields: Any) -> None:
+        await self._send(InferEnd(request_id=self.request_id, seq=self.seq, **fields))
+
+    async def error(self, exc: ShoalError, status: int) -> None:
+        await self._send(InferError(request_id=self.request_id, seq=self.seq,
+                                    error=ErrorBody(**exc.to_dict()), status=status))
+
+    async def _send(self, reply: InferChunk | InferEnd | InferError) -> None:
+        data = encode(InferReplyEnvelope(reply=reply))
+        try:
+            await self.nc.publish(self.inbox, data)
+        except MaxPayloadError:
+            raise too_large(self.nc, data, "the answer") from None
+        self.seq += 1
 
 
 @dataclass(kw_only=True)
@@ -137,7 +170,30 @@ class StreamIntake(Intake):
 
     async def generate(self, req: GenerateRequest, inbox: str,
                        headers: dict[str, str] | None = None) -> None:
+        """Serve one request inside its span, in the trace its NATS headers carry."""
+        subject = self.bus.subjects.infer(self.instance_id)
+        with generate_span(req, headers, subject, self.instance_id) as span:
+            await self.serve(req, Replies(self.bus.nc, inbox, req.request_id), span)
+
+    async def serve(self, req: GenerateRequest, replies: Replies, span: Span) -> None:
+        """Answer `req` on `replies`: a first chunk with the prompt's token ids, the deltas,
+        then an end or an error."""
         raise NotImplementedError
+
+    def check_tool_call_parser(self, req: GenerateRequest, parser: str | None) -> str | None:
+        """The parser the gateway applies to an "auto" tool choice answer (vLLM refuses "auto"
+        without --tool-call-parser; so do we), given the one this model was served with."""
+        if not req.needs_tool_call_parser:
+            return None
+        if parser is None:
+            raise InvalidRequest(  # vLLM's words first: clients' docs and checks know them
+                f'"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                f'to be set: model {self.model_name} was served without a tool call parser '
+                f'(`shoal serve MODEL --enable-auto-tool-choice --tool-call-parser hermes`, or '
+                f'`shoal models deploy ... --engine-arg tool_call_parser=hermes`); tools '
+                f'without tool_choice mean "auto": send "none", "required" or a named '
+                f'function instead', param="tool_choice")
+        return parser
 
     def start_generate(self, request: GenerateRequest, msg: Msg) -> None:
         """Serve `request` in a task of its own, known by its id until it ends."""

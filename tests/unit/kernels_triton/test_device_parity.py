@@ -18,14 +18,13 @@ from transformers import AutoModelForCausalLM
 
 from shoal.services.engine.frontend.llm import LLM
 from shoal.services.engine.sampling_params import SamplingParams
-from tests.tiny_models import ARCHS, MOE_ARCHS, VOCAB, save_tiny_model
+from tests.tiny_models import ARCHS, VOCAB, save_tiny_model
 from tests.seeding import fresh_generator
 from tests.unit.kernels_triton.triton_helpers import DEVICE, HAS_CUDA
 
 DTYPES = ["bfloat16", "float16"] if HAS_CUDA else ["float32"]
 MODES = [(True, True), (False, False)] if HAS_CUDA else [(False, True)]  # (graphs, prefix)
-FAMILIES = ([a for a in ARCHS if a not in MOE_ARCHS] if HAS_CUDA  # MoE: not yet run on a GPU
-            else ["llama"])  # the CPU's own parity tests cover every family
+FAMILIES = ARCHS if HAS_CUDA else ["llama"]  # the CPU's own parity tests cover every family
 NEAR_TIE = {"bfloat16": 0.03, "float16": 0.005, "float32": 1e-4}
 """How far below the reference's best logit our token may score, relative to its largest |logit|."""
 NEW_TOKENS = 12

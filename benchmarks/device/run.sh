@@ -33,11 +33,11 @@ case "${1:-all}" in
     python3 -m benchmarks.gpu_kernels --out "$out/gpu_all.json" ;;
   check)  # one lent call: a step that runs out of its limit is cut, the next still runs
     rc=0
-    timeout 270 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/unit/kernels_triton \
+    timeout 360 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/unit/kernels_triton \
       2>&1 | tee "$out/gpu_tests.log" || rc=1
-    timeout 120 python3 -m benchmarks.gpu_kernels --skip-engine --out "$out/gpu_kernels.json" \
+    timeout 90 python3 -m benchmarks.gpu_kernels --skip-engine --out "$out/gpu_kernels.json" \
       2>&1 | tail -40 || rc=1
-    timeout 150 python3 -m benchmarks.gpu_kernels --skip-kernels --skip-transformers \
+    timeout 120 python3 -m benchmarks.gpu_kernels --skip-kernels --skip-transformers \
       --out "$out/gpu_engine.json" 2>&1 | tail -40 || rc=1
     exit $rc ;;
   *) echo "usage: $0 tests|kernels|engine|parallel|all|check" >&2; exit 2 ;;

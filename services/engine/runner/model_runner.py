@@ -125,6 +125,11 @@ class ModelRunner:
         self.workspace = Workspace()
         gc.collect()  # the model's modules refer to each other: collect them before emptying
         if self.device.type == "cuda":
+            # cuBLAS keeps a workspace per stream it ran on (32 MiB on an H100), the graph
+            # capture stream's included: the first GPU run found it still held after close
+            clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+            if clear_workspaces is not None:
+                clear_workspaces()
             torch.cuda.empty_cache()
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, MixtralConfig,
-                          PretrainedConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config,
+                          OlmoeConfig, PretrainedConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config,
                           Qwen3MoeConfig)
 
-MOE_ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral"]
+MOE_ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", *MOE_ARCHS]
 VOCAB = 512
 
@@ -59,6 +59,10 @@ def tiny_config(arch: str) -> PretrainedConfig:
         return MixtralConfig(**{**_COMMON, "intermediate_size": 64}, num_attention_heads=4,
                              num_key_value_heads=1, tie_word_embeddings=False,
                              num_local_experts=4, num_experts_per_tok=2, sliding_window=None)
+    if arch == "olmoe":  # q/k norms over the whole projection (GQA 2:1), top-k as routed
+        return OlmoeConfig(**{**_COMMON, "intermediate_size": 64}, num_attention_heads=4,
+                           num_key_value_heads=2, tie_word_embeddings=False, num_experts=4,
+                           num_experts_per_tok=2, norm_topk_prob=False)
     raise ValueError(arch)
 
 

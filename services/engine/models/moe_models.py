@@ -37,7 +37,7 @@ def is_sparse_layer(cfg: Any, layer: int) -> bool:
             and cfg.num_experts > 0 and (layer + 1) % step == 0)
 
 
-def _check_activation(cfg: Any) -> None:
+def check_activation(cfg: Any) -> None:
     from shoal.services.engine.config import ConfigError
 
     if getattr(cfg, "hidden_act", "silu") != "silu":
@@ -45,7 +45,7 @@ def _check_activation(cfg: Any) -> None:
 
 
 def qwen3_moe_mlp(cfg: Any, layer: int, parallel: ParallelContext) -> nn.Module:
-    _check_activation(cfg)
+    check_activation(cfg)
     if not is_sparse_layer(cfg, layer):
         return dense_mlp(cfg, layer, parallel)
     return FusedMoE(cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size,
@@ -53,7 +53,7 @@ def qwen3_moe_mlp(cfg: Any, layer: int, parallel: ParallelContext) -> nn.Module:
 
 
 def qwen2_moe_mlp(cfg: Any, layer: int, parallel: ParallelContext) -> nn.Module:
-    _check_activation(cfg)
+    check_activation(cfg)
     if not is_sparse_layer(cfg, layer):
         return dense_mlp(cfg, layer, parallel)
     shared = None
@@ -64,7 +64,7 @@ def qwen2_moe_mlp(cfg: Any, layer: int, parallel: ParallelContext) -> nn.Module:
 
 
 def mixtral_mlp(cfg: Any, layer: int, parallel: ParallelContext) -> nn.Module:
-    _check_activation(cfg)
+    check_activation(cfg)
     return FusedMoE(cfg.num_local_experts, cfg.num_experts_per_tok, cfg.hidden_size,
                     cfg.intermediate_size, True, parallel)
 

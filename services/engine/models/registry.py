@@ -11,6 +11,7 @@ from shoal.services.engine.models.llama import (
 from shoal.services.engine.models.moe_models import (
     MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 )
+from shoal.services.engine.models.olmoe import OlmoeForCausalLM
 from shoal.services.engine.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
@@ -21,6 +22,7 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
+    "OlmoeForCausalLM": OlmoeForCausalLM,
 }
 
 

@@ -2,10 +2,9 @@
 TP=1: greedy tokens identical, logprobs (sampled, top-2 and prompt) within 1e-4, a seeded
 sampled request identical, over mixed prompts prefilled in chunks. One parallel shape per tiny
 family (TP=2 with split KV heads, TP=2 with a replicated KV head, PP=2 with a tied LM head on the
-last stage, TP=2 x PP=2; the MoE families: TP=2 with every expert split, PP=2; OLMoE's whole-projection q/k norms
-at TP=2) and SmolLM2
-at TP=3 and at PP=2 (TP=2 refused before any rank starts).
-Killing a rank fails the next step with the rank named."""
+last stage, TP=2 x PP=2; the MoE families: TP=2 with every expert split, PP=2; OLMoE's
+whole-projection q/k norms at TP=2) and SmolLM2 at TP=3 and at PP=2 (TP=2 refused before
+any rank starts). Killing a rank fails the next step with the rank named."""
 
 from __future__ import annotations
 

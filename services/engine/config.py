@@ -100,7 +100,8 @@ class EngineConfig:
     as int4 (no dequantise + requantise); None runs the checkpoint's dtype."""
     tool_call_parser: str | None = None
     """How "auto" tool-choice answers are parsed for tool calls (vLLM's --tool-call-parser):
-    "hermes" (<tool_call>{...}</tool_call>); None refuses tool_choice "auto"."""
+    one of TOOL_CALL_PARSERS (hermes, llama3_json, mistral, pythonic, qwen3_xml); None refuses
+    tool_choice "auto"."""
     chat_template: str | None = None
     """A Jinja chat template used instead of the tokenizer's (vLLM's --chat-template)."""
     speculative_config: SpeculativeConfig | dict | str | None = None

@@ -45,7 +45,7 @@ class EngineArgs(Wire):
     quantization: str | None = None
     """vLLM's --quantization: "int8", "int4" or "gguf" (CPU path)."""
     tool_call_parser: str | None = None
-    """vLLM's --tool-call-parser: "hermes"."""
+    """vLLM's --tool-call-parser: shared/schemas/infer.py TOOL_CALL_PARSERS."""
     chat_template: str | None = Field(default=None, min_length=1)
     """A Jinja chat template replacing the tokenizer's (vLLM's --chat-template)."""
     speculative_config: SpeculativeConfig | None = None

@@ -57,9 +57,13 @@ class SamplingOptions(Wire):
     logit_bias: dict[int, float] | None = None
 
 
-TOOL_CALL_PARSERS = ("hermes",)
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_xml", "qwen3_coder")
 """The tool-call parsers an engine can be configured with (engine_args tool_call_parser), as
-vLLM's --tool-call-parser; the gateway parses "auto" tool choice answers with the instance's."""
+vLLM's --tool-call-parser; the gateway parses "auto" tool choice answers with the instance's
+(services/gateway/parsers/tool/; qwen3_coder is qwen3_xml's other name, as in vLLM)."""
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
+"""vLLM's --reasoning-parser names an engine can be configured with (engine_args
+reasoning_parser); the gateway splits chat answers' <think> reasoning with the instance's."""
 
 
 class FunctionDefinition(Wire):

@@ -14,6 +14,7 @@ from pathlib import Path
 from shoal.shared.errors import InvalidRequest, NotFound
 from shoal.shared.hf_hub import hub_config_folder, is_hub_id
 from shoal.shared.schemas.registry import DeviceKind, ModelCreate
+from shoal.shared.schemas.infer import TOOL_CALL_PARSERS
 
 DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16",
           "float": "float32", "float32": "float32"}
@@ -46,7 +47,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--chat-template", help="a Jinja chat template: a file, or the template")
     serve.add_argument("--generation-config", default="vllm",
                        help="only 'vllm': sampling defaults are the request's (OpenAI's)")
-    serve.add_argument("--tool-call-parser", choices=["hermes"],
+    serve.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS,
                        help='parse tool calls of tool_choice "auto" answers')
     serve.add_argument("--enable-auto-tool-choice", action="store_true",
                        help='vLLM\'s switch for tool_choice "auto": taken with --tool-call-parser '
@@ -88,7 +89,8 @@ def model_spec(args: argparse.Namespace) -> ModelCreate:
                              "generation_config.json is not applied", param="generation_config")
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise InvalidRequest("--enable-auto-tool-choice requires --tool-call-parser (vLLM's "
-                             "rule; Shoal's parser: hermes)", param="tool_call_parser")
+                             "rule; Shoal's parsers: " + ", ".join(TOOL_CALL_PARSERS) + ")",
+                             param="tool_call_parser")
     source, default_name = resolve_source(args.model)
     engine_args = {"max_num_seqs": args.max_num_seqs,
                    "max_num_batched_tokens": args.max_num_batched_tokens,

@@ -37,7 +37,7 @@ ENGINE = ROOT / "services" / "engine"
 NETWORK = {"nats", "aiohttp", "sqlalchemy", "asyncpg"}
 PURE = ["kernels", "services/scheduler/policies", "services/scheduler/claim",
         "services/scheduler/planner.py", "shared/units.py", "shared/states.py", "shared/errors.py",
-        "services/worker/devices.py", "services/backends/args.py",
+        "services/worker/devices.py", "services/backends/args.py", "services/gateway/parsers",
         "shared/schemas/backends.py"] + [
     f"services/gateway/{name}" for name in (
         "openai/body.py", "routing/router.py", "openai/protocol.py", "openai/responses.py",

@@ -7,7 +7,7 @@ streamed, with `echo`). The shared bookkeeping is responses.py's `ResponseBuilde
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from shoal.services.gateway.openai.objects import (
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatMessage, Completion,
@@ -43,6 +43,9 @@ class ChatResponseBuilder(ResponseBuilder[ChatChunkChoice]):
     tool_mode: ToolMode | None = None
     tool_call_parser: str | None = None
     """For tool_choice "auto": the instance's parser, learned from the engine's first reply."""
+    tool_schemas: dict[str, Any] | None = None
+    """The offered functions' parameters schemas by name (parsers/tool/qwen3_xml.py)."""
+    parallel_tool_calls: bool = True
     introduced: set[int] = field(default_factory=set)
     """Choices whose streamed entries already named the assistant role."""
 
@@ -50,7 +53,8 @@ class ChatResponseBuilder(ResponseBuilder[ChatChunkChoice]):
         state = self.choices.get(index)
         if state is None:
             mode = self.tool_mode
-            parser = (make_parser(mode.kind, mode.function_name, self.tool_call_parser)
+            parser = (make_parser(mode.kind, mode.function_name, self.tool_call_parser,
+                                  self.tool_schemas, self.parallel_tool_calls)
                       if mode is not None else None)
             state = self.choices[index] = ChoiceState(parser=parser)
         return state

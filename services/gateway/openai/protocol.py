@@ -179,7 +179,7 @@ class ChatCompletionRequest(_SamplingBody):
     tools: list[ToolBody] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    """Accepted and ignored, as vLLM does ("required" may return several calls)."""
+    """False: at most one call (the first; "required" is guided to one)."""
 
     def wire_messages(self) -> list[ChatMessage]:
         return [ChatMessage(role=m.role, content=m.text(), name=m.name, tool_call_id=m.tool_call_id,
@@ -187,7 +187,7 @@ class ChatCompletionRequest(_SamplingBody):
                 for m in self.messages]
 
     def tool_plan(self) -> ToolPlan:
-        return plan_tools(self.tools, self.tool_choice)
+        return plan_tools(self.tools, self.tool_choice, self.parallel_tool_calls is not False)
 
     def spec(self) -> tuple[StructuredOutputsOptions | None, str | None]:
         plan = self.tool_plan()

@@ -24,6 +24,7 @@ from shoal.services.gateway.openai.protocol import (
 )
 from shoal.services.gateway.openai.serve import Answer, Job
 from shoal.services.gateway.openai.structured import rename_param
+from shoal.services.gateway.openai.tools import parameter_schemas
 from shoal.services.gateway.routing.router import (
     messages_prefix_hashes, text_prefix_hashes, token_prefix_hashes
 )
@@ -120,7 +121,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body.model = await st.names.resolve(body.model)  # an alias: the model's own name
     with st.admission.slot(body.n, param="n"):
         builder = ChatResponseBuilder(body.model, want_logprobs=body.logprobs,
-                                      tool_mode=body.tool_plan().mode)
+                                      tool_mode=body.tool_plan().mode,
+                                      tool_schemas=parameter_schemas(body.tools),
+                                      parallel_tool_calls=body.parallel_tool_calls is not False)
         hashes = messages_prefix_hashes([(m.role, m.text() or "") for m in body.messages])
         jobs = [Job(body.generate(builder.id), hashes)]
         answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model),

@@ -1,51 +1,27 @@
-"""Tool calls out of an answer's text, fed delta by delta (streamed or not, the same code):
-a named function (the text is its arguments), "required" (a JSON array of {name, parameters},
-as vLLM's guided schema makes it) and the hermes parser for "auto" (<tool_call>{...}</tool_call>).
+"""Tool calls out of an answer's text, by the request's tool_choice, fed delta by delta
+(streamed or not, the same code): a named function (the text is its arguments), "required" (a
+JSON array of {name, parameters}, as vLLM's guided schema makes it) and "auto", read by the
+model's --tool-call-parser (services/gateway/parsers/tool/: hermes, llama3_json, mistral,
+pythonic, qwen3_xml).
 
 Pure. Each parser turns text deltas into content and tool-call deltas in OpenAI's streamed shape:
 a call's first delta carries its id and name. A named call streams its arguments as they come;
-"required" and hermes calls are sent whole, once their JSON is complete.
+the others send each call whole, once it is complete.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
+from shoal.services.gateway.parsers.common import (
+    ParsedDelta, ToolCallDelta, ToolCallParser, arguments_text, new_call_id, skip_space
+)
+from shoal.services.gateway.parsers.tool import TOOL_PARSERS, tool_parser
+from shoal.services.gateway.parsers.tool.hermes import HermesToolCalls
 
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-@dataclass(slots=True)
-class ToolCallDelta:
-    index: int
-    """The call's position among the choice's calls."""
-    id: str | None = None
-    """Set on a call's first delta only, with its name."""
-    name: str | None = None
-    arguments: str = ""
-    """JSON text (a fragment of it while a named call streams)."""
-
-
-@dataclass(slots=True)
-class ParsedDelta:
-    content: str = ""
-    tool_calls: list[ToolCallDelta] = field(default_factory=list)
-
-
-class ToolCallParser(Protocol):
-    def feed(self, text: str) -> ParsedDelta:
-        """The next text delta of the answer -> what can be sent now."""
-        ...
-
-    def finish(self) -> ParsedDelta:
-        """The answer ended: whatever was held back."""
-        ...
+__all__ = ["HermesToolCalls", "NamedToolCall", "OneCall", "ParsedDelta", "RequiredToolCalls",
+           "ToolCallDelta", "ToolCallParser", "make_parser"]
 
 
 class NamedToolCall:
@@ -87,7 +63,7 @@ class RequiredToolCalls:
         self.text += text
         out = ParsedDelta()
         while not self.is_broken:
-            i = _skip_space(self.text, self.pos)
+            i = skip_space(self.text, self.pos)
             if i >= len(self.text):
                 break
             if self.text[i] in "[,]":
@@ -101,7 +77,7 @@ class RequiredToolCalls:
                 self.is_broken = True
                 break
             self.pos = end
-            arguments = _arguments_text(item.get("parameters", {}))
+            arguments = arguments_text(item.get("parameters", {}))
             out.tool_calls.append(ToolCallDelta(self.num_calls, new_call_id(), item["name"],
                                                 arguments))
             self.num_calls += 1
@@ -113,96 +89,34 @@ class RequiredToolCalls:
         return ParsedDelta()
 
 
-class HermesToolCalls:
-    """vLLM's hermes parser: calls are `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-    (Hermes, Qwen2.5 and most tool-tuned models); text outside them is content. A possible
-    start of a tag is held back, so a stream never shows half a tag; a call whose JSON does not
-    parse is returned as content, tags included. Whitespace between and after calls is dropped."""
+class OneCall:
+    """parallel_tool_calls false: the first call only (a model may still write several)."""
 
-    def __init__(self) -> None:
-        self.buffer = ""
-        self.in_call = False
-        self.num_calls = 0
-        self.held = ""
+    def __init__(self, inner: ToolCallParser) -> None:
+        self.inner = inner
 
     def feed(self, text: str) -> ParsedDelta:
-        self.buffer += text
-        out = ParsedDelta()
-        while True:
-            if self.in_call:
-                end = self.buffer.find(HERMES_END)
-                if end < 0:
-                    break
-                body, self.buffer = self.buffer[:end], self.buffer[end + len(HERMES_END):]
-                self.in_call = False
-                self._call(body, out)
-                continue
-            start = self.buffer.find(HERMES_START)
-            if start < 0:
-                keep = _partial_tag(self.buffer, HERMES_START)
-                self._content(self.buffer[:len(self.buffer) - keep], out)
-                self.buffer = self.buffer[len(self.buffer) - keep:]
-                break
-            self._content(self.buffer[:start], out)
-            self.buffer = self.buffer[start + len(HERMES_START):]
-            self.in_call = True
-        return out
+        return self._first(self.inner.feed(text))
 
     def finish(self) -> ParsedDelta:
-        out = ParsedDelta()
-        if self.in_call:  # the answer ended inside a call: take it if its JSON is complete
-            self._call(self.buffer, out, closed=False)
-        else:
-            self._content(self.buffer, out)
-        self.buffer, self.in_call = "", False
-        return out
+        return self._first(self.inner.finish())
 
-    def _call(self, body: str, out: ParsedDelta, closed: bool = True) -> None:
-        try:
-            call = json.loads(body)
-            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-                raise ValueError("not a call")
-        except ValueError:
-            self._content(HERMES_START + body + (HERMES_END if closed else ""), out)
-            return
-        out.tool_calls.append(ToolCallDelta(self.num_calls, new_call_id(), call["name"],
-                                            _arguments_text(call.get("arguments", {}))))
-        self.num_calls += 1
-
-    def _content(self, text: str, out: ParsedDelta) -> None:
-        if self.num_calls and not (self.held + text).strip():
-            self.held += text  # whitespace after a call: kept only if more text follows
-            return
-        out.content += self.held + text
-        self.held = ""
+    @staticmethod
+    def _first(parsed: ParsedDelta) -> ParsedDelta:
+        parsed.tool_calls = [c for c in parsed.tool_calls if c.index == 0]
+        return parsed
 
 
-def make_parser(kind: str, function_name: str | None = None,
-                parser_name: str | None = None) -> ToolCallParser | None:
-    """The parser for a tool mode ("named" | "required" | "auto"); None = plain text."""
+def make_parser(kind: str, function_name: str | None = None, parser_name: str | None = None,
+                tools: dict[str, Any] | None = None,
+                parallel: bool = True) -> ToolCallParser | None:
+    """The parser for a tool mode ("named" | "required" | "auto"); None = plain text. `tools`:
+    the offered functions' parameters schemas by name; `parallel` false keeps one call."""
+    parser: ToolCallParser | None = None
     if kind == "named" and function_name is not None:
-        return NamedToolCall(function_name)
-    if kind == "required":
-        return RequiredToolCalls()
-    if kind == "auto" and parser_name == "hermes":
-        return HermesToolCalls()
-    return None
-
-
-def _arguments_text(arguments: Any) -> str:
-    """Arguments as OpenAI sends them: JSON text (a model may already give it as a string)."""
-    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-
-
-def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    return pos
-
-
-def _partial_tag(text: str, tag: str) -> int:
-    """The length of the longest end of `text` that begins `tag` (held back: it may be one)."""
-    for size in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:size]):
-            return size
-    return 0
+        parser = NamedToolCall(function_name)
+    elif kind == "required":
+        parser = RequiredToolCalls()
+    elif kind == "auto" and parser_name in TOOL_PARSERS:
+        parser = tool_parser(parser_name, tools)
+    return parser if parser is None or parallel else OneCall(parser)

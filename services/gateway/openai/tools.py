@@ -77,6 +77,11 @@ class ToolMode:
     function_name: str | None = None
 
 
+def parameter_schemas(tools: list[ToolBody] | None) -> dict[str, Any]:
+    """Each offered function's parameters schema by name (qwen3_xml types values by them)."""
+    return {t.function.name: t.function.parameters or {} for t in tools or []}
+
+
 @dataclass(frozen=True, slots=True)
 class ToolPlan:
     """What a request's tools ask of the engine and of the response builder."""
@@ -87,7 +92,9 @@ class ToolPlan:
     """The request field a bad guided schema came from (for the 400's `param`)."""
 
 
-def plan_tools(tools: list[ToolBody] | None, tool_choice: ToolChoice | None) -> ToolPlan:
+def plan_tools(tools: list[ToolBody] | None, tool_choice: ToolChoice | None,
+               parallel: bool = True) -> ToolPlan:
+    """`parallel` false (parallel_tool_calls): "required" asks for one call (vLLM's maxItems)."""
     if not tools:
         if tool_choice not in (None, "none"):
             raise InvalidRequest("tool_choice needs tools", param="tool_choice")
@@ -101,9 +108,11 @@ def plan_tools(tools: list[ToolBody] | None, tool_choice: ToolChoice | None) -> 
     if choice == "auto":
         return ToolPlan(mode=ToolMode("auto"))
     if choice == "required":
+        schema = required_schema(tools)
+        if not parallel:
+            schema["maxItems"] = 1
         return ToolPlan(ToolMode("required"),
-                        StructuredOutputsOptions.model_validate({"json": required_schema(tools)}),
-                        "tools")
+                        StructuredOutputsOptions.model_validate({"json": schema}), "tools")
     assert isinstance(choice, NamedToolChoice)
     name = choice.function.name
     if name not in names:

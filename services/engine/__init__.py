@@ -15,6 +15,7 @@ from typing import Any
 _EXPORTS = {
     "LLM": "frontend.llm",
     "SamplingParams": "sampling_params",
+    "LoRARequest": "lora_request",
     "StructuredOutputsParams": "sampling_params",
     "AsyncEngine": "frontend.async_engine",
     "EngineConfig": "config",

@@ -112,6 +112,17 @@ class EngineConfig:
     pipeline_parallel_size: int = 1
     """Stages of contiguous layers, one tensor-parallel group each; vLLM's
     --pipeline-parallel-size. tp * pp ranks in all (distributed/executor.py)."""
+    enable_lora: bool = False
+    """Serve LoRA adapters over the base model (vLLM's --enable-lora): requests name one with a
+    LoRARequest; a step mixes adapters and the base model (runner/lora_manager.py)."""
+    max_loras: int = 1
+    """Distinct adapters one step may run (vLLM's --max-loras): the scheduler holds back a
+    request whose adapter would exceed it; the runner keeps this many on the device."""
+    max_lora_rank: int = 16
+    """The largest adapter rank accepted (vLLM's --max-lora-rank); higher ranks are refused."""
+    max_cpu_loras: int | None = None
+    """Adapters kept loaded in host memory, least recently used evicted (vLLM's
+    --max-cpu-loras); None = max_loras."""
     distributed_init_method: str | None = None
     """torch.distributed rendezvous (tcp://host:port, rank 0's TCPStore) when the ranks are
     started by someone else (the worker agent); None: the executor spawns the ranks itself on a
@@ -131,7 +142,8 @@ class EngineConfig:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             refuse("block_size", "a positive power of two")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks",
-                     "num_threads", "tensor_parallel_size", "pipeline_parallel_size"):
+                     "num_threads", "tensor_parallel_size", "pipeline_parallel_size",
+                     "max_loras", "max_lora_rank", "max_cpu_loras"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 refuse(name, ">= 1")
@@ -140,6 +152,13 @@ class EngineConfig:
             raise ConfigError("speculative decoding runs on one rank: it cannot be combined with "
                               "tensor_parallel_size / pipeline_parallel_size > 1 yet",
                               param="speculative_config")
+        if self.enable_lora and self.speculative_config is not None:
+            raise ConfigError("speculative decoding is not supported with LoRA adapters "
+                              "(enable_lora): drafts would run without the requests' adapters",
+                              param="speculative_config")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ConfigError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras "
+                              f"({self.max_loras})", param="max_cpu_loras")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             refuse("kv_cache_memory", "> 0 bytes")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

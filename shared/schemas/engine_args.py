@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from shoal.shared.schemas.common import Wire
 from shoal.shared.schemas.infer import TOOL_CALL_PARSERS
@@ -50,6 +50,14 @@ class EngineArgs(Wire):
     """A Jinja chat template replacing the tokenizer's (vLLM's --chat-template)."""
     speculative_config: SpeculativeConfig | None = None
     """vLLM's --speculative-config, e.g. {"method": "ngram", "num_speculative_tokens": 4}."""
+    enable_lora: bool | None = None
+    """vLLM's --enable-lora: requests may name LoRA adapters of this model (its lora_modules)."""
+    max_loras: int | None = Field(default=None, ge=1)
+    """Distinct adapters in one step (vLLM's --max-loras; default 1)."""
+    max_lora_rank: int | None = Field(default=None, ge=1)
+    """Largest adapter rank accepted (vLLM's --max-lora-rank; default 16)."""
+    max_cpu_loras: int | None = Field(default=None, ge=1)
+    """Adapters kept in host memory (vLLM's --max-cpu-loras; default max_loras)."""
 
     @field_validator("block_size")
     @classmethod
@@ -84,6 +92,17 @@ class EngineArgs(Wire):
             raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
                              f"got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _lora_rules(self) -> EngineArgs:
+        """EngineConfig's LoRA rules, refused at deploy time."""
+        if self.enable_lora and self.speculative_config is not None:
+            raise ValueError("speculative decoding is not supported with LoRA adapters "
+                             "(enable_lora)")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < (self.max_loras or 1):
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras "
+                             f"({self.max_loras or 1})")
+        return self
 
     def given(self) -> dict[str, Any]:
         """The settings given (not None), as EngineConfig keyword arguments."""

@@ -42,7 +42,7 @@ class BlockManager:
         hashes = self._hashes(seq, max_blocks)
         found: list[Block] = []
         for i in range(max_blocks):
-            parent = hashes[i - 1] if i else None
+            parent = hashes[i - 1] if i else seq.hash_root
             block = self.pool.lookup(hashes[i], parent, seq.token_ids[i * bs:(i + 1) * bs])
             if block is None:
                 break
@@ -97,7 +97,8 @@ class BlockManager:
         hashes = self._hashes(seq, num_full)
         for i in range(seq.num_registered_blocks, num_full):
             self.pool.register(self.pool.blocks[seq.block_ids[i]], hashes[i],
-                               hashes[i - 1] if i else None, seq.token_ids[i * bs:(i + 1) * bs])
+                               hashes[i - 1] if i else seq.hash_root,
+                               seq.token_ids[i * bs:(i + 1) * bs])
         seq.num_registered_blocks = num_full
 
     def trim(self, seq: Sequence) -> None:
@@ -115,11 +116,13 @@ class BlockManager:
         seq.num_registered_blocks = 0
 
     def _hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
-        """seq.block_hashes, extended to cover its first num_blocks full blocks."""
+        """seq.block_hashes, extended to cover its first num_blocks full blocks. The first
+        block's parent is the sequence's LoRA adapter root (None for the base model), so every
+        hash covers the adapter too: one adapter's blocks never serve another."""
         hashes = seq.block_hashes
         bs = self.block_size
         while len(hashes) < num_blocks:
             i = len(hashes)
-            hashes.append(self.hash_fn(hashes[-1] if hashes else None,
+            hashes.append(self.hash_fn(hashes[-1] if hashes else seq.hash_root,
                                        seq.token_ids[i * bs:(i + 1) * bs]))
         return hashes

@@ -23,6 +23,7 @@ from shoal.services.engine.core.grammar_gate import GrammarGate
 from shoal.services.engine.core.outputs import RunnerOutput, SchedulerOutput
 from shoal.services.engine.core.request_output import EngineStats, RequestOutput, RequestOutputKind
 from shoal.services.engine.core.request_state import EngineRequest, RequestState
+from shoal.services.engine.lora_request import LoRARequest
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.services.engine.core.scheduler import Scheduler
 from shoal.services.engine.core.sequence import Sequence, SequenceStatus
@@ -44,6 +45,15 @@ class Runner(Protocol):
     def execute(self, out: SchedulerOutput) -> RunnerOutput: ...
 
 
+class LoRARunner(Protocol):
+    """What a runner adds for LoRA adapters (enable_lora): load one into its host cache,
+    checking it against the model (InvalidRequest with the reason), and drop one."""
+
+    def add_lora(self, lora: LoRARequest) -> None: ...
+
+    def remove_lora(self, lora: LoRARequest) -> None: ...
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig, *, runner: Runner, tokenizer: Any,
                  model_dir: Path | None = None) -> None:
@@ -63,6 +73,10 @@ class EngineCore:
         self._num_generation_tokens = 0
         self.on_step_tokens: Callable[[int], None] | None = None
         """Called with each step's batched tokens (vllm:iteration_tokens_total)."""
+        self.loras: dict[int, LoRARequest] = {}
+        """The adapters added (lora_int_id -> request): checked and loaded by the runner."""
+        self.lora_requests: dict[str, int] = {}
+        """Requests run per adapter name since start (vllm:lora_requests_info)."""
 
     @property
     def max_model_len(self) -> int:
@@ -70,10 +84,16 @@ class EngineCore:
 
     def process(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                 arrival_time: float | None = None, *, prompt: str | None = None,
-                output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> EngineRequest:
+                output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
+                lora_request: LoRARequest | None = None) -> EngineRequest:
         """The engine's one check of a request: InvalidRequest (400) for one that could never
         run. Read-only, so a front end may call it on its own thread (the grammar is parsed here,
-        once, and the parse is cached for its compile)."""
+        once, and the parse is cached for its compile). An adapter not added yet is loaded by
+        add(), on the engine's thread."""
+        if lora_request is not None and not self.config.enable_lora:
+            raise InvalidRequest(f"LoRA adapter {lora_request.lora_name!r} requested but LoRA is "
+                                 "not enabled (start the engine with enable_lora)",
+                                 param="lora_request")
         prompt_token_ids = list(prompt_token_ids)
         bound = self.vocab_bound
         if not all(isinstance(t, int) and 0 <= t < bound for t in prompt_token_ids):
@@ -87,16 +107,22 @@ class EngineCore:
             self.grammar_gate.check(params.structured_outputs)
         return EngineRequest(request_id, prompt_token_ids, params,
                              time.time() if arrival_time is None else arrival_time, prompt,
-                             output_kind)
+                             output_kind, lora_request)
 
     def add(self, request: EngineRequest) -> None:
         """Queue a processed request (its id must not be in use)."""
         request_id, params = request.request_id, request.params
         if request_id in self._requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use", param="request_id")
+        lora = request.lora_request
+        if lora is not None:
+            if self.loras.get(lora.lora_int_id) != lora:
+                self.add_lora(lora)  # InvalidRequest with the reason: nothing is queued
+            self.lora_requests[lora.lora_name] = self.lora_requests.get(lora.lora_name, 0) + 1
         num_tokens = len(request.prompt_token_ids)
         seqs = [Sequence(self._next_seq_id + i, request_id, list(request.prompt_token_ids),
-                         num_tokens, params, index=i, arrival_time=request.arrival_time)
+                         num_tokens, params, index=i, arrival_time=request.arrival_time,
+                         lora_request=lora)
                 for i in range(params.n)]
         self._next_seq_id += params.n
         if params.structured_outputs is not None:
@@ -107,10 +133,47 @@ class EngineCore:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     arrival_time: float | None = None, *, prompt: str | None = None,
-                    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> None:
+                    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
+                    lora_request: LoRARequest | None = None) -> None:
         """process() then add(): the offline path, where the edge and the core are one."""
         self.add(self.process(request_id, prompt_token_ids, params, arrival_time, prompt=prompt,
-                              output_kind=output_kind))
+                              output_kind=output_kind, lora_request=lora_request))
+
+    def add_lora(self, lora: LoRARequest) -> None:
+        """Load an adapter (vLLM's add_lora): the runner checks it against the model and keeps
+        it in host memory; InvalidRequest (400) with the reason when it cannot serve it. An id
+        already in use by another adapter is refused; the same adapter again is a no-op."""
+        if not self.config.enable_lora:
+            raise InvalidRequest("LoRA is not enabled (start the engine with enable_lora)",
+                                 param="lora_request")
+        known = self.loras.get(lora.lora_int_id)
+        if known == lora:
+            return
+        if known is not None:
+            raise InvalidRequest(f"lora_int_id {lora.lora_int_id} is already used by adapter "
+                                 f"{known.lora_name!r}", param="lora_int_id")
+        add = getattr(self.runner, "add_lora", None)
+        if add is None:
+            raise InvalidRequest("this engine's runner cannot load LoRA adapters",
+                                 param="lora_request")
+        add(lora)
+        self.loras[lora.lora_int_id] = lora
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget an adapter (vLLM's remove_lora): the runner frees it once no running
+        sequence uses it. False when no adapter has that id."""
+        lora = self.loras.pop(lora_int_id, None)
+        if lora is None:
+            return False
+        remove = getattr(self.runner, "remove_lora", None)
+        in_use = any(s.lora_request == lora for s in self.scheduler.seqs.values())
+        if remove is not None and not in_use:  # (else the runner's LRUs let it go in time)
+            remove(lora)
+        return True
+
+    def list_loras(self) -> set[int]:
+        """The ids of the adapters added (vLLM's list_loras)."""
+        return set(self.loras)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Abort a request wherever it is; returns its final output (finish_reason "abort")."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shoal.services.engine.lora_request import LoRARequest
 from shoal.services.engine.sampling_params import SamplingParams
 
 
@@ -44,6 +45,9 @@ class ScheduledSeq:
     num_spec_tokens: int = 0
     """Speculative decoding: KV slots reserved after token_ids (a decode only) for up to this many
     draft tokens, which the runner proposes, feeds and verifies in this step's forward."""
+    lora_request: LoRARequest | None = None
+    """The LoRA adapter this sequence's tokens run with (None: the base model). A step holds at
+    most max_loras distinct adapters (the scheduler's rule); the runner loads them as needed."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from typing import Any
 from shoal.services.engine.core.detokenizer import IncrementalDetokenizer
 from shoal.services.engine.core.request_output import (CompletionOutput, RequestMetrics,
                                                        RequestOutput, RequestOutputKind)
+from shoal.services.engine.lora_request import LoRARequest
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.services.engine.core.sequence import Sequence, SequenceStatus
 
@@ -26,6 +27,7 @@ class EngineRequest:
     arrival_time: float
     prompt: str | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    lora_request: LoRARequest | None = None
 
 
 @dataclass(slots=True)

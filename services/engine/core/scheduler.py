@@ -52,6 +52,8 @@ class Scheduler:
         self.limits = RequestLimits(max_model_len, num_kv_blocks, config.block_size,
                                     config.max_num_batched_tokens, config.enable_chunked_prefill)
         self.stops = StopRule(eos_token_ids, max_model_len)
+        self.max_loras = config.max_loras if config.enable_lora else 0
+        """Distinct LoRA adapters the running sequences may hold (0: LoRA off)."""
 
     @property
     def num_running(self) -> int:
@@ -190,12 +192,16 @@ class Scheduler:
     def _schedule_waiting(self, budget: int, scheduled: list[ScheduledSeq]) -> int:
         skipped: list[Sequence] = []
         bs = self.block_manager.block_size
+        loras = ({s.lora_request for s in self.running if s.lora_request is not None}
+                 if self.max_loras else set())
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             source = self._prompt_source(seq)
-            if source is _BLOCKED:
-                skipped.append(self.waiting.popleft())
-                continue
+            lora = seq.lora_request
+            if source is _BLOCKED or (lora is not None and lora not in loras
+                                      and len(loras) >= self.max_loras):
+                skipped.append(self.waiting.popleft())  # (its adapter would exceed max_loras:
+                continue  # it waits until a running adapter's last sequence ends)
             computed: list[Block] | None = None
             if isinstance(source, Sequence):
                 computed = self.block_manager.shared_prefix(seq, source)
@@ -213,6 +219,8 @@ class Scheduler:
                 seq.first_scheduled_time = time.time()
                 seq.num_cached_tokens = seq.num_computed_tokens
             self.running.append(seq)
+            if lora is not None:
+                loras.add(lora)
             scheduled.append(self._scheduled(seq, num_new))
             budget -= num_new
         self.waiting.extendleft(reversed(skipped))
@@ -242,7 +250,7 @@ class Scheduler:
             block_ids=list(seq.block_ids), is_sampling=start + num_new == seq.num_tokens,
             prompt_len=seq.prompt_len, sampling_params=seq.params, seed_offset=seq.index,
             want_prompt_logprobs=seq.wants_prompt_logprobs and start < seq.prompt_len,
-            prefix_token_ids=prefix, num_spec_tokens=num_spec)
+            prefix_token_ids=prefix, num_spec_tokens=num_spec, lora_request=seq.lora_request)
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: free its blocks and put it at the front of the queue."""

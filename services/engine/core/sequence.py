@@ -8,6 +8,7 @@ import enum
 from dataclasses import dataclass, field
 
 from shoal.services.engine.core.outputs import TokenLogprob
+from shoal.services.engine.lora_request import LoRARequest
 from shoal.services.engine.sampling_params import SamplingParams
 
 
@@ -62,6 +63,13 @@ class Sequence:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
+    lora_request: LoRARequest | None = None
+    """The LoRA adapter it runs with (None: the base model)."""
+
+    @property
+    def hash_root(self) -> int | None:
+        """Where its block hashes chain from: the adapter's root, None for the base model."""
+        return self.lora_request.hash_root if self.lora_request is not None else None
 
     @property
     def num_tokens(self) -> int:

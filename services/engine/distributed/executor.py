@@ -32,6 +32,7 @@ from shoal.services.engine.distributed.rank_process import (
     RENDEZVOUS_TIMEOUT_S, backend_for, joined_key, parse_init_method
 )
 from shoal.services.engine.core.outputs import RunnerOutput, SchedulerOutput
+from shoal.services.engine.lora_request import LoRARequest
 from shoal.shared.errors import ShoalError
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,14 @@ class MultiprocExecutor:
         self.vocab_size = self.runner.vocab_size
         self.settings = f"{self.runner.settings}; TP={self.tp} PP={self.pp}"
         self._closed = False
+
+    def add_lora(self, lora: LoRARequest) -> None:
+        """Rank 0 loads and checks the adapter; the other ranks load their slices when a step
+        first names it (the step carries the LoRARequest)."""
+        self.runner.add_lora(lora)
+
+    def remove_lora(self, lora: LoRARequest) -> None:
+        self.runner.remove_lora(lora)  # the other ranks' LRUs let it go in time
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         stats = self.parallel.stats

@@ -14,6 +14,7 @@ from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.input_processor import InputProcessor, Message, PromptType
 from shoal.services.engine.core.engine_core import Runner
 from shoal.services.engine.core.request_output import RequestOutput, RequestOutputKind
+from shoal.services.engine.lora_request import LoRARequest
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest
 
@@ -58,17 +59,23 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for every prompt; the outputs come back in the prompts' order."""
+                 use_tqdm: bool = True,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+                 ) -> list[RequestOutput]:
+        """Generate for every prompt; the outputs come back in the prompts' order.
+        lora_request: one adapter for every prompt, or one (or None: the base model) per
+        prompt, as vLLM's."""
         batch = self._as_batch(prompts)
         params = self._per_prompt(sampling_params, len(batch))
+        loras = self._per_prompt_lora(lora_request, len(batch))
         request_ids: list[str] = []
         try:
-            for prompt, p in zip(batch, params):
+            for prompt, p, lora in zip(batch, params, loras):
                 text, token_ids = self.inputs.prompt(prompt)
                 request_id = str(next(self._request_ids))
                 self.engine.add_request(request_id, token_ids, p, prompt=text,
-                                        output_kind=RequestOutputKind.FINAL_ONLY)
+                                        output_kind=RequestOutputKind.FINAL_ONLY,
+                                        lora_request=lora)
                 request_ids.append(request_id)
         except BaseException:
             for request_id in request_ids:  # one bad prompt refuses the whole call
@@ -80,7 +87,9 @@ class LLM:
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True,
              chat_template: str | None = None,
-             tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
+             tools: list[dict[str, Any]] | None = None,
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+             ) -> list[RequestOutput]:
         """Render each conversation (and the OpenAI-style `tools` offered) with the tokenizer's
         chat template, as the served chat completions do, then generate."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
@@ -90,7 +99,19 @@ class LLM:
                                          add_generation_prompt=add_generation_prompt,
                                          chat_template=chat_template)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
+                             lora_request=lora_request)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter now (vLLM's add_lora); InvalidRequest with the reason if refused."""
+        self.engine.add_lora(lora_request)
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.engine.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self.engine.list_loras()
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
@@ -125,6 +146,17 @@ class LLM:
         if prompts and all(isinstance(p, int) for p in prompts):
             return [prompts]  # one prompt given as token ids
         return prompts
+
+    @staticmethod
+    def _per_prompt_lora(lora: LoRARequest | Sequence[LoRARequest | None] | None,
+                         num: int) -> list[LoRARequest | None]:
+        if lora is None or isinstance(lora, LoRARequest):
+            return [lora] * num
+        loras = list(lora)
+        if len(loras) != num:
+            raise InvalidRequest(f"got {len(loras)} LoRA requests for {num} prompts",
+                                 param="lora_request")
+        return loras
 
     @staticmethod
     def _per_prompt(params: SamplingParams | Sequence[SamplingParams] | None,

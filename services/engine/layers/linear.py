@@ -28,6 +28,7 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
 class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
+        self.in_features, self.out_features = in_features, out_features  # this rank's
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.weight.weight_loader = default_weight_loader  # type: ignore[attr-defined]
         self.bias: nn.Parameter | None = None
@@ -36,11 +37,14 @@ class Linear(nn.Module):
             self.bias.weight_loader = default_weight_loader  # type: ignore[attr-defined]
         self.kernel: Callable[[torch.Tensor], torch.Tensor] | None = None
         """The weight prepared for a faster CPU kernel after loading (cpu_weights.py)."""
+        self.lora: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+        """LoRA adapters' delta, added in place to the output (layers/lora.py; enable_lora)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, in] -> [num_tokens, out]
-        if self.kernel is not None:
-            return self.kernel(x)
-        return F.linear(x, self.weight, self.bias)
+        y = self.kernel(x) if self.kernel is not None else F.linear(x, self.weight, self.bias)
+        if self.lora is not None:
+            self.lora(x, y)
+        return y
 
 
 class RowParallelLinear(Linear):

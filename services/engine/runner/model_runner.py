@@ -32,6 +32,8 @@ from shoal.services.engine.runner.input_batch import ModelInputs, build_model_in
 from shoal.services.engine.runner.kv_cache import attention_layers, bind_kv_caches, num_kv_blocks
 from shoal.services.engine.layers.cpu_weights import gguf_source, prepare_cpu_weights
 from shoal.services.engine.runner.loader import load_weights
+from shoal.services.engine.runner.lora_manager import LoRAManager
+from shoal.services.engine.lora_request import LoRARequest
 from shoal.services.engine.model_limits import context_limit, resolve_max_model_len
 from shoal.services.engine.models.registry import model_class
 from shoal.services.engine.core.outputs import (RunnerOutput, ScheduledSeq, SchedulerOutput,
@@ -87,6 +89,16 @@ class ModelRunner:
                               param="quantization")
         else:
             self.settings = f"{self.device}: {self.dtype}, {ops.describe()}"
+        self.lora: LoRAManager | None = None
+        """LoRA adapters (enable_lora): loaded, checked, and set on each step's layers."""
+        if config.enable_lora:
+            self.lora = LoRAManager(self.model, model_name=config.model,
+                                    max_loras=config.max_loras,
+                                    max_lora_rank=config.max_lora_rank,
+                                    max_cpu_loras=config.max_cpu_loras, device=self.device,
+                                    dtype=self.dtype)
+            self.settings += (f", LoRA: {config.max_loras} adapters a step, rank <= "
+                              f"{config.max_lora_rank}")
         log.info("engine settings: %s", self.settings)
         self.block_size = config.block_size
         kv_config = config
@@ -103,7 +115,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         if (self.device.type == "cuda" and not config.enforce_eager
                 and self.parallel.world_size == 1  # CUDA path: decode graphs (one rank only)
-                and self.model.cuda_graphs):
+                and self.model.cuda_graphs and self.lora is None):  # (LoRA steps run eagerly)
             self.graphs = DecodeGraphs(self.model, config.max_num_seqs,
                                        -(-self.max_model_len // self.block_size), self.device)
             self.graphs.capture()
@@ -121,6 +133,7 @@ class ModelRunner:
         for layer in attention_layers(self.model):  # the layers hold views of the pool
             layer.k_cache = layer.v_cache = None
         self.model = self.kv_caches = self.graphs = self.spec = None  # type: ignore[assignment]
+        self.lora = None
         self.states.clear()
         self.workspace = Workspace()
         gc.collect()  # the model's modules refer to each other: collect them before emptying
@@ -131,6 +144,16 @@ class ModelRunner:
             if clear_workspaces is not None:
                 clear_workspaces()
             torch.cuda.empty_cache()
+
+    def add_lora(self, lora: LoRARequest) -> None:
+        """Load and check an adapter (InvalidRequest with the reason when it cannot serve)."""
+        if self.lora is None:
+            raise ShoalError("this engine was started without enable_lora")
+        self.lora.add(lora)
+
+    def remove_lora(self, lora: LoRARequest) -> None:
+        if self.lora is not None:
+            self.lora.remove(lora)
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         if self.model is None:
@@ -157,6 +180,16 @@ class ModelRunner:
                                   out.finished_seq_ids, out.num_preempted)
         inputs = build_model_inputs(out, self.block_size, self.device, self.workspace,
                                     [len(d) for d in drafts] if drafts is not None else None)
+        if self.lora is not None:
+            self.lora.set_batch(out.scheduled, [len(s.token_ids) for s in out.scheduled])
+        try:
+            return self._forward(out, states, drafts, inputs)
+        finally:
+            if self.lora is not None:
+                self.lora.clear_batch()
+
+    def _forward(self, out: SchedulerOutput, states: list[SeqState],
+                 drafts: list[list[int]] | None, inputs: ModelInputs) -> RunnerOutput:
         if self.parallel.pp_size > 1:
             hidden = run_stage(self.model, inputs, self.parallel, self.dtype, self.device)
             if hidden is None:  # not the last stage: the last one samples

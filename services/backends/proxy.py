@@ -102,6 +102,7 @@ class BackendHandlers(StreamIntake):
     max_model_len: int
     max_num_seqs: int = 256
     tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     chat_template: str | None = None
     session: aiohttp.ClientSession | None = None
     gauges: dict[str, float] = field(default_factory=dict)
@@ -150,7 +151,9 @@ class BackendHandlers(StreamIntake):
                     f"This model's maximum context length is {self.max_model_len} tokens; the "
                     f"prompt has {len(token_ids)}", param="messages" if req.messages else "prompt")
             parser = self.check_tool_call_parser(req, self.tool_call_parser)
-            await replies.chunk(choices=[], prompt_token_ids=token_ids, tool_call_parser=parser)
+            await replies.chunk(choices=[], prompt_token_ids=token_ids, tool_call_parser=parser,
+                                reasoning_parser=self.reasoning_parser_for(
+                                    req, self.reasoning_parser))
             usage, reasons, ttft = None, {}, None
             async for chunk in self._stream(completion_body(req, self.served_name, token_ids)):
                 if chunk.get("usage"):

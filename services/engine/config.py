@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.engine_args import QUANTIZATIONS
-from shoal.shared.schemas.infer import TOOL_CALL_PARSERS
+from shoal.shared.schemas.infer import REASONING_PARSERS, TOOL_CALL_PARSERS
 from shoal.shared.schemas.speculative import SpeculativeConfig, parse_speculative_config
 from shoal.shared.units import GIB, MIB
 
@@ -102,6 +102,9 @@ class EngineConfig:
     """How "auto" tool-choice answers are parsed for tool calls (vLLM's --tool-call-parser):
     one of TOOL_CALL_PARSERS (hermes, llama3_json, mistral, pythonic, qwen3_xml); None refuses
     tool_choice "auto"."""
+    reasoning_parser: str | None = None
+    """How chat answers' <think> reasoning is split from their content (vLLM's
+    --reasoning-parser): one of REASONING_PARSERS (deepseek_r1, qwen3); the gateway applies it."""
     chat_template: str | None = None
     """A Jinja chat template used instead of the tokenizer's (vLLM's --chat-template)."""
     speculative_config: SpeculativeConfig | dict | str | None = None
@@ -165,6 +168,8 @@ class EngineConfig:
             refuse("gpu_memory_utilization", "in (0, 1]")
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
             refuse("tool_call_parser", f"one of {', '.join(TOOL_CALL_PARSERS)}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            refuse("reasoning_parser", f"one of {', '.join(REASONING_PARSERS)}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             refuse("quantization", f"one of {', '.join(QUANTIZATIONS)} or None")
         if self.quantization == "gguf" and not str(self.model).endswith(".gguf"):

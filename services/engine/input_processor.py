@@ -76,18 +76,23 @@ class InputProcessor:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def chat(self, messages: Sequence[Message], *, tools: list[dict[str, Any]] | None = None,
-             add_generation_prompt: bool = True, chat_template: str | None = None) -> Prompt:
+             add_generation_prompt: bool = True, chat_template: str | None = None,
+             chat_template_kwargs: Mapping[str, Any] | None = None) -> Prompt:
         """A conversation rendered with the chat template, and its token ids. A template that
-        fails on the input is the request's fault: InvalidRequest naming `messages`."""
+        fails on the input is the request's fault: InvalidRequest naming `messages`.
+        `chat_template_kwargs` are more variables for the template (vLLM's, e.g.
+        {"enable_thinking": False}); they may not replace the rendering's own arguments."""
         if not messages:
             raise InvalidRequest("messages must not be empty", param="messages")
+        extra = dict(chat_template_kwargs or {})
+        check_template_kwargs(extra)
         self.check_size((c for m in messages if isinstance(c := m.get("content"), str)),
                         "messages")
         try:
             text = self.tokenizer.apply_chat_template(
                 [template_message(m) for m in messages], tools=tools, tokenize=False,
                 chat_template=chat_template or self.chat_template,
-                add_generation_prompt=add_generation_prompt)
+                add_generation_prompt=add_generation_prompt, **extra)
         except Exception as exc:  # noqa: BLE001 - jinja raises anything the template does
             raise InvalidRequest(f"cannot apply the chat template: {exc}",
                                  param="messages") from None
@@ -113,12 +118,13 @@ class InputProcessor:
                     messages: Sequence[Message] | None = None,
                     tools: list[dict[str, Any]] | None = None,
                     add_generation_prompt: bool = True,
-                    add_special_tokens: bool = True) -> list[int]:
+                    add_special_tokens: bool = True,
+                    chat_template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
         """A served request's prompt (chat messages, token ids or text) as token ids; the
         engine checks their range when the request is opened."""
         if messages is not None:
-            return self.chat(messages, tools=tools,
-                             add_generation_prompt=add_generation_prompt).token_ids
+            return self.chat(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                             chat_template_kwargs=chat_template_kwargs).token_ids
         if prompt_token_ids is not None:
             return list(prompt_token_ids)
         if prompt is None:
@@ -180,6 +186,22 @@ class InputProcessor:
             if self.vocab_size is not None and any(not 0 <= t < self.vocab_size for t in ids):
                 raise InvalidRequest(f"input {i}: token ids must be in [0, {self.vocab_size})",
                                      param=param)
+
+
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+"""apply_chat_template's own arguments: a request's chat_template_kwargs may not set them."""
+
+
+def check_template_kwargs(kwargs: Mapping[str, Any]) -> None:
+    """400 (param chat_template_kwargs) for a key that is no template variable."""
+    bad = sorted(k for k in kwargs if k in RESERVED_TEMPLATE_KWARGS or not k.isidentifier())
+    if bad:
+        raise InvalidRequest(f"chat_template_kwargs may not set {', '.join(bad)}: they are the "
+                             f"rendering's own arguments, not template variables",
+                             param="chat_template_kwargs")
 
 
 def template_message(message: Mapping[str, Any]) -> Message:

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from shoal.shared.schemas.common import Wire
-from shoal.shared.schemas.infer import TOOL_CALL_PARSERS
+from shoal.shared.schemas.infer import REASONING_PARSERS, TOOL_CALL_PARSERS
 from shoal.shared.schemas.speculative import SpeculativeConfig
 
 QUANTIZATIONS = ("int8", "int4", "gguf")
@@ -46,6 +46,8 @@ class EngineArgs(Wire):
     """vLLM's --quantization: "int8", "int4" or "gguf" (CPU path)."""
     tool_call_parser: str | None = None
     """vLLM's --tool-call-parser: shared/schemas/infer.py TOOL_CALL_PARSERS."""
+    reasoning_parser: str | None = None
+    """vLLM's --reasoning-parser: shared/schemas/infer.py REASONING_PARSERS."""
     chat_template: str | None = Field(default=None, min_length=1)
     """A Jinja chat template replacing the tokenizer's (vLLM's --chat-template)."""
     speculative_config: SpeculativeConfig | None = None
@@ -103,6 +105,14 @@ class EngineArgs(Wire):
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras "
                              f"({self.max_loras or 1})")
         return self
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_reasoning_parser(cls, value: str | None) -> str | None:
+        if value is not None and value not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
+                             f"got {value!r}")
+        return value
 
     def given(self) -> dict[str, Any]:
         """The settings given (not None), as EngineConfig keyword arguments."""

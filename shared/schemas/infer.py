@@ -118,6 +118,8 @@ class GenerateRequest(Wire):
     needs_tool_call_parser: bool = False
     """tool_choice "auto": the gateway parses tool calls out of the answer with the engine's
     tool_call_parser, named in seq 0; an engine without one refuses (400, param tool_choice)."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Chat: more variables for the chat template, e.g. {"enable_thinking": false} (vLLM's)."""
 
 
 class TokenizeRequest(Wire):
@@ -128,6 +130,7 @@ class TokenizeRequest(Wire):
     tools: list[ToolDefinition] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(Wire):
@@ -209,6 +212,9 @@ class InferChunk(Wire):
     prompt_logprobs: list[TokenLogprobWire | None] | None = None
     tool_call_parser: str | None = None
     """Sent with seq 0 of a request that needs_tool_call_parser: the parser to apply."""
+    reasoning_parser: str | None = None
+    """Sent with seq 0 of a chat request to an instance served with one (REASONING_PARSERS):
+    the gateway splits the answer's reasoning from its content with it."""
 
 
 class InferEnd(Wire):

@@ -14,7 +14,7 @@ from pathlib import Path
 from shoal.shared.errors import InvalidRequest, NotFound
 from shoal.shared.hf_hub import hub_config_folder, is_hub_id
 from shoal.shared.schemas.registry import DeviceKind, ModelCreate
-from shoal.shared.schemas.infer import TOOL_CALL_PARSERS
+from shoal.shared.schemas.infer import REASONING_PARSERS, TOOL_CALL_PARSERS
 
 DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16",
           "float": "float32", "float32": "float32"}
@@ -49,6 +49,8 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                        help="only 'vllm': sampling defaults are the request's (OpenAI's)")
     serve.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS,
                        help='parse tool calls of tool_choice "auto" answers')
+    serve.add_argument("--reasoning-parser", choices=REASONING_PARSERS,
+                       help="split chat answers' <think> reasoning into reasoning_content")
     serve.add_argument("--enable-auto-tool-choice", action="store_true",
                        help='vLLM\'s switch for tool_choice "auto": taken with --tool-call-parser '
                             "(which alone already enables it), refused without one")
@@ -99,6 +101,7 @@ def model_spec(args: argparse.Namespace) -> ModelCreate:
                    "enable_chunked_prefill": args.enable_chunked_prefill,
                    "enforce_eager": args.enforce_eager, "seed": args.seed,
                    "tool_call_parser": args.tool_call_parser, "quantization": args.quantization,
+                   "reasoning_parser": args.reasoning_parser,
                    "chat_template": chat_template(args.chat_template),
                    "speculative_config": speculative_config(args.speculative_config)}
     name, *aliases = args.served_model_name or [default_name]

@@ -39,14 +39,15 @@ def test_vllm_flags_become_the_models_settings(folder: Path, tmp_path: Path) -> 
              "--dtype", "half", "--gpu-memory-utilization", "0.5", "--max-num-seqs", "8",
              "--no-enable-prefix-caching", "--seed", "7", "--chat-template", str(template),
              "--max-num-batched-tokens", "1024", "--kv-cache-memory-bytes", "67108864",
-             "--tool-call-parser", "hermes", "--quantization", "int8", "--speculative-config",
+             "--tool-call-parser", "qwen3_xml", "--reasoning-parser", "qwen3",
+             "--quantization", "int8", "--speculative-config",
              '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}')
     assert (s.name, s.source, s.max_model_len, s.dtype, s.gpu_memory_utilization) == \
         ("smol", str(folder), 4096, "float16", 0.5)
     assert s.engine_args.given() == {
         "max_num_seqs": 8, "max_num_batched_tokens": 1024, "kv_cache_memory": 67108864,
-        "enable_prefix_caching": False, "seed": 7, "tool_call_parser": "hermes",
-        "quantization": "int8",
+        "enable_prefix_caching": False, "seed": 7, "tool_call_parser": "qwen3_xml",
+        "reasoning_parser": "qwen3", "quantization": "int8",
         "chat_template": template.read_text(),
         "speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
                                "prompt_lookup_min": 4, "prompt_lookup_max": 4}}

@@ -88,16 +88,18 @@ class LLM:
              use_tqdm: bool = True, add_generation_prompt: bool = True,
              chat_template: str | None = None,
              tools: list[dict[str, Any]] | None = None,
-             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
-             ) -> list[RequestOutput]:
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
         """Render each conversation (and the OpenAI-style `tools` offered) with the tokenizer's
-        chat template, as the served chat completions do, then generate."""
+        chat template, as the served chat completions do, then generate. `chat_template_kwargs`:
+        more template variables (vLLM's, e.g. {"enable_thinking": False})."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         prompts: list[PromptType] = []
         for conversation in conversations:
             text, ids = self.inputs.chat(conversation, tools=tools,  # type: ignore[arg-type]
                                          add_generation_prompt=add_generation_prompt,
-                                         chat_template=chat_template)
+                                         chat_template=chat_template,
+                                         chat_template_kwargs=chat_template_kwargs)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
                              lora_request=lora_request)

@@ -84,7 +84,9 @@ class EngineHandlers(StreamIntake):
             outputs = self.engine.open(req.request_id, token_ids, params, time.time(),
                                        prompt=req.prompt)  # the engine's one check: 400 here
             await replies.chunk(choices=[], prompt_token_ids=token_ids,
-                                tool_call_parser=parser)
+                                tool_call_parser=parser,
+                                reasoning_parser=self.reasoning_parser_for(
+                                    req, self.engine.core.config.reasoning_parser))
             last: RequestOutput | None = None
             finish_reasons: dict[int, str] = {}
             child_tokens: dict[int, int] = {}

@@ -195,6 +195,11 @@ class StreamIntake(Intake):
                 f'function instead', param="tool_choice")
         return parser
 
+    @staticmethod
+    def reasoning_parser_for(req: GenerateRequest, parser: str | None) -> str | None:
+        """The reasoning parser the gateway applies: chat answers only (vLLM's rule)."""
+        return parser if req.messages is not None else None
+
     def start_generate(self, request: GenerateRequest, msg: Msg) -> None:
         """Serve `request` in a task of its own, known by its id until it ends."""
         if not msg.reply:
@@ -247,4 +252,5 @@ class StreamIntake(Intake):
             prompt_token_ids=req.prompt_token_ids if isinstance(req, GenerateRequest) else None,
             tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
             add_generation_prompt=req.add_generation_prompt,
-            add_special_tokens=getattr(req, "add_special_tokens", True))
+            add_special_tokens=getattr(req, "add_special_tokens", True),
+            chat_template_kwargs=req.chat_template_kwargs)

@@ -10,10 +10,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from shoal.services.gateway.openai.embeddings import EmbeddingBody
+from shoal.services.gateway.openai.embeddings import EmbeddingBody, EmbeddingList
 from shoal.services.gateway.openai.objects import (
     ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, DetokenizeResponse,
-    EmbeddingList, ErrorResponse, ModelCard, ModelList, TokenizeResponse
+    ErrorResponse, ModelCard, ModelList, TokenizeResponse
 )
 from shoal.services.gateway.openai.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody

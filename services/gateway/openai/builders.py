@@ -11,19 +11,23 @@ from typing import Any, ClassVar
 
 from shoal.services.gateway.openai.objects import (
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatMessage, Completion,
-    CompletionChoice, CompletionChunk, DeltaFunctionCall, DeltaMessage, DeltaToolCall
+    CompletionChoice, CompletionChunk, CompletionTokensDetails, DeltaFunctionCall, DeltaMessage,
+    DeltaToolCall, UsageInfo
 )
 from shoal.services.gateway.openai.responses import (
     ChoiceState, ResponseBuilder, chat_logprobs, completion_logprobs, usage_info
 )
 from shoal.services.gateway.openai.tool_parsers import ParsedDelta, make_parser
 from shoal.services.gateway.openai.tools import ToolMode
-from shoal.shared.schemas.infer import ChoiceDelta
+from shoal.services.gateway.parsers.reasoning import reasoning_parser
+from shoal.shared.schemas.infer import ChoiceDelta, Usage
 
 
-def _chat_delta(parsed: ParsedDelta) -> DeltaMessage:
+def _chat_delta(parsed: ParsedDelta, reasoning: str = "") -> DeltaMessage:
     """A parsed delta in OpenAI's streamed shape (a call's first delta has its id and name)."""
     delta = DeltaMessage(content=parsed.content) if parsed.content else DeltaMessage()
+    if reasoning:
+        delta.reasoning_content = reasoning
     if parsed.tool_calls:
         delta.tool_calls = [
             DeltaToolCall(index=c.index, id=c.id, type="function",
@@ -46,6 +50,13 @@ class ChatResponseBuilder(ResponseBuilder[ChatChunkChoice]):
     tool_schemas: dict[str, Any] | None = None
     """The offered functions' parameters schemas by name (parsers/tool/qwen3_xml.py)."""
     parallel_tool_calls: bool = True
+    reasoning_parser: str | None = None
+    """The instance's reasoning parser, learned from the engine's first reply."""
+    include_reasoning: bool = True
+    """vLLM's include_reasoning: false leaves the reasoning out (it is still split off)."""
+    guided: bool = False
+    """The output is constrained from its first token (tool_choice required / named,
+    response_format): the model cannot think first, so nothing is split off as reasoning."""
     introduced: set[int] = field(default_factory=set)
     """Choices whose streamed entries already named the assistant role."""
 
@@ -56,26 +67,52 @@ class ChatResponseBuilder(ResponseBuilder[ChatChunkChoice]):
             parser = (make_parser(mode.kind, mode.function_name, self.tool_call_parser,
                                   self.tool_schemas, self.parallel_tool_calls)
                       if mode is not None else None)
-            state = self.choices[index] = ChoiceState(parser=parser)
+            reasoner = (reasoning_parser(self.reasoning_parser)
+                        if self.reasoning_parser is not None and not self.guided else None)
+            state = self.choices[index] = ChoiceState(parser=parser, reasoner=reasoner)
         return state
+
+    def _split(self, state: ChoiceState, text: str, is_last: bool,
+               num_tokens: int = 0) -> tuple[ParsedDelta, str]:
+        """A delta's text through the reasoning parser, then the tool-call parser: (content and
+        calls, reasoning); the last one flushes what both hold back."""
+        reasoning = ""
+        if state.reasoner is not None:
+            split = state.reasoner.feed(text)
+            if is_last:
+                tail = state.reasoner.finish()
+                split.reasoning += tail.reasoning
+                split.content += tail.content
+            if split.thought:
+                state.reasoning_tokens += num_tokens
+            state.reasoning += split.reasoning
+            text, reasoning = split.content, split.reasoning
+        if state.parser is not None:
+            return state.read(text, is_last), reasoning
+        if state.reasoner is not None:
+            state.content += text
+        return ParsedDelta(content=text), reasoning
 
     def _entry(self, state: ChoiceState, delta: ChoiceDelta, index: int,
                offset: int) -> ChatChunkChoice:
-        parsed = (state.read(delta.text, delta.finish_reason is not None)
-                  if state.parser is not None else ParsedDelta(content=delta.text))
+        parsed, reasoning = self._split(state, delta.text, delta.finish_reason is not None,
+                                        len(delta.token_ids))
         reason = state.reason(delta.finish_reason) if delta.finish_reason is not None else None
         if reason is not None:
             state.finish_reason, state.stop_reason = reason, delta.stop_reason
         lp = (chat_logprobs(delta.logprobs)
               if self.want_logprobs and delta.logprobs is not None else None)
-        return ChatChunkChoice(index=index, delta=_chat_delta(parsed), logprobs=lp,
+        return ChatChunkChoice(index=index, delta=self._delta(parsed, reasoning), logprobs=lp,
                                finish_reason=reason)
 
     def _closing(self, state: ChoiceState, index: int, reason: str) -> ChatChunkChoice:
-        parsed = state.read("", is_last=True) if state.parser is not None else ParsedDelta()
+        parsed, reasoning = self._split(state, "", is_last=True)
         state.finish_reason = reason = state.reason(reason)
-        return ChatChunkChoice(index=index, delta=_chat_delta(parsed), logprobs=None,
+        return ChatChunkChoice(index=index, delta=self._delta(parsed, reasoning), logprobs=None,
                                finish_reason=reason)
+
+    def _delta(self, parsed: ParsedDelta, reasoning: str) -> DeltaMessage:
+        return _chat_delta(parsed, reasoning if self.include_reasoning else "")
 
     def worth_sending(self, entry: ChatChunkChoice) -> bool:
         """A parser holding text back yields empty deltas: those are not sent."""
@@ -95,15 +132,30 @@ class ChatResponseBuilder(ResponseBuilder[ChatChunkChoice]):
     def learn_parser(self, name: str) -> None:
         self.tool_call_parser = name
 
-    @staticmethod
-    def _message(state: ChoiceState, text: str) -> ChatMessage:
-        if state.parser is None:
+    def learn_reasoning_parser(self, name: str) -> None:
+        self.reasoning_parser = name
+
+    def usage_body(self, usage: Usage) -> UsageInfo:
+        """With a reasoning parser, completion_tokens_details.reasoning_tokens too."""
+        info = usage_info(usage)
+        split = [s for s in self.choices.values() if s.reasoner is not None]
+        if split:
+            info.completion_tokens_details = CompletionTokensDetails(
+                reasoning_tokens=sum(s.reasoning_tokens for s in split))
+        return info
+
+    def _message(self, state: ChoiceState, text: str) -> ChatMessage:
+        if state.parser is None and state.reasoner is None:
             return ChatMessage(role="assistant", content=text)
-        if not state.tool_calls:
-            return ChatMessage(role="assistant", content=state.content)
-        return ChatMessage(role="assistant",
-                           content=state.content if state.content.strip() else None,
-                           tool_calls=state.tool_calls)
+        fields: dict[str, Any] = {"content": state.content}
+        if state.tool_calls:
+            fields = {"content": state.content if state.content.strip() else None,
+                      "tool_calls": state.tool_calls}
+        if state.reasoner is not None:  # vLLM's shape: null for a part that is empty
+            fields["content"] = fields["content"] or None
+            if self.include_reasoning:
+                fields["reasoning_content"] = state.reasoning or None
+        return ChatMessage(role="assistant", **fields)
 
     def final(self, prefix_text: dict[int, str] | None = None) -> ChatCompletion:
         """The non-streamed answer."""
@@ -114,7 +166,8 @@ class ChatResponseBuilder(ResponseBuilder[ChatChunkChoice]):
                    for index, state, text in self._closed_choices(prefix_text)]
         return ChatCompletion(id=self.id, created=self.created, model=self.model,
                               choices=choices,
-                              usage=usage_info(self.usage) if self.usage is not None else None)
+                              usage=self.usage_body(self.usage) if self.usage is not None
+                              else None)
 
 
 @dataclass(slots=True)

@@ -19,9 +19,29 @@ from typing import Literal
 from pydantic import Field
 
 from shoal.services.gateway.openai.body import Body, TokenId
-from shoal.services.gateway.openai.objects import Embedding, EmbeddingList, EmbeddingUsage
+from shoal.services.gateway.openai.objects import OpenAIObject
 from shoal.shared.errors import InvalidRequest
 from shoal.shared.schemas.infer import EmbedReply, EmbedRequest
+
+
+class Embedding(OpenAIObject):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+    """The vector, or its float32 bytes in base64 (`encoding_format: "base64"`)."""
+
+
+class EmbeddingUsage(OpenAIObject):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(OpenAIObject):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
 
 MAX_INPUTS = 2048
 """OpenAI's limit on inputs per request."""

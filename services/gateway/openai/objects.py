@@ -1,6 +1,6 @@
 """OpenAI's response objects as pydantic models (pure): what the gateway answers, named as the
 openai SDK's types and vLLM's protocol name their fields, so /openapi.json describes every answer
-and the SDKs parse it. builders.py, embeddings.py and routes.py fill them in.
+and the SDKs parse it. builders.py and routes.py fill them in (embeddings.py has its own).
 
 Fields OpenAI leaves out when they do not apply are left out here too (`Sparse`): a streamed
 delta carries only what changed, a tool call's later deltas only their arguments, a chunk has
@@ -56,11 +56,17 @@ class PromptTokensDetails(OpenAIObject):
     """Prompt tokens whose KV came from the prefix cache."""
 
 
-class UsageInfo(OpenAIObject):
+class CompletionTokensDetails(OpenAIObject):
+    reasoning_tokens: int = 0
+
+
+class UsageInfo(Sparse):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
+    """Only from a model served with --reasoning-parser (its reasoning_tokens)."""
 
 
 class TopLogprob(OpenAIObject):
@@ -100,10 +106,12 @@ class ToolCall(OpenAIObject):
 
 
 class ChatMessage(Sparse):
-    """The assistant's answer; `tool_calls` only when it called tools."""
+    """The assistant's answer; `tool_calls` only when it called tools, `reasoning_content` only
+    with a reasoning parser."""
 
     role: Literal["assistant"]
     content: str | None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCall] | None = None
 
 
@@ -142,6 +150,7 @@ class DeltaMessage(Sparse):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 
@@ -189,26 +198,6 @@ class CompletionChunk(Completion):
 
     sparse: ClassVar[bool] = True
     usage: UsageInfo | None = None
-
-
-# ---------------------------------------------------------------- embeddings
-class Embedding(OpenAIObject):
-    object: Literal["embedding"] = "embedding"
-    index: int
-    embedding: list[float] | str
-    """The vector, or its float32 bytes in base64 (`encoding_format: "base64"`)."""
-
-
-class EmbeddingUsage(OpenAIObject):
-    prompt_tokens: int
-    total_tokens: int
-
-
-class EmbeddingList(OpenAIObject):
-    object: Literal["list"] = "list"
-    data: list[Embedding]
-    model: str
-    usage: EmbeddingUsage
 
 
 # ---------------------------------------------------------------- models, tokens, errors

@@ -6,7 +6,7 @@ gateway answers 400 with OpenAI's error shape before anything reaches an engine.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -180,6 +180,10 @@ class ChatCompletionRequest(_SamplingBody):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     """False: at most one call (the first; "required" is guided to one)."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """More variables for the chat template, e.g. {"enable_thinking": false} (vLLM's)."""
+    include_reasoning: bool = True
+    """vLLM's: false leaves reasoning_content out of a reasoning model's answer."""
 
     def wire_messages(self) -> list[ChatMessage]:
         return [ChatMessage(role=m.role, content=m.text(), name=m.name, tool_call_id=m.tool_call_id,
@@ -216,7 +220,8 @@ class ChatCompletionRequest(_SamplingBody):
                                messages=self.wire_messages(),
                                add_generation_prompt=self.add_generation_prompt, sampling=sampling,
                                tools=[t.wire() for t in self.tools] if self.tools else None,
-                               needs_tool_call_parser=is_auto)
+                               needs_tool_call_parser=is_auto,
+                               chat_template_kwargs=self.chat_template_kwargs)
 
 
 class TokenizeBody(Body):
@@ -227,6 +232,7 @@ class TokenizeBody(Body):
     add_generation_prompt: bool = True
     tools: list[ToolBody] | None = None
     """Rendered into the chat template, as for a chat request (vLLM's /tokenize does too)."""
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def check(self) -> None:
         if (self.prompt is None) == (self.messages is None):

@@ -19,6 +19,7 @@ from shoal.services.gateway.openai.objects import (
     UsageInfo
 )
 from shoal.services.gateway.openai.tool_parsers import ParsedDelta, ToolCallParser
+from shoal.services.gateway.parsers.reasoning import ThinkParser
 from shoal.shared.schemas.infer import ChoiceDelta, TokenLogprobWire, Usage
 
 
@@ -77,8 +78,13 @@ class ChoiceState:
     parser: ToolCallParser | None = None
     """Reads tool calls out of the text (chat with tools); None = the text is the content."""
     content: str = ""
-    """With a parser: the text that is not a tool call."""
+    """With a parser: the text that is not a tool call (nor reasoning)."""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    reasoner: ThinkParser | None = None
+    """Splits the reasoning from the answer (chat, a model served with --reasoning-parser)."""
+    reasoning: str = ""
+    reasoning_tokens: int = 0
+    """Tokens of the deltas that were (partly) thinking."""
 
     def read(self, text: str, is_last: bool) -> ParsedDelta:
         """Run the parser over a delta (and flush it on the last one); keep what it found."""
@@ -151,6 +157,13 @@ class ResponseBuilder(Generic[Entry]):
     def learn_parser(self, name: str) -> None:
         """Seq 0 of a chat request with tool_choice "auto" names the instance's parser."""
 
+    def learn_reasoning_parser(self, name: str) -> None:
+        """Seq 0 of a chat request names the instance's reasoning parser, if it has one."""
+
+    def usage_body(self, usage: Usage) -> UsageInfo:
+        """The usage object of this answer (chat adds its reasoning tokens)."""
+        return usage_info(usage)
+
     def worth_sending(self, entry: Entry) -> bool:
         return True
 
@@ -163,7 +176,7 @@ class ResponseBuilder(Generic[Entry]):
         chunk = self.chunk_type(id=self.id, created=self.created, model=self.model,
                                 choices=entries)  # type: ignore[arg-type]
         if with_usage:
-            chunk.usage = usage_info(usage) if usage is not None else None
+            chunk.usage = self.usage_body(usage) if usage is not None else None
         return chunk
 
     def _closed_choices(self, prefix_text: dict[int, str] | None

@@ -123,7 +123,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         builder = ChatResponseBuilder(body.model, want_logprobs=body.logprobs,
                                       tool_mode=body.tool_plan().mode,
                                       tool_schemas=parameter_schemas(body.tools),
-                                      parallel_tool_calls=body.parallel_tool_calls is not False)
+                                      parallel_tool_calls=body.parallel_tool_calls is not False,
+                                      include_reasoning=body.include_reasoning,
+                                      guided=body.spec()[0] is not None)
         hashes = messages_prefix_hashes([(m.role, m.text() or "") for m in body.messages])
         jobs = [Job(body.generate(builder.id), hashes)]
         answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model),
@@ -202,7 +204,8 @@ async def tokenize(request: web.Request) -> web.Response:
     req = TokenizeRequest(model=body.model, prompt=body.prompt, messages=messages,
                           add_special_tokens=body.add_special_tokens,
                           add_generation_prompt=body.add_generation_prompt,
-                          tools=[t.wire() for t in body.tools] if body.tools else None)
+                          tools=[t.wire() for t in body.tools] if body.tools else None,
+                          chat_template_kwargs=body.chat_template_kwargs)
     # as long as a generate request has to be accepted (its seq 0 also waits for the tokenizer)
     reply = await st.client.call(body.model, req, TokenizeReply, st.settings.gateway_accept_timeout)
     return web.json_response(TokenizeResponse(count=reply.count, max_model_len=reply.max_model_len,

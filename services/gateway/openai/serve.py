@@ -109,6 +109,8 @@ class Answer:
                 self.prompt_tokens[i] = len(reply.prompt_token_ids)
             if reply.tool_call_parser is not None:  # seq 0 of an "auto" tool choice request
                 builder.learn_parser(reply.tool_call_parser)
+            if reply.reasoning_parser is not None:  # seq 0 of a chat request
+                builder.learn_reasoning_parser(reply.reasoning_parser)
             for delta in reply.choices:
                 entry = builder.apply(delta, job.index_offset + delta.index)
                 if builder.worth_sending(entry):

@@ -166,3 +166,13 @@ def test_detokenize_takes_at_most_max_model_len_tokens() -> None:
     with pytest.raises(InvalidRequest) as err:
         h.detokenize(DetokenizeRequest(model="m", tokens=[1] * 5))
     assert err.value.param == "tokens" and "at most 4" in err.value.message
+
+
+def test_the_reasoning_parser_is_named_for_chat_requests_only() -> None:
+    h, _ = handlers()
+    chat = GenerateRequest(request_id="r", model="m",
+                           messages=[ChatMessage(role="user", content="hi")])
+    assert h.reasoning_parser_for(chat, "qwen3") == "qwen3"
+    assert h.reasoning_parser_for(chat, None) is None
+    plain = GenerateRequest(request_id="r", model="m", prompt="hi")
+    assert h.reasoning_parser_for(plain, "qwen3") is None

@@ -115,6 +115,9 @@ class GenerateRequest(Wire):
     sampling: SamplingOptions = Field(default_factory=SamplingOptions)
     tools: list[ToolDefinition] | None = None
     """Offered to the chat template (apply_chat_template(tools=...))."""
+    lora_name: str | None = None
+    """The LoRA adapter to run with (one of the model's lora_modules): the gateway sets it when
+    the request's `model` names an adapter; the engine answers 404 for one it does not know."""
     needs_tool_call_parser: bool = False
     """tool_choice "auto": the gateway parses tool calls out of the answer with the engine's
     tool_call_parser, named in seq 0; an engine without one refuses (400, param tool_choice)."""

@@ -61,6 +61,15 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--speculative-config",
                        help='speculative decoding as JSON, e.g. \'{"method": "ngram", '
                             '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\'')
+    serve.add_argument("--enable-lora", action="store_true", default=None,
+                       help="serve LoRA adapters over the model (requests name one as `model`)")
+    serve.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH",
+                       help="adapters to serve: name=path, or vLLM's JSON form "
+                            '\'{"name": ..., "path": ..., "base_model_name": ...}\'')
+    serve.add_argument("--max-loras", type=int, help="distinct adapters in one step (default 1)")
+    serve.add_argument("--max-lora-rank", type=int, help="largest adapter rank (default 16)")
+    serve.add_argument("--max-cpu-loras", type=int,
+                       help="adapters kept in host memory (default --max-loras)")
     serve.add_argument("--otlp-traces-endpoint",
                        help="send traces there over OTLP (gRPC unless OTEL_EXPORTER_OTLP_PROTOCOL "
                             "says http/protobuf)")
@@ -103,13 +112,16 @@ def model_spec(args: argparse.Namespace) -> ModelCreate:
                    "tool_call_parser": args.tool_call_parser, "quantization": args.quantization,
                    "reasoning_parser": args.reasoning_parser,
                    "chat_template": chat_template(args.chat_template),
-                   "speculative_config": speculative_config(args.speculative_config)}
+                   "speculative_config": speculative_config(args.speculative_config),
+                   "enable_lora": args.enable_lora, "max_loras": args.max_loras,
+                   "max_lora_rank": args.max_lora_rank, "max_cpu_loras": args.max_cpu_loras}
     name, *aliases = args.served_model_name or [default_name]
     spec = {"name": name, "aliases": aliases or None, "source": source,
             "device": DeviceKind.AUTO if (args.tp or args.pp) else DeviceKind.CPU,
             "tp": args.tp, "pp": args.pp, "max_model_len": args.max_model_len,
             "dtype": DTYPES[args.dtype], "gpu_memory_utilization": args.gpu_memory_utilization,
-            "engine_args": {k: v for k, v in engine_args.items() if v is not None}}
+            "engine_args": {k: v for k, v in engine_args.items() if v is not None},
+            "lora_modules": lora_modules(args.lora_modules)}
     return ModelCreate(**{k: v for k, v in spec.items() if v is not None})
 
 
@@ -124,6 +136,31 @@ def resolve_source(model: str) -> tuple[str, str]:
         raise NotFound(f"{path} does not exist (nor is {model!r} a Hugging Face id org/name)")
     hub_config_folder(model)  # raises the cache / hub message
     return model, model.rsplit("/", 1)[1]
+
+
+def lora_modules(values: list[str] | None) -> list[dict] | None:
+    """vLLM's --lora-modules: name=path (a relative path made absolute: the engine runs
+    elsewhere), or a JSON object {"name", "path", "base_model_name"}."""
+    if not values:
+        return None
+    modules = []
+    for value in values:
+        if value.lstrip().startswith("{"):
+            try:
+                module = json.loads(value)
+            except ValueError:
+                raise InvalidRequest(f"--lora-modules: not JSON: {value}",
+                                     param="lora_modules") from None
+        else:
+            name, sep, path = value.partition("=")
+            if not sep or not name or not path:
+                raise InvalidRequest(f"--lora-modules takes name=path, got {value!r}",
+                                     param="lora_modules")
+            module = {"name": name, "path": path}
+        if isinstance(module, dict) and isinstance(module.get("path"), str):
+            module["path"] = str(Path(module["path"]).expanduser().resolve())
+        modules.append(module)
+    return modules
 
 
 def speculative_config(value: str | None) -> dict | None:

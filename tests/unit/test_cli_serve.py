@@ -76,11 +76,26 @@ def test_bad_values_are_refused_by_the_deploy_rules(folder: Path) -> None:
         spec("nowhere")
 
 
+def test_lora_flags_become_lora_modules_and_engine_args(folder: Path, tmp_path: Path) -> None:
+    s = spec(str(folder), "--enable-lora", "--max-loras", "4", "--max-lora-rank", "32",
+             "--lora-modules", f"sql={tmp_path}/sql",
+             '{"name": "chat", "path": "/a/chat", "base_model_name": "my-model"}')
+    assert s.engine_args.given() == {"enable_lora": True, "max_loras": 4, "max_lora_rank": 32}
+    assert [(m.name, m.path, m.base_model_name) for m in s.lora_modules] == [
+        ("sql", str(tmp_path / "sql"), None), ("chat", "/a/chat", "my-model")]
+    with pytest.raises(ValueError, match="lora_modules need engine_args.enable_lora"):
+        spec(str(folder), "--lora-modules", "sql=/a/sql")
+    with pytest.raises(InvalidRequest, match="name=path"):
+        spec(str(folder), "--enable-lora", "--lora-modules", "sql")
+    with pytest.raises(ValueError, match="max_cpu_loras"):
+        spec(str(folder), "--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2")
+
+
 def test_unsupported_vllm_flags_are_refused_by_name(folder: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["serve", str(folder), "--load-format", "dummy", "--enable-lora"]) == 1
+    assert main(["serve", str(folder), "--load-format", "dummy", "--fully-sharded-loras"]) == 1
     err = capsys.readouterr().err
-    assert "does not support --enable-lora, --load-format" in err
+    assert "does not support --fully-sharded-loras, --load-format" in err
     with pytest.raises(SystemExit):  # other commands keep argparse's own refusal
         main(["workers", "list", "--quantization", "awq"])
 

@@ -25,11 +25,12 @@ from shoal.services.engine.frontend.tokenizer import load_tokenizer
 from shoal.services.engine.core.outputs import TokenLogprob
 from shoal.services.engine.core.request_output import RequestOutput
 from shoal.services.engine.input_processor import InputProcessor
+from shoal.services.engine.lora_request import LoRARequest
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.services.engine.server.intake import Replies, StreamIntake
 from shoal.services.engine.server.metrics import EngineMetrics
 from shoal.services.engine.server.tracing import record_finished
-from shoal.shared.errors import InvalidRequest, ShoalError
+from shoal.shared.errors import InvalidRequest, NotFound, ShoalError
 from shoal.shared.schemas.infer import (
     ChoiceDelta, DetokenizeReply, DetokenizeRequest, EngineLoad,
     GenerateRequest,
@@ -53,6 +54,9 @@ class EngineHandlers(StreamIntake):
     lookup_inputs: InputProcessor | None = None
     """/tokenize and /detokenize's own input processor and tokenizer, used on the `lookups`
     thread (intake.py): not ahead of the chats' prompts in `tokenizing`."""
+    loras: dict[str, LoRARequest] = field(default_factory=dict)
+    """The LoRA adapters this engine serves, by name (the model's lora_modules); each is loaded
+    and checked by the engine at its first request."""
     chat_template_tokens: int = 0
     """What the chat template adds to a one-message chat (published with the load: gateways
     estimate a chat's prompt with it when they reserve a key's tokens)."""
@@ -81,8 +85,10 @@ class EngineHandlers(StreamIntake):
                 self.tokenizing, self.prompt_token_ids, req)
             params = SamplingParams(**req.sampling.model_dump())
             parser = self.tool_call_parser(req)
+            lora = self.lora_request(req.lora_name)
             outputs = self.engine.open(req.request_id, token_ids, params, time.time(),
-                                       prompt=req.prompt)  # the engine's one check: 400 here
+                                       prompt=req.prompt,  # the engine's one check: 400 here
+                                       lora_request=lora)
             await replies.chunk(choices=[], prompt_token_ids=token_ids,
                                 tool_call_parser=parser,
                                 reasoning_parser=self.reasoning_parser_for(
@@ -126,6 +132,15 @@ class EngineHandlers(StreamIntake):
                 outputs.close()  # aborts the request in the engine unless it finished
 
     # ------------------------------------------------------------------ tokens
+    def lora_request(self, name: str | None) -> LoRARequest | None:
+        """The adapter a request names (vLLM's 404 for one this engine does not serve)."""
+        if name is None:
+            return None
+        lora = self.loras.get(name)
+        if lora is None:
+            raise NotFound(f"The lora adapter '{name}' cannot be found.", param="model")
+        return lora
+
     def tool_call_parser(self, req: GenerateRequest) -> str | None:
         return self.check_tool_call_parser(req, self.engine.core.config.tool_call_parser)
 

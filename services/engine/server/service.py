@@ -29,6 +29,7 @@ from shoal.services.engine.server.lifecycle import (
 )
 from shoal.services.engine.server.metrics import EngineMetrics, cache_info
 from shoal.services.engine.server.ranks import RankCoordinator
+from shoal.services.engine.lora_request import LoRARequest
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
@@ -143,7 +144,9 @@ async def serve(settings: Settings, bus: Bus, reporter: InstanceReporter, engine
                 model: ModelPublic, stop: asyncio.Event,
                 ranks: RankCoordinator | None = None) -> None:
     handlers = EngineHandlers(bus=bus, engine=engine, instance_id=reporter.instance.id,
-                              model_name=model.name)
+                              model_name=model.name,
+                              loras={m.name: LoRARequest(m.name, i, m.path, m.base_model_name)
+                                     for i, m in enumerate(model.lora_modules, start=1)})
     core = engine.core
     handlers.metrics = metrics = EngineMetrics(model.name, reporter.instance.id,
                                                core.max_model_len, handlers.load,

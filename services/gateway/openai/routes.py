@@ -26,7 +26,7 @@ from shoal.services.gateway.openai.serve import Answer, Job
 from shoal.services.gateway.openai.structured import rename_param
 from shoal.services.gateway.openai.tools import parameter_schemas
 from shoal.services.gateway.routing.router import (
-    messages_prefix_hashes, text_prefix_hashes, token_prefix_hashes
+    lora_prefix_hashes, messages_prefix_hashes, text_prefix_hashes, token_prefix_hashes
 )
 from shoal.services.gateway.state import STATE
 from shoal.services.gateway.tracing import inference_span
@@ -43,11 +43,18 @@ routes = web.RouteTableDef()
 async def list_models(request: web.Request) -> web.Response:
     st = request.app[STATE]
     try:  # each name a model answers to is listed, its aliases too (as vLLM lists them)
+        listed = await st.registry.list_models()
         models = [(served, m.name, int(m.created_at.timestamp()), m.max_model_len)
-                  for m in await st.registry.list_models() for served in (m.name, *m.aliases)]
+                  for m in listed for served in (m.name, *m.aliases)]
     except ShoalError:  # the registry is away: still list what is being served
+        listed = []
         models = [(name, name, int(st.started_at), None) for name in st.table.model_names()]
     data = [_model_card(request, *model) for model in models]
+    for m in listed:  # LoRA adapters as vLLM lists them: root = the adapter, parent = the model
+        for lora in m.lora_modules:
+            card = _model_card(request, lora.name, m.name, int(m.created_at.timestamp()),
+                               m.max_model_len)
+            data.append(card.model_copy(update={"root": lora.path, "parent": m.name}))
     return web.json_response(ModelList(data=data).body())
 
 
@@ -60,6 +67,12 @@ async def get_model(request: web.Request) -> web.Response:
             return web.json_response(_model_card(
                 request, name, model.name, int(model.created_at.timestamp()),
                 model.max_model_len).body())
+        for lora in model.lora_modules:
+            if name == lora.name:
+                card = _model_card(request, name, model.name, int(model.created_at.timestamp()),
+                                   model.max_model_len)
+                return web.json_response(card.model_copy(
+                    update={"root": lora.path, "parent": model.name}).body())
     raise await st.client.no_instance(name)
 
 
@@ -94,16 +107,20 @@ for _api in UNSUPPORTED_APIS:
 async def completions(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
     body = parse_body(await read_body(request), CompletionRequest)
-    body.model = await st.names.resolve(body.model)  # an alias: the model's own name
+    # an alias: the model's own name; an adapter: its base model, the adapter in each request
+    body.model, lora = await st.names.resolve_lora(body.model)
     prompts = body.prompts()
     with st.admission.slot(len(prompts) * body.n, param="prompt" if len(prompts) > 1 else "n"):
-        builder = CompletionResponseBuilder(body.model, want_logprobs=body.logprobs is not None)
+        builder = CompletionResponseBuilder(lora or body.model,  # (keys' limits, usage: its name)
+                                            want_logprobs=body.logprobs is not None)
         jobs = []
         for i, prompt in enumerate(prompts):
             hashes = (text_prefix_hashes(prompt) if isinstance(prompt, str)
                       else token_prefix_hashes(prompt))
             echo = prompt if body.echo and isinstance(prompt, str) else ""
-            jobs.append(Job(body.generate(f"{builder.id}-{i}", prompt), hashes, i * body.n, echo))
+            job = body.generate(f"{builder.id}-{i}", prompt)
+            job.lora_name = lora
+            jobs.append(Job(job, lora_prefix_hashes(hashes, lora), i * body.n, echo))
         answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model),
                         body.include_usage,
                         body.continuous_usage)
@@ -118,16 +135,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
     body = parse_body(await read_body(request), ChatCompletionRequest)
-    body.model = await st.names.resolve(body.model)  # an alias: the model's own name
+    body.model, lora = await st.names.resolve_lora(body.model)  # (as for completions)
     with st.admission.slot(body.n, param="n"):
-        builder = ChatResponseBuilder(body.model, want_logprobs=body.logprobs,
+        builder = ChatResponseBuilder(lora or body.model, want_logprobs=body.logprobs,
                                       tool_mode=body.tool_plan().mode,
                                       tool_schemas=parameter_schemas(body.tools),
                                       parallel_tool_calls=body.parallel_tool_calls is not False,
                                       include_reasoning=body.include_reasoning,
                                       guided=body.spec()[0] is not None)
         hashes = messages_prefix_hashes([(m.role, m.text() or "") for m in body.messages])
-        jobs = [Job(body.generate(builder.id), hashes)]
+        job = body.generate(builder.id)
+        job.lora_name = lora
+        jobs = [Job(job, lora_prefix_hashes(hashes, lora))]
         answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model),
                         body.include_usage,
                         body.continuous_usage)

@@ -3,7 +3,10 @@
 name at the door, so routing, key limits (`model=a`), usage and metrics see one name, and the
 answer carries it, as vLLM answers with its first served name whatever name was asked for.
 
-Aliases come from the registry's model list, kept for `ttl` seconds; a name the list does not
+A LoRA adapter's name (a model's lora_modules) resolves to its base model plus the adapter
+(`resolve_lora`): routing goes to the base model's instances, the engine runs the adapter.
+
+Aliases and adapters come from the registry's model list, kept for `ttl` seconds; a name it does not
 know reloads it (at most every `miss_every` seconds, so made-up names cannot flood the
 registry), and a model with a running instance is its own name without asking anyone.
 """
@@ -26,6 +29,8 @@ class ModelNames:
         self._ttl = ttl
         self._miss_every = miss_every
         self._aliases: dict[str, str] = {}
+        self._adapters: dict[str, str] = {}
+        """LoRA adapter name -> its base model's name."""
         self._loaded_at = -float("inf")
         self._next_try = -float("inf")
         """No read before this (monotonic): a failed read is not retried by every request."""
@@ -41,11 +46,19 @@ class ModelNames:
                     await self._load()
         return self._aliases.get(name, name)
 
+    async def resolve_lora(self, name: str) -> tuple[str, str | None]:
+        """(the model's name, the LoRA adapter `name` is, or None)."""
+        model = await self.resolve(name)
+        if model == name and name in self._adapters:
+            return self._adapters[name], name
+        return model, None
+
     def _stale(self, name: str) -> bool:
         now = time.monotonic()
         age = now - self._loaded_at
         return now >= self._next_try and (
-            age > self._ttl or (name not in self._aliases and age > self._miss_every))
+            age > self._ttl or (name not in self._aliases and name not in self._adapters
+                                and age > self._miss_every))
 
     async def _load(self) -> None:
         self._next_try = time.monotonic() + self._miss_every
@@ -54,4 +67,5 @@ class ModelNames:
         except ShoalError:  # the registry is away: the names known so far stand
             return
         self._aliases = {alias: m.name for m in models for alias in m.aliases}
+        self._adapters = {lora.name: m.name for m in models for lora in m.lora_modules}
         self._loaded_at = time.monotonic()

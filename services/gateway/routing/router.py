@@ -63,6 +63,16 @@ def messages_prefix_hashes(messages: Sequence[tuple[str, str]]) -> list[bytes]:
     return text_prefix_hashes("".join(f"\x1e{role}\x1f{content}" for role, content in messages))
 
 
+def lora_prefix_hashes(hashes: Sequence[bytes], lora: str | None) -> list[bytes]:
+    """A LoRA adapter's request: its own hash first (so routing prefers the instance that last
+    served the adapter, which has it loaded, even for a short prompt), then the prompt's hashes
+    salted with it (an adapter's KV blocks serve only that adapter in the engine)."""
+    if lora is None:
+        return list(hashes)
+    root = hashlib.blake2b(b"lora\0" + lora.encode(), digest_size=8).digest()
+    return [root, *(hashlib.blake2b(root + h, digest_size=8).digest() for h in hashes)]
+
+
 class PrefixAffinity:
     """Bounded LRU map from prefix hash to the instance that last served it."""
 

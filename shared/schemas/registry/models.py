@@ -72,6 +72,16 @@ class ScaleEvent(Wire):
 MAX_SCALE_EVENTS = 20
 
 
+class LoRAModule(Wire):
+    """One LoRA adapter of a model (vLLM's --lora-modules JSON form): requests whose `model`
+    is `name` run the base model with this adapter."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    path: str = Field(min_length=1)
+    """A PEFT folder (adapter_config.json + adapter_model.safetensors) as the workers see it."""
+    base_model_name: str | None = None
+
+
 class ModelSpec(Wire):
     """Everything a user sets on a model; shared by create and public views."""
 
@@ -110,6 +120,9 @@ class ModelSpec(Wire):
                                                                        max_length=16)
     """More names the model answers to (vLLM's `--served-model-name a b`: `b` here): each is
     unique among every model's names and aliases; answers carry the model's own name."""
+    lora_modules: list[LoRAModule] = Field(default_factory=list, max_length=256)
+    """LoRA adapters every instance serves (vLLM's --lora-modules; GPUStack's lora list): a
+    request naming one runs on this model's instances with it. Needs engine_args.enable_lora."""
 
     backend: BackendKind = BackendKind.SHOAL
     """What serves it: shoal (our engine), vllm (vLLM's OpenAI server, installed by the worker)
@@ -163,6 +176,15 @@ class ModelSpec(Wire):
         if len(set(aliases)) != len(aliases):
             raise ValueError("each alias once")
         return aliases
+
+    @model_validator(mode="after")
+    def _lora_modules_need_lora(self) -> ModelSpec:
+        if self.lora_modules and not self.engine_args.enable_lora:
+            raise ValueError("lora_modules need engine_args.enable_lora (vLLM's --enable-lora)")
+        names = [m.name for m in self.lora_modules]
+        if len(set(names)) != len(names):
+            raise ValueError("lora_modules: each adapter name once")
+        return self
 
     @model_validator(mode="after")
     def _replicas_within_autoscaling(self) -> ModelSpec:
@@ -222,6 +244,7 @@ class ModelUpdate(Wire):
     autoscaling: AutoscaleSpec | None = None
     aliases: list[Annotated[str, Field(pattern=NAME_PATTERN)]] | None = Field(default=None,
                                                                               max_length=16)
+    lora_modules: list[LoRAModule] | None = Field(default=None, max_length=256)
     scale_event: ScaleEvent | None = None
     """Set by the scheduler's autoscaler with `replicas`: why it scaled (kept on the model)."""
 

@@ -14,7 +14,8 @@ from shoal.shared.errors import Unavailable
 class Registry:
     def __init__(self) -> None:
         self.calls = 0
-        self.models = [SimpleNamespace(name="smol", aliases=["gpt-4o", "smol-latest"])]
+        self.models = [SimpleNamespace(name="smol", aliases=["gpt-4o", "smol-latest"],
+                                       lora_modules=[SimpleNamespace(name="sql-lora")])]
         self.away = False
 
     async def list_models(self) -> list[SimpleNamespace]:
@@ -40,6 +41,18 @@ async def test_aliases_resolve_and_unknown_names_cost_one_read_a_second() -> Non
     for _ in range(50):  # the failed read is tried again a second later, not per request
         assert await names.resolve("gpt-4o") == "smol"
     assert registry.calls == 3
+
+
+async def test_an_adapter_name_resolves_to_its_base_model_and_the_adapter() -> None:
+    registry = Registry()
+    names = ModelNames(registry, lambda: ["running"], ttl=10.0, miss_every=1.0)  # type: ignore[arg-type]
+    assert await names.resolve_lora("sql-lora") == ("smol", "sql-lora")
+    assert await names.resolve_lora("gpt-4o") == ("smol", None)
+    assert await names.resolve_lora("smol") == ("smol", None)
+    assert await names.resolve_lora("other") == ("other", None)
+    for _ in range(20):  # a known adapter is no miss: no reread
+        await names.resolve_lora("sql-lora")
+    assert registry.calls == 1
 
 
 def later(names: ModelNames, seconds: float) -> None:

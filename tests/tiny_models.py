@@ -80,9 +80,13 @@ def tokenizer_dir() -> Path:
     return smollm2_dir()
 
 
-def save_tiny_model(arch: str, folder: Path, seed: int = 0) -> Path:
+def save_tiny_model(arch: str, folder: Path, seed: int = 0, **config: object) -> Path:
+    """`config`: attributes set on tiny_config(arch) first (e.g. mlp_only_layers=[])."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch), dtype=torch.float32)
+    cfg = tiny_config(arch)
+    for key, value in config.items():
+        setattr(cfg, key, value)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # norms at 1.0 would hide a mis-loaded weight: randomise them too
         for name, param in model.named_parameters():
             if "norm" in name:

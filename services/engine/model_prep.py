@@ -88,12 +88,15 @@ def _convert_gguf(gguf: Path, cache_dir: Path, report: Progress) -> Path:
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from shoal.services.engine.gguf_config import gguf_config
+
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=cache_dir))
     try:
         report("dequantising gguf tensors", 0.0)
         with _tensor_progress(report, "dequantising gguf tensors", 0.0, 0.7):
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                         config=gguf_config(gguf),
                                                          dtype="float32")
         report("loading gguf tokenizer", 0.7)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

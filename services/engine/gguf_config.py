@@ -1,0 +1,61 @@
+"""The Hugging Face config of a GGUF file: transformers' reading of its metadata, plus the keys
+llama.cpp writes for mixture-of-experts models that transformers does not map.
+
+llama.cpp's converter writes a Qwen-MoE's expert width as `<arch>.expert_feed_forward_length`
+(and the shared expert's as `expert_shared_feed_forward_length`); transformers' GGUF config
+mapping omits them, so its config keeps the class defaults (768, 5632) and the stacked expert
+tensors fail to load. llama.cpp also runs experts in every layer of these architectures (no
+`mlp_only_layers`, `decoder_sparse_step` 1) and renormalises the top-k weights for qwen3moe, not
+for qwen2moe: the config says so explicitly rather than relying on the class defaults.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from shoal.services.engine.config import ConfigError
+
+EXTRA_KEYS: dict[str, dict[str, str]] = {
+    "qwen3moe": {"expert_feed_forward_length": "moe_intermediate_size"},
+    "qwen2moe": {"expert_feed_forward_length": "moe_intermediate_size",
+                 "expert_shared_feed_forward_length": "shared_expert_intermediate_size"},
+}
+"""llama.cpp architecture -> {its metadata key (after `<arch>.`): our config attribute}."""
+
+FIXED: dict[str, dict[str, Any]] = {
+    "qwen3moe": {"mlp_only_layers": [], "decoder_sparse_step": 1, "norm_topk_prob": True},
+    "qwen2moe": {"mlp_only_layers": [], "decoder_sparse_step": 1, "norm_topk_prob": False},
+}
+"""What llama.cpp's graph for the architecture does, as config values."""
+
+
+def gguf_metadata(path: Path) -> dict[str, Any]:
+    """The file's scalar metadata (keys as written, `qwen3moe.expert_count`...)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    out: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if len(field.types) == 1 and field.types[0] != gguf.GGUFValueType.ARRAY:
+            out[key] = field.contents()
+    return out
+
+
+def gguf_config(path: Path) -> Any:
+    """transformers' config of the GGUF file at `path`, completed for the MoE architectures."""
+    from transformers import AutoConfig
+
+    meta = gguf_metadata(path)
+    arch = str(meta.get("general.architecture", ""))
+    if arch == "llama" and meta.get("llama.expert_count"):
+        raise ConfigError("a GGUF of architecture 'llama' with experts (Mixtral as llama.cpp "
+                          "writes it) is not supported: transformers cannot convert it; serve "
+                          "the Hugging Face folder instead")
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    for key, attr in EXTRA_KEYS.get(arch, {}).items():
+        if f"{arch}.{key}" in meta:
+            setattr(config, attr, int(meta[f"{arch}.{key}"]))
+    for attr, value in FIXED.get(arch, {}).items():
+        setattr(config, attr, value)
+    return config

@@ -1,7 +1,8 @@
 """Structured outputs and tool calls through the whole stack (gateway -> NATS -> engine process
 running SmolLM2), driven with the `openai` SDK: response_format json_schema (also through the
 SDK's `parse` helper), vLLM's guided_* fields, tool_choice named and "required" (whole and
-streamed as tool_call deltas), "auto" with the hermes parser, and the 400s."""
+streamed as tool_call deltas), "auto" with the hermes parser, and the 400s; a reasoning parser
+(deepseek_r1) splitting the model's real answer, and chat_template_kwargs reaching the template."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ async def stack(servers, tmp_path_factory):
     """test_serving's stack, isolated from the modules before it in the session (they share the
     database): their models are deleted first, and ours run only on this stack's worker (a
     label), never on a worker of theirs that has not yet been seen to stop heartbeating. It
-    serves two deployments of SmolLM2: the plain one, and one with tool_call_parser=hermes."""
+    serves three deployments of SmolLM2: the plain one, one with tool_call_parser=hermes, and one
+    with reasoning_parser=deepseek_r1 and a ChatML template that reads enable_thinking."""
     settings = make_settings(servers, tmp_path_factory.mktemp("structured-e2e"), drain_timeout=5.0,
                              engine_restart_max_backoff=2.0, gateway_engine_dead_after=2.0,
                              gateway_port=free_port(None), scheduler_interval=1.0)
@@ -42,15 +44,22 @@ async def stack(servers, tmp_path_factory):
         client = stack.client
         models = []
         for name, args in ((f"smol-{tag}", ENGINE_ARGS),
-                           (f"smol-hermes-{tag}", {**ENGINE_ARGS, "tool_call_parser": "hermes"})):
+                           (f"smol-hermes-{tag}", {**ENGINE_ARGS, "tool_call_parser": "hermes"}),
+                           (f"smol-r1-{tag}", {**ENGINE_ARGS, "reasoning_parser": "deepseek_r1",
+                                               "chat_template": THINKING_TEMPLATE})):
             models.append(await client.create_model(ModelCreate(
                 name=name, source=str(smollm2_gguf_path()), device="cpu", max_model_len=512,
                 worker_selector={"stack": tag}, engine_args=args)))
         for model in models:
             await running_instance(client, model.id)
-        yield settings, models[0], models[1], stack.url
+        yield settings, models[0], models[1], stack.url, models[2]
 
 
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and "
+    "not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+"""SmolLM2's ChatML, and Qwen3's switch: enable_thinking false writes an empty think block."""
 WEATHER_ARGS = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 30},
     "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}
@@ -83,7 +92,7 @@ def check_arguments(name: str, arguments: str) -> None:
 
 
 async def test_json_schema_response_format_validates(stack) -> None:
-    settings, model, hermes_model, url = stack
+    settings, model, hermes_model, url, _ = stack
     api = sync_api(url)
     reply = await asyncio.to_thread(lambda: api.chat.completions.create(
         model=model.name, temperature=0, max_tokens=80,
@@ -101,7 +110,7 @@ async def test_json_schema_response_format_validates(stack) -> None:
 
 
 async def test_guided_fields_of_vllm_constrain_completions(stack) -> None:
-    settings, model, hermes_model, url = stack
+    settings, model, hermes_model, url, _ = stack
     api = async_api(url)
     regex = await api.completions.create(
         model=model.name, prompt="The year the Berlin wall fell:", temperature=0, max_tokens=10,
@@ -114,7 +123,7 @@ async def test_guided_fields_of_vllm_constrain_completions(stack) -> None:
 
 
 async def test_named_tool_choice_answers_with_a_tool_call(stack) -> None:
-    settings, model, hermes_model, url = stack
+    settings, model, hermes_model, url, _ = stack
     reply = await async_api(url).chat.completions.create(
         model=model.name, messages=ASK, temperature=0, max_tokens=60, tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_weather"}})
@@ -127,7 +136,7 @@ async def test_named_tool_choice_answers_with_a_tool_call(stack) -> None:
 
 
 async def test_required_tool_choice_calls_the_given_tools(stack) -> None:
-    settings, model, hermes_model, url = stack
+    settings, model, hermes_model, url, _ = stack
     reply = await async_api(url).chat.completions.create(
         model=model.name, messages=ASK, temperature=0, max_tokens=120, tools=TOOLS,
         tool_choice="required")
@@ -141,7 +150,7 @@ async def test_required_tool_choice_calls_the_given_tools(stack) -> None:
 @pytest.mark.parametrize("tool_choice", [
     {"type": "function", "function": {"name": "get_time"}}, "required"])
 async def test_streamed_tool_call_deltas_add_up_to_the_answer(stack, tool_choice) -> None:
-    settings, model, hermes_model, url = stack
+    settings, model, hermes_model, url, _ = stack
     api = async_api(url)
     args = dict(model=model.name, messages=ASK, temperature=0, max_tokens=120, tools=TOOLS,
                 tool_choice=tool_choice)
@@ -165,7 +174,7 @@ async def test_streamed_tool_call_deltas_add_up_to_the_answer(stack, tool_choice
 
 
 async def test_bad_structured_requests_are_400s_naming_the_param(stack) -> None:
-    settings, model, hermes_model, url = stack
+    settings, model, hermes_model, url, _ = stack
     api = async_api(url)
     bad = [
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
@@ -189,7 +198,7 @@ async def test_bad_structured_requests_are_400s_naming_the_param(stack) -> None:
 async def test_auto_tool_choice_reads_hermes_tool_calls(stack) -> None:
     """SmolLM2 was not trained for tools, so guided_choice makes it answer in hermes' format:
     the parser, not the model, is under test. Without the guide it answers in plain text."""
-    settings, model, hermes_model, url = stack
+    settings, model, hermes_model, url, _ = stack
     api = async_api(url)
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": ' \
            '"celsius"}}\n</tool_call>'
@@ -216,7 +225,7 @@ async def test_grammars_and_schemas_that_never_end_are_400s_before_generating(st
     200s with garbage ('ectable', sampled from a row the grammar had all masked). Refused,
     naming the field sent; and a branch that cannot end, reached through a logit bias, fails
     the request with a 400 at that token rather than sampling from nothing."""
-    settings, model, hermes_model, url = stack
+    settings, model, hermes_model, url, _ = stack
     api = async_api(url)
     linked = {"$defs": {"node": {"type": "object", "properties": {
         "next": {"$ref": "#/$defs/node"}}, "required": ["next"]}}, "$ref": "#/$defs/node"}
@@ -266,7 +275,7 @@ async def test_a_tool_conversation_goes_on_after_the_tool_answers_openai_sdk(sta
     one); the client sends that assistant message back as the SDK gave it (content null, with
     its tool_calls) and a tool message with the result; turn 2 (tool_choice "auto", the hermes
     parser) answers. Turn 2 was a 400: "'dict object' has no attribute 'content'"."""
-    settings, model, hermes_model, url = stack
+    settings, model, hermes_model, url, _ = stack
     api = async_api(url)
     messages: list = list(ASK)
     first = await api.chat.completions.create(
@@ -304,7 +313,7 @@ async def test_a_tool_conversation_goes_on_with_langchain_bind_tools(stack) -> N
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
     from langchain_openai import ChatOpenAI
 
-    settings, model, hermes_model, url = stack
+    settings, model, hermes_model, url, _ = stack
     chat = ChatOpenAI(base_url=f"{url}/v1", api_key="none", model=hermes_model.name,
                       temperature=0, max_tokens=120, max_retries=0, timeout=120)
     history: list = [HumanMessage("What is the weather in Paris right now?")]
@@ -320,3 +329,54 @@ async def test_a_tool_conversation_goes_on_with_langchain_bind_tools(stack) -> N
     assert isinstance(answer, AIMessage) and (answer.content or answer.tool_calls), answer
     assert answer.usage_metadata and answer.usage_metadata["input_tokens"] > \
         ai.usage_metadata["input_tokens"]
+
+
+async def test_a_reasoning_parser_splits_the_models_real_answer(stack) -> None:
+    """deepseek_r1 on SmolLM2's own answer (no </think> in it is the likely case: then it is all
+    reasoning, as vLLM reads it): the chat answer, whole and streamed, splits exactly the text
+    the same prompt gives through /v1/completions, and its usage counts the reasoning tokens."""
+    from shoal.services.gateway.parsers.reasoning import reasoning_parser
+
+    settings, model, hermes_model, url, r1_model = stack
+    messages = [{"role": "user", "content": "What is 2 + 2? Think it through."}]
+    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+        ids = (await http.post("/tokenize", json={"model": r1_model.name,
+                                                  "messages": messages})).json()["tokens"]
+        off = (await http.post("/tokenize", json={
+            "model": r1_model.name, "messages": messages,
+            "chat_template_kwargs": {"enable_thinking": False}})).json()["tokens"]
+        bad = await http.post("/v1/chat/completions", json={
+            "model": r1_model.name, "messages": messages,
+            "chat_template_kwargs": {"add_generation_prompt": False}})
+    assert off[:len(ids)] == ids and len(off) > len(ids)  # the template read the variable
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs"
+    api = async_api(url)
+    raw = (await api.completions.create(model=r1_model.name, prompt=ids, temperature=0,
+                                        max_tokens=24)).choices[0].text
+    parser = reasoning_parser("deepseek_r1")
+    first, last = parser.feed(raw), parser.finish()
+    expected = (first.reasoning + last.reasoning or None, first.content + last.content or None)
+    assert (expected[0] or "") + (expected[1] or "") == raw.replace("<think>", "", 1).replace(
+        "</think>", "", 1)
+    whole = await api.chat.completions.create(model=r1_model.name, messages=messages,
+                                              temperature=0, max_tokens=24)
+    message = whole.choices[0].message
+    assert (message.model_extra["reasoning_content"], message.content) == expected
+    details = whole.usage.completion_tokens_details
+    assert 0 < details.reasoning_tokens <= whole.usage.completion_tokens
+    if "</think>" not in raw:
+        assert details.reasoning_tokens == whole.usage.completion_tokens
+    stream = await api.chat.completions.create(
+        model=r1_model.name, messages=messages, temperature=0, max_tokens=24, stream=True,
+        stream_options={"include_usage": True})
+    reasoning, content, usage = "", "", None
+    async for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            reasoning += (choice.delta.model_extra or {}).get("reasoning_content") or ""
+            content += choice.delta.content or ""
+    assert (reasoning or None, content or None) == expected
+    assert usage.completion_tokens_details.reasoning_tokens == details.reasoning_tokens
+    plain = await api.chat.completions.create(model=model.name, messages=messages,
+                                              temperature=0, max_tokens=8)
+    assert "reasoning_content" not in (plain.choices[0].message.model_extra or {})

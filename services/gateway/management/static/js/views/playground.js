@@ -112,6 +112,11 @@ export function create() {
     try {
       for await (const chunk of stream(path, body, controller.signal)) {
         for (const c of chunk.choices) {
+          const thought = c.delta && c.delta.reasoning_content;
+          if (thought && target.reason) {  // a model served with a reasoning parser
+            first ??= performance.now();
+            target.reason(thought);
+          }
           const piece = c.delta ? c.delta.content : c.text;
           if (piece) {
             first ??= performance.now();
@@ -221,6 +226,7 @@ function chatPanel() {
   keys(panel, panel.input, form);
   let answer = null;
   let text = "";
+  let thinking = null;
   form.addEventListener("submit", (e) => {
     e.preventDefault();
     if (!panel.input.value.trim() || panel.sending) return;
@@ -229,11 +235,21 @@ function chatPanel() {
     panel.input.value = "";
     log.append(h("li", { class: "msg user" }, h("span", { class: "who" }, "You"), h("p", {}, content)));
     text = "";
+    thinking = null;
     answer = h("p", { class: "streaming" });
     log.append(h("li", { class: "msg assistant", "aria-busy": "true" },
       h("span", { class: "who" }, "Assistant"), answer));
     panel.onSend();
   });
+  // Reasoning, folded above the answer (not sent back in later turns, as OpenAI advises).
+  panel.reason = (piece) => {
+    if (!thinking) {
+      thinking = h("p", { class: "reasoning" });
+      answer.before(h("details", { class: "reasoning" }, h("summary", {}, "Reasoning"), thinking));
+    }
+    thinking.textContent += piece;
+    log.scrollTop = log.scrollHeight;
+  };
   panel.append = (piece) => {
     text += piece;
     answer.textContent = text;

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from shoal.services.gateway.anthropic import routes as anthropic_routes
 from shoal.services.gateway.auth import edge
 from shoal.services.gateway.auth.admission import Admission
 from shoal.services.gateway.auth.keys import (
@@ -114,6 +115,7 @@ def make_app(settings: Settings) -> web.Application:
     app.on_response_prepare.append(add_ratelimit_headers)
     app.add_routes(ops)
     app.add_routes(openai_routes.routes)
+    app.add_routes(anthropic_routes.routes)
     app.add_routes(management_routes.routes)
     add_ui(app)
     return app

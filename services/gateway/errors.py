@@ -14,9 +14,16 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from shoal.services.gateway.anthropic.answer import error_body as anthropic_error
 from shoal.shared.errors import InvalidRequest, PayloadTooLarge, RateLimited, ShoalError
 
 log = logging.getLogger(__name__)
+ANTHROPIC_PREFIX = "/v1/messages"
+
+
+def is_anthropic(path: str) -> bool:
+    """Anthropic's Messages routes, whose errors are Anthropic-shaped."""
+    return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
 
 _TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error",
                    403: "permission_error",
@@ -39,8 +46,11 @@ def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
                            "code": "internal_error"}}
 
 
-def error_response(exc: BaseException) -> web.Response:
+def error_response(exc: BaseException, anthropic: bool = False) -> web.Response:
+    """The error's answer; on Anthropic's routes in Anthropic's shape, statuses unchanged."""
     status, body = error_body(exc)
+    if anthropic:
+        body = anthropic_error(status, body["error"]["message"]).body()
     headers = {"Retry-After": "1"} if status in (429, 503) else {}
     if isinstance(exc, RateLimited):  # a key's limit: when it resets, and OpenAI's headers
         headers = dict(exc.headers)
@@ -51,16 +61,17 @@ def error_response(exc: BaseException) -> web.Response:
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    anthropic = is_anthropic(request.path)
     try:
         return await handler(request)
     except ShoalError as exc:
         if exc.http_status >= 500:
             log.warning("%s %s: %s", request.method, request.path, exc.message)
-        return error_response(exc)
+        return error_response(exc, anthropic)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(exc)
+        return error_response(exc, anthropic)
     except asyncio.CancelledError:
         raise
     except (TimeoutError, ConnectionResetError) as exc:
@@ -68,7 +79,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         raise
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path)
-        return error_response(RuntimeError())
+        return error_response(RuntimeError(), anthropic)
 
 
 def _is_json(content_type: str) -> bool:

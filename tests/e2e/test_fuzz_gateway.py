@@ -1,7 +1,7 @@
 """A fuzzer over the gateway's own OpenAPI document (schemathesis: bodies, paths, queries and
 headers that follow the schema, and ones that break it) against the real stack: registry,
 scheduler, a worker running SmolLM2 in an engine process, and the gateway. Every answer must be
-below 500, and every error OpenAI-shaped (issue 15).
+below 500, and every error OpenAI-shaped (issue 15; Anthropic-shaped on /v1/messages).
 
 Bounded in time: a fixed number of examples per operation, answers capped at a few tokens, and
 a wall-clock budget after which no new example starts. Management calls that would change the
@@ -74,7 +74,8 @@ def bounded(case: Any, model: str, use_model: bool) -> None:
     """Keep a generated request cheap to answer and on the served model half of the time."""
     body = case.body
     if isinstance(body, dict) and case.path in ("/v1/chat/completions", "/v1/completions",
-                                                "/tokenize", "/detokenize"):
+                                                "/tokenize", "/detokenize", "/v1/messages",
+                                                "/v1/messages/count_tokens"):
         if use_model:
             body["model"] = model
         for key in ("max_tokens", "max_completion_tokens"):
@@ -94,6 +95,12 @@ def check(response: requests.Response, label: str, failures: list[str]) -> None:
     where = f"{label} -> {response.status_code}"
     if response.status_code >= 500:
         failures.append(f"{where}: {response.text[:300]}")
+    elif response.status_code >= 400 and label.split()[2].startswith("/v1/messages"):
+        try:  # Anthropic's routes answer in Anthropic's shape
+            body = response.json()
+            assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
+        except (ValueError, KeyError, TypeError, AssertionError):
+            failures.append(f"{where}: not Anthropic-shaped: {response.text[:300]}")
     elif response.status_code >= 400:
         try:
             error = response.json()["error"]

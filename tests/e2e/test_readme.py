@@ -238,6 +238,8 @@ ENTRIES: list[Entry] = [
          "through a deployment made the same way, and the parsers' fixtures hold Qwen3's output"),
     Skip("print(out.choices[0].message.reasoning_content)",
          "asks the Qwen3 deployment above (not served here)"),
+    Run("curl http://127.0.0.1:8000/v1/messages -H"),
+    Run("claude = anthropic.Anthropic("),
     Run(".venv/bin/shoal keys create ops --scope admin", capture=_key_values),
     Run('curl -H "Authorization: Bearer $ADMIN"'),
     Run("MINILM=$(.venv/bin/python -c"),

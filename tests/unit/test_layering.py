@@ -44,7 +44,8 @@ PURE = ["kernels", "services/scheduler/policies", "services/scheduler/claim",
         "openai/streaming.py", "auth/admission.py", "openai/structured.py", "openai/tools.py",
         "openai/tool_parsers.py", "openai/embeddings.py", "auth/ratelimit.py", "json_body.py",
         "auth/edge_rules.py", "openai/objects.py", "openai/builders.py",
-        "auth/reservation.py")]
+        "auth/reservation.py", "anthropic/protocol.py", "anthropic/objects.py",
+        "anthropic/answer.py")]
 
 
 def python_files(entry: str | Path) -> list[Path]:

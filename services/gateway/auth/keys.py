@@ -1,7 +1,7 @@
-"""API-key auth: `Authorization: Bearer <key>`, the fixed key (vLLM's --api-key) or one verified
-by the registry, cached for `gateway_key_cache_ttl` seconds so a request costs no bus round
-trip. Scopes: the management API needs an admin key (403 otherwise); the verified key rides on
-the request for quota.py (limits, usage).
+"""API-key auth: `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`), the fixed
+key (vLLM's --api-key) or one verified by the registry, cached for `gateway_key_cache_ttl`
+seconds so a request costs no bus round trip. Scopes: the management API needs an admin key
+(403 otherwise); the verified key rides on the request for quota.py (limits, usage).
 
 A key that is presented is always honoured; keys are required only with
 `settings.require_api_key` or a fixed `settings.api_key`. On an open gateway a request without
@@ -238,6 +238,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         return await handler(request)
     required = keys_required(st.settings)
     header = request.headers.get("Authorization")
+    if header is None and (api_key := request.headers.get("x-api-key")):
+        header = f"Bearer {api_key}"  # Anthropic's header: the same keys
     secret = bearer(header) if required else presented_key(header)
     if secret is None:  # an open gateway and no key: served in full
         return await handler(request)

@@ -10,6 +10,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from shoal.services.gateway.anthropic.objects import (
+    AnthropicError, Message, MessageStreamEvent, MessageTokensCount
+)
+from shoal.services.gateway.anthropic.protocol import CountTokensRequest, MessagesRequest
 from shoal.services.gateway.openai.embeddings import EmbeddingBody, EmbeddingList
 from shoal.services.gateway.openai.objects import (
     ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, DetokenizeResponse,
@@ -33,6 +37,10 @@ _OPS: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
      ChatCompletionRequest, "openai"),
     ("post", "/v1/embeddings", "Create embeddings (an embedding model's instances)",
      EmbeddingBody, "openai"),
+    ("post", "/v1/messages", "Create a message, Anthropic's Messages API (stream: SSE; "
+     "auth: x-api-key or Bearer)", MessagesRequest, "anthropic"),
+    ("post", "/v1/messages/count_tokens", "Count a message's input tokens (Anthropic's API)",
+     CountTokensRequest, "anthropic"),
     ("post", "/tokenize", "Tokenize a prompt or messages", TokenizeBody, "openai"),
     ("post", "/detokenize", "Detokenize token ids", DetokenizeBody, "openai"),
     ("get", "/health", "Liveness: 200 while the gateway runs", None, "ops"),
@@ -79,6 +87,8 @@ class Answer:
     event: type[BaseModel] | None = None
     many: bool = False
     """A JSON array of `model` (the management API's lists)."""
+    ending: str = "then `data: [DONE]`"
+    """What a stream ends with."""
 
 
 _ANSWERS: dict[tuple[str, str], Answer] = {
@@ -87,6 +97,10 @@ _ANSWERS: dict[tuple[str, str], Answer] = {
     ("post", "/v1/completions"): Answer(Completion, CompletionChunk),
     ("post", "/v1/chat/completions"): Answer(ChatCompletion, ChatCompletionChunk),
     ("post", "/v1/embeddings"): Answer(EmbeddingList),
+    ("post", "/v1/messages"): Answer(
+        Message, MessageStreamEvent, ending="each named by its `event:` line, in Anthropic's "
+        "order, ending with message_stop"),
+    ("post", "/v1/messages/count_tokens"): Answer(MessageTokensCount),
     ("post", "/tokenize"): Answer(TokenizeResponse),
     ("post", "/detokenize"): Answer(DetokenizeResponse),
     ("get", "/api/v1/models"): Answer(ModelPublic, many=True),
@@ -138,7 +152,7 @@ def _ok(answer: Answer | None, schemas: dict[str, Any]) -> dict[str, Any]:
         return {"description": f"a list of {name}" if answer.many else name, "content": content}
     content["text/event-stream"] = {"schema": {
         **_ref(answer.event, schemas), "description": f"with stream: true, server-sent events: "
-        f"one `data: <{answer.event.__name__}>` per chunk, then `data: [DONE]`"}}
+        f"one `data: <{answer.event.__name__}>` per chunk, {answer.ending}"}}
     return {"description": f"{answer.model.__name__}, or {answer.event.__name__} events when "
             "streamed", "content": content}
 
@@ -146,7 +160,8 @@ def _ok(answer: Answer | None, schemas: dict[str, Any]) -> dict[str, Any]:
 def openapi_document(version: str) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     schemas: dict[str, Any] = {}
-    error = _ref(ErrorResponse, schemas)
+    errors = {"openai": _ref(ErrorResponse, schemas),
+              "anthropic": _ref(AnthropicError, schemas)}
     for method, path, summary, body, tag in _OPS:
         op: dict[str, Any] = {
             "summary": summary, "tags": [tag],
@@ -156,7 +171,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                              if (method, path) in _ANSWERS or (method, path) not in _CREATED
                              else {}),
                           **{code: {"description": text, "content": {"application/json": {
-                              "schema": error}}}
+                              "schema": errors.get(tag, errors["openai"])}}}
                              for code, text in _ERRORS.items()}},
         }
         params = [p.strip("{}") for p in path.split("/") if p.startswith("{")]
@@ -174,6 +189,8 @@ def openapi_document(version: str) -> dict[str, Any]:
                  "description": "OpenAI-compatible serving API and Shoal's management API."},
         "paths": paths,
         "components": {"schemas": schemas,
-                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
-        "security": [{"bearer": []}],
+                       "securitySchemes": {
+                           "bearer": {"type": "http", "scheme": "bearer"},
+                           "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"}}},
+        "security": [{"bearer": []}, {"x-api-key": []}],
     }

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -87,8 +87,7 @@ def _model_card(request: web.Request, served: str, name: str, created: int,
                      has_running_instance=name in table.model_names())
 
 
-UNSUPPORTED_APIS = {"messages": "Anthropic's Messages API (/v1/messages)",
-                    "responses": "OpenAI's Responses API (/v1/responses)"}
+UNSUPPORTED_APIS = {"responses": "OpenAI's Responses API (/v1/responses)"}
 """APIs clients try that Shoal does not serve yet: named in the 404, not "no such route"."""
 
 
@@ -128,7 +127,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             return reservation([prompt_tokens(p) for p in prompts], body.n, body.max_tokens,
                                st.table.max_model_len(body.model))
 
-        return await _answer(request, answer, body.stream, body.spec()[1], tokens)
+        return await run_answer(request, answer, body.stream, body.spec()[1], tokens)
 
 
 @routes.post("/v1/chat/completions")
@@ -137,45 +136,59 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = parse_body(await read_body(request), ChatCompletionRequest)
     body.model, lora = await st.names.resolve_lora(body.model)  # (as for completions)
     with st.admission.slot(body.n, param="n"):
-        builder = ChatResponseBuilder(lora or body.model, want_logprobs=body.logprobs,
-                                      tool_mode=body.tool_plan().mode,
-                                      tool_schemas=parameter_schemas(body.tools),
-                                      parallel_tool_calls=body.parallel_tool_calls is not False,
-                                      include_reasoning=body.include_reasoning,
-                                      guided=body.spec()[0] is not None)
-        hashes = messages_prefix_hashes([(m.role, m.text() or "") for m in body.messages])
-        job = body.generate(builder.id)
-        job.lora_name = lora
-        jobs = [Job(job, lora_prefix_hashes(hashes, lora))]
-        answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model),
-                        body.include_usage,
-                        body.continuous_usage)
-        def tokens() -> int:
-            texts = [m.text() or "" for m in body.messages] + [
-                c.model_dump_json() for m in body.messages for c in m.tool_calls or []] + [
-                t.model_dump_json() for t in body.tools or []]
-            max_tokens = (body.max_completion_tokens if body.max_completion_tokens is not None
-                          else body.max_tokens)
-            prompt = chat_tokens(texts, st.table.chat_template_tokens(body.model))
-            return reservation([prompt], body.n, max_tokens, st.table.max_model_len(body.model))
-
-        return await _answer(request, answer, body.stream, body.spec()[1], tokens)
+        answer, tokens = chat_answer(request, body, lora)
+        return await run_answer(request, answer, body.stream, body.spec()[1], tokens)
 
 
-async def _answer(request: web.Request, answer: Answer, stream: bool,
-                  spec_source: str | None, tokens: Callable[[], int]) -> web.StreamResponse:
+def chat_answer(request: web.Request, body: ChatCompletionRequest, lora: str | None = None
+                ) -> tuple[Answer, Callable[[], int]]:
+    """A chat request's answer, and the most tokens it may spend (for a key with limits); the
+    Anthropic and Responses routes run theirs through this too, translated to chat."""
+    st = request.app[STATE]
+    builder = ChatResponseBuilder(lora or body.model, want_logprobs=body.logprobs,
+                                  tool_mode=body.tool_plan().mode,
+                                  tool_schemas=parameter_schemas(body.tools),
+                                  parallel_tool_calls=body.parallel_tool_calls is not False,
+                                  include_reasoning=body.include_reasoning,
+                                  guided=body.spec()[0] is not None)
+    hashes = messages_prefix_hashes([(m.role, m.text() or "") for m in body.messages])
+    job = body.generate(builder.id)
+    job.lora_name = lora
+    jobs = [Job(job, lora_prefix_hashes(hashes, lora))]
+    answer = Answer(st.client, builder, jobs, body.n, st.metrics.observer(body.model),
+                    body.include_usage, body.continuous_usage)
+
+    def tokens() -> int:
+        texts = [m.text() or "" for m in body.messages] + [
+            c.model_dump_json() for m in body.messages for c in m.tool_calls or []] + [
+            t.model_dump_json() for t in body.tools or []]
+        max_tokens = (body.max_completion_tokens if body.max_completion_tokens is not None
+                      else body.max_tokens)
+        prompt = chat_tokens(texts, st.table.chat_template_tokens(body.model))
+        return reservation([prompt], body.n, max_tokens, st.table.max_model_len(body.model))
+
+    return answer, tokens
+
+
+async def run_answer(request: web.Request, answer: Answer, stream: bool,
+                     spec_source: str | None, tokens: Callable[[], int],
+                     respond: Callable[[], Awaitable[web.StreamResponse]] | None = None
+                     ) -> web.StreamResponse:
     """Run the answer inside its GenAI span (whose traceparent rides to the engine) and a log
     context, counted against the key's limits and usage (quota.py), reserving `tokens()` (the
     most it may spend; estimated only for a key with limits) until its usage settles them. An
-    engine 400 about the output constraint names the field the client sent."""
+    engine 400 about the output constraint names the field the client sent. `respond` writes
+    an answer in another API's shape (default: OpenAI's, streamed or whole)."""
     quota = request.app[STATE].quota
     answer.spec_source = spec_source
     ticket = await quota.admit(request, answer.builder.model, tokens)
+    if respond is None:
+        respond = (lambda: answer.stream(request)) if stream else answer.whole
     with log_context(request_id=answer.builder.id, model=answer.builder.model), \
             inference_span(answer.jobs[0].request, answer.builder, stream):
         answered = False
         try:
-            response = await (answer.stream(request) if stream else answer.whole())
+            response = await respond()
             answered = True
             return response
         except InvalidRequest as exc:

@@ -125,7 +125,18 @@ class Answer:
                     entries.append(builder.with_role(closing))
         return entries
 
+    async def entries(self) -> AsyncIterator[list[Entry]]:
+        """Each engine reply's entries, for answers in another API's shape (Anthropic's
+        Messages, OpenAI's Responses), which translate chat entries into their own events."""
+        async with contextlib.aclosing(merged(self.client, self.jobs)) as replies:
+            async for i, reply in replies:
+                yield self._entries(i, reply)
+
     async def whole(self) -> web.Response:
+        return web.json_response((await self.result()).body())
+
+    async def result(self) -> Any:
+        """The non-streamed answer's object (ChatCompletion or Completion)."""
         async with contextlib.aclosing(merged(self.client, self.jobs)) as replies:
             async for i, reply in replies:
                 self._entries(i, reply)
@@ -134,7 +145,7 @@ class Answer:
         for job in self.jobs:  # choices that produced nothing still appear
             for k in range(self.n):
                 self.builder.choices.setdefault(job.index_offset + k, ChoiceState())
-        return web.json_response(self.builder.final(prefix).body())
+        return self.builder.final(prefix)
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         async with contextlib.aclosing(merged(self.client, self.jobs)) as replies:

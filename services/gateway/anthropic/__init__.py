@@ -1,0 +1,2 @@
+"""Anthropic's Messages API, translated onto the chat path: request bodies (protocol.py) and
+answers (objects.py, answer.py) are pure; routes.py is the only module here speaking HTTP."""

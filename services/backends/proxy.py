@@ -158,7 +158,8 @@ class BackendHandlers(StreamIntake):
             async for chunk in self._stream(completion_body(req, self.served_name, token_ids)):
                 if chunk.get("usage"):
                     usage = chunk["usage"]
-                deltas = [self._delta(c) for c in chunk.get("choices") or []]
+                deltas = [self._delta(c, req.sampling.logprobs or 0)
+                          for c in chunk.get("choices") or []]
                 if not deltas:
                     continue
                 ttft = ttft if ttft is not None else time.monotonic() - arrival
@@ -201,17 +202,20 @@ class BackendHandlers(StreamIntake):
                                           json.dumps(event))
                 yield event
 
-    def _delta(self, c: dict[str, Any]) -> ChoiceDelta:
+    def _delta(self, c: dict[str, Any], top_n: int = 0) -> ChoiceDelta:
         text = c.get("text") or ""
         ids = c.get("token_ids")
         if ids is None:  # a server without vLLM's return_token_ids: count the text's tokens
             ids = self.tokenizer.encode(text, add_special_tokens=False) if text else []
         return ChoiceDelta(index=int(c.get("index", 0)), text=text, token_ids=list(ids),
-                           logprobs=self._logprobs(c.get("logprobs")),
+                           logprobs=self._logprobs(c.get("logprobs"), top_n),
                            finish_reason=c.get("finish_reason"),
                            stop_reason=c.get("stop_reason"))
 
-    def _logprobs(self, lp: dict[str, Any] | None) -> list[TokenLogprobWire] | None:
+    def _logprobs(self, lp: dict[str, Any] | None, top_n: int) -> list[TokenLogprobWire] | None:
+        """vLLM's completion logprobs as ours: its top_logprobs hold the sampled token beside the
+        top `top_n` (all of them at logprobs 0), so the `top_n` most likely are kept, best
+        first, as our engine sends them."""
         if not lp or not lp.get("tokens"):
             return None
         items = []
@@ -219,8 +223,9 @@ class BackendHandlers(StreamIntake):
                                      lp.get("top_logprobs") or [{}] * len(lp["tokens"]),
                                      strict=False):
             tid = token_id_of(token)
+            best = sorted((top or {}).items(), key=lambda kv: -kv[1])[:top_n]
             tops = [TopLogprob(token_id=token_id_of(t), token=self._text(t), logprob=v)
-                    for t, v in (top or {}).items()]
+                    for t, v in best]
             items.append(TokenLogprobWire(token_id=tid, token=self._text(token),
                                           logprob=value if value is not None else 0.0, top=tops))
         return items

@@ -15,6 +15,7 @@ from enum import Enum
 from pydantic import Field
 
 from shoal.shared.schemas.common import Wire
+from shoal.shared.schemas.infer import TOOL_CALL_PARSERS
 
 
 class BackendKind(str, Enum):
@@ -103,8 +104,17 @@ def reserved_flag(parameters: list[str]) -> tuple[str, str] | None:
     return None
 
 
+def tool_call_parser_of(parameters: list[str]) -> str | None:
+    """vLLM's `--tool-call-parser NAME` among the flags: the gateway parses "auto" tool choice
+    answers of every backend with it (the adapter renders the chat template and sends vLLM
+    token ids, so vLLM's own parser never sees a chat)."""
+    value = find_flag(flatten_parameters(parameters), "tool-call-parser")
+    return value if isinstance(value, str) else None
+
+
 def check_parameters(parameters: list[str]) -> list[str]:
-    """A deploy's backend_parameters: they parse (quotes balance) and set no flag of Shoal's."""
+    """A deploy's backend_parameters: they parse (quotes balance), set no flag of Shoal's, and
+    name a tool-call parser only if the gateway has it."""
     try:
         flatten_parameters(parameters)
     except ValueError as exc:
@@ -114,6 +124,10 @@ def check_parameters(parameters: list[str]) -> list[str]:
         name, instead = found
         raise ValueError(f"--{name} is computed by Shoal (from {instead}); it cannot be given "
                          f"in backend_parameters")
+    parser = tool_call_parser_of(parameters)
+    if parser is not None and parser not in TOOL_CALL_PARSERS:
+        raise ValueError(f"--tool-call-parser {parser}: Shoal parses tool calls itself for every "
+                         f"backend, with one of {', '.join(TOOL_CALL_PARSERS)}")
     return parameters
 
 

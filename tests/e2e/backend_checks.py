@@ -1,8 +1,9 @@
 """The openai-SDK checks every backend passes through the gateway (test_backend_custom.py,
 test_backend_vllm.py): chat and completions, streamed and not, usage with cached tokens,
-/v1/models, an aborted stream freeing the backend, a key's token budget, the backend's /metrics
-among the targets with the instance's labels, and a SIGKILLed backend process (the stream ends
-with an error, the instance comes back)."""
+/v1/models, logprobs, structured outputs and tool calls (named, and "auto" read by the parser the
+deploy names as vLLM users do: TOOL_FLAGS), an aborted stream freeing the backend, a key's
+token budget, the backend's /metrics among the targets with the instance's labels, and a
+SIGKILLed backend process (the stream ends with an error, the instance comes back)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import json
 
 import aiohttp
 import openai
@@ -31,7 +34,13 @@ from shoal.shared.schemas.registry import (
 )
 from shoal.shared.schemas.registry import ModelCreate
 from tests.e2e.test_serving import FRANCE, running_instance
+from tests.e2e.test_structured_serving import ASK, PERSON, TOOLS, check_arguments
 from tests.integration.conftest import make_settings, running_services
+
+
+TOOL_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser hermes"]
+"""vLLM's flags for tool_choice "auto", given as its users give them: the adapter reads the parser
+from them (the gateway parses every backend's tool calls)."""
 
 
 @dataclass
@@ -135,6 +144,68 @@ async def check_abort_frees_the_backend(s: Served) -> None:
         await sub.unsubscribe()
 
 
+async def check_logprobs(s: Served) -> None:
+    """Chat's logprobs with top_logprobs 2 and completions' logprobs 1, greedy: one entry per
+    token, the asked number of alternatives, best first, the chosen one the best."""
+    a = api(s.url)
+    chat = await a.chat.completions.create(model=s.model.name, messages=FRANCE, temperature=0,
+                                           max_tokens=6, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    assert "".join(t.token for t in content) == chat.choices[0].message.content
+    for item in content:
+        assert len(item.top_logprobs) == 2 and item.logprob <= 0
+        assert item.top_logprobs[0].logprob >= item.top_logprobs[1].logprob
+        assert item.top_logprobs[0].token == item.token
+        assert abs(item.top_logprobs[0].logprob - item.logprob) < 1e-3
+    done = await a.completions.create(model=s.model.name, prompt="One, two, three,",
+                                      max_tokens=4, temperature=0, logprobs=1)
+    lp = done.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert "".join(lp.tokens) == done.choices[0].text
+    assert all(len(top) == 1 and list(top.values())[0] <= 0 for top in lp.top_logprobs)
+
+
+async def check_structured_and_named_tool(s: Served) -> None:
+    """response_format json_schema, and a named tool choice answered as a tool call."""
+    a = api(s.url)
+    reply = await a.chat.completions.create(
+        model=s.model.name, temperature=0, max_tokens=60,
+        messages=[{"role": "user", "content": "Invent a person, as JSON."}],
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "person", "schema": PERSON, "strict": True}})
+    person = json.loads(reply.choices[0].message.content)
+    assert set(person) <= {"name", "age"} and isinstance(person["name"], str)
+    assert isinstance(person["age"], int) and person["age"] >= 0
+    named = await a.chat.completions.create(
+        model=s.model.name, messages=ASK, temperature=0, max_tokens=60, tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    choice = named.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    check_arguments(call.function.name, call.function.arguments)
+
+
+async def check_auto_tool_choice(s: Served) -> None:
+    """tool_choice "auto" read with the hermes parser the deploy named in backend_parameters.
+    SmolLM2 was not trained for tools: guided_choice makes it answer in hermes' format (the
+    parser is under test), streamed and not."""
+    a = api(s.url)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": ' \
+           '"celsius"}}\n</tool_call>'
+    args = dict(model=s.model.name, messages=ASK, temperature=0, max_tokens=150, tools=TOOLS,
+                extra_body={"guided_choice": [call]})
+    reply = (await a.chat.completions.create(**args)).choices[0]
+    assert reply.finish_reason == "tool_calls" and not reply.message.content
+    [tool_call] = reply.message.tool_calls
+    assert tool_call.function.name == "get_weather"
+    assert json.loads(tool_call.function.arguments) == {"city": "Paris", "unit": "celsius"}
+    names = [d.function.name async for c in await a.chat.completions.create(**args, stream=True)
+             if c.choices for d in c.choices[0].delta.tool_calls or [] if d.function.name]
+    assert names == ["get_weather"]
+
+
 async def check_key_token_budget(s: Served) -> None:
     key = await s.client.create_key(ApiKeyCreate(
         name=f"budget-{uuid.uuid4().hex[:6]}", scope=ApiKeyScope.INFERENCE,
@@ -211,6 +282,15 @@ class BackendChecks:
 
     async def test_abort_frees_the_backend(self, served: Served) -> None:
         await check_abort_frees_the_backend(served)
+
+    async def test_logprobs(self, served: Served) -> None:
+        await check_logprobs(served)
+
+    async def test_structured_output_and_named_tool(self, served: Served) -> None:
+        await check_structured_and_named_tool(served)
+
+    async def test_auto_tool_choice_with_the_deploys_parser(self, served: Served) -> None:
+        await check_auto_tool_choice(served)
 
     async def test_key_token_budget(self, served: Served) -> None:
         await check_key_token_budget(served)

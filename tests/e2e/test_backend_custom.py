@@ -21,7 +21,8 @@ COMMAND = (f"{sys.executable} -m shoal serve {{model_path}} --port {{port}} "
 async def served(servers, tmp_path_factory):
     async with checks.serving(servers, tmp_path_factory.mktemp("backend-custom"), "custom",
                               READY_TIMEOUT, backend="custom",
-                              backend_command=COMMAND) as served:
+                              backend_command=COMMAND,
+                              backend_parameters=checks.TOOL_FLAGS) as served:
         yield served
 
 

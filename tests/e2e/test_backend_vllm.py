@@ -23,7 +23,8 @@ CACHE = Path(os.environ.get("SHOAL_BACKEND_CACHE_DIR", Path.home() / ".cache" / 
 async def served(servers, tmp_path_factory):
     async with checks.serving(servers, tmp_path_factory.mktemp("backend-vllm"), "vllm",
                               READY_TIMEOUT, settings={"backend_cache_dir": CACHE},
-                              backend="vllm", backend_version="0.32.0") as served:
+                              backend="vllm", backend_version="0.32.0",
+                              backend_parameters=checks.TOOL_FLAGS) as served:
         yield served
 
 

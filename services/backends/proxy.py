@@ -25,12 +25,16 @@ import aiohttp
 from opentelemetry import trace
 from prometheus_client.parser import text_string_to_metric_families
 
+from nats.aio.msg import Msg
+
+from shoal.services.backends.embed import embed_reply, embedding_body
 from shoal.services.engine import InputProcessor, Replies, StreamIntake
+from shoal.shared.bus.codec import decode, encode
 from shoal.shared.errors import InvalidRequest, ShoalError, Unavailable
 from shoal.shared.genai import response_attributes
 from shoal.shared.schemas.infer import (
-    ChoiceDelta, DetokenizeReply, DetokenizeRequest, EngineLoad,
-    GenerateRequest, SamplingOptions,
+    ChoiceDelta, DetokenizeReply, DetokenizeRequest, EmbedReply, EmbedRequest, EngineLoad,
+    GenerateRequest, InferRequestEnvelope, SamplingOptions,
     TokenizeReply, TokenizeRequest, TokenLogprobWire, TopLogprob, Usage
 )
 from shoal.shared.telemetry import inject_headers
@@ -104,6 +108,10 @@ class BackendHandlers(StreamIntake):
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     chat_template: str | None = None
+    embedding: bool = False
+    """The backend serves an embedding model: EmbedRequests go to its /v1/embeddings (each in
+    a task among the lookups, which a drain waits for) and generation is refused, as our
+    embedding engine refuses it."""
     session: aiohttp.ClientSession | None = None
     gauges: dict[str, float] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=lambda: {
@@ -133,6 +141,52 @@ class BackendHandlers(StreamIntake):
             task.cancel(msg="backend exited")
 
     # ------------------------------------------------------------------ requests
+    async def on_request(self, msg: Msg) -> None:
+        if not self.embedding:
+            await super().on_request(msg)
+            return
+        try:
+            request = decode(msg.data, InferRequestEnvelope).request
+        except InvalidRequest as exc:
+            await self.bus.respond_error(msg, exc)
+            return
+        if isinstance(request, GenerateRequest):
+            if msg.reply:
+                await Replies(self.bus.nc, msg.reply, request.request_id).error(InvalidRequest(
+                    f"model {self.model_name} is an embedding model: it serves /v1/embeddings, "
+                    "not generation", param="model", code="wrong_model_type"), 400)
+            return
+        if not isinstance(request, EmbedRequest):
+            await super().on_request(msg)  # /tokenize, /detokenize
+            return
+        task = asyncio.create_task(self._answer_embed(request, msg))
+        self.lookup_tasks.add(task)
+        task.add_done_callback(self.lookup_tasks.discard)
+
+    async def _answer_embed(self, req: EmbedRequest, msg: Msg) -> None:
+        try:
+            reply = await self.embed(req)
+        except ShoalError as exc:
+            await self.bus.respond_error(msg, exc)
+            return
+        except (aiohttp.ClientError, ValueError, TypeError, AttributeError) as exc:
+            await self.bus.respond_error(msg, Unavailable(
+                f"backend error: {type(exc).__name__}: {exc}"))
+            return
+        await msg.respond(encode(reply))
+
+    async def embed(self, req: EmbedRequest) -> EmbedReply:
+        assert self.session is not None
+        async with self.session.post(f"{self.base_url}/v1/embeddings",
+                                     json=embedding_body(req, self.served_name),
+                                     headers=inject_headers()) as response:
+            text = await response.text()
+            if response.status != 200:
+                raise error_from_body(response.status, text)
+        reply = embed_reply(json.loads(text))
+        self.counters["prompt_tokens"] += reply.prompt_tokens
+        return reply
+
     def tokenize(self, req: TokenizeRequest) -> TokenizeReply:
         ids = self.prompt_token_ids(req)
         return TokenizeReply(tokens=ids, count=len(ids), max_model_len=self.max_model_len)
@@ -267,6 +321,8 @@ class BackendHandlers(StreamIntake):
 
     def load(self) -> EngineLoad:
         in_flight = sum(1 for t in self.tasks.values() if not t.done())
+        if self.embedding:
+            in_flight += len(self.lookup_tasks)
         g = self.gauges
         return EngineLoad(
             instance_id=self.instance_id, model_name=self.model_name,

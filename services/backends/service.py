@@ -28,6 +28,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry
 
 from shoal.services.backends.args import Command, Stage, VllmLaunch, build_custom, build_vllm
+from shoal.services.backends.embed import serves_embeddings
 from shoal.services.backends.proxy import BackendHandlers
 from shoal.services.backends.venv import (
     DEFAULT_VLLM_VERSION, ensure_venv, installed, python_of, venv_path, vllm_package
@@ -179,9 +180,10 @@ async def start_backend(settings: Settings, bus: Bus, reporter: InstanceReporter
     await reporter.move(InstanceState.STARTING, f"starting {model.backend.value}: "
                         + " ".join(command.argv[1:])[:1500])
     backend = spawn(settings, reporter.instance, command, host, port)
+    embedding = await asyncio.to_thread(is_embedder, model, Path(model_dir))
     try:
         tokenizer = await asyncio.to_thread(load_tokenizer, model_dir)
-        ready = await wait_ready(backend, model, tokenizer, stop)
+        ready = await wait_ready(backend, model, tokenizer, stop, embedding)
     except BaseException:
         await asyncio.to_thread(backend.stop)
         raise
@@ -196,8 +198,17 @@ async def start_backend(settings: Settings, bus: Bus, reporter: InstanceReporter
         max_num_seqs=model.engine_args.max_num_seqs or ENGINE_DEFAULTS.max_num_seqs,
         tool_call_parser=model.tool_call_parser(),
         reasoning_parser=model.engine_args.reasoning_parser,
-        chat_template=model.engine_args.chat_template)
+        chat_template=model.engine_args.chat_template, embedding=embedding)
     return backend, handlers
+
+
+def is_embedder(model: ModelPublic, model_dir: Path) -> bool:
+    """An embedding model: a BERT-family encoder (what our embedding engine serves), or vLLM's
+    pooling flags in backend_parameters (a decoder served as an embedder)."""
+    from shoal.services.engine.embedding.pooling import is_embedding_model
+
+    return serves_embeddings(model.backend_parameters) or (
+        model_dir.is_dir() and is_embedding_model(model_dir))
 
 
 def _context(model_dir: str | Path) -> int:
@@ -300,11 +311,15 @@ def spawn(settings: Settings, instance: InstancePublic, command: Command, host: 
 
 
 async def wait_ready(backend: Backend, model: ModelPublic, tokenizer: object,
-                     stop: asyncio.Event) -> bool:
-    """Until the health path answers 200 and a one-token completion succeeds (a server may
-    answer its health before its model serves); False on `stop`, BackendExited if it ends."""
-    probe = {"model": model.name, "prompt": [int(tokenizer.encode("Hi")[-1])],  # type: ignore
-             "max_tokens": 1}
+                     stop: asyncio.Event, embedding: bool = False) -> bool:
+    """Until the health path answers 200 and a one-token completion (an embedder: one
+    embedding) succeeds (a server may answer its health before its model serves); False on
+    `stop`, BackendExited if it ends."""
+    path, probe = "/v1/completions", {
+        "model": model.name, "prompt": [int(tokenizer.encode("Hi")[-1])],  # type: ignore
+        "max_tokens": 1}
+    if embedding:
+        path, probe = "/v1/embeddings", {"model": model.name, "input": "Hi"}
     health = model.backend_health_path if model.backend is BackendKind.CUSTOM else "/health"
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -314,8 +329,7 @@ async def wait_ready(backend: Backend, model: ModelPublic, tokenizer: object,
             try:
                 async with session.get(backend.base_url + health) as r:
                     if r.status == 200:
-                        async with session.post(backend.base_url + "/v1/completions",
-                                                json=probe) as p:
+                        async with session.post(backend.base_url + path, json=probe) as p:
                             if p.status == 200:
                                 return True
             except (aiohttp.ClientError, TimeoutError):

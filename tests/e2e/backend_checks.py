@@ -50,6 +50,8 @@ class Served:
     model: ModelPublic
     instance: InstancePublic
     url: str
+    selector: dict[str, str]
+    """Selects the stack's worker (for a further model on it)."""
 
 
 @contextlib.asynccontextmanager
@@ -70,7 +72,7 @@ async def serving(servers: Any, data_dir: Path, name: str, ready_timeout: float,
         inst = await running_instance(stack.client, created.id, ready_timeout)
         bus = await Bus.connect(config, name=f"{name}-test")
         try:
-            yield Served(stack.client, bus, created, inst, stack.url)
+            yield Served(stack.client, bus, created, inst, stack.url, stack.selector)
         finally:
             await bus.close()
 

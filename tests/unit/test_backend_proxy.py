@@ -41,3 +41,31 @@ def test_refusals_keep_their_kind_and_words() -> None:
 def test_token_ids_from_vllms_token_strings() -> None:
     assert token_id_of("token_id:123") == 123
     assert token_id_of("Paris") == -1
+
+
+def test_embeddings_go_as_floats_and_come_back_as_our_rows() -> None:
+    import base64
+    import struct
+
+    import pytest
+
+    from shoal.services.backends.embed import embed_reply, embedding_body, serves_embeddings
+    from shoal.shared.schemas.infer import EmbedRequest
+
+    body = embedding_body(EmbedRequest(model="m", token_ids=[[1, 2]], dimensions=2,
+                                       truncate_prompt_tokens=-1), "served")
+    assert body == {"model": "served", "encoding_format": "float", "input": [[1, 2]],
+                    "dimensions": 2, "truncate_prompt_tokens": -1}
+    as_b64 = base64.b64encode(struct.pack("<2f", 0.5, -1.0)).decode()
+    reply = embed_reply({"data": [{"index": 1, "embedding": as_b64},  # out of order, base64
+                                  {"index": 0, "embedding": [0.25, 2]}],
+                         "usage": {"prompt_tokens": 7}})
+    assert (reply.num_inputs, reply.dimensions, reply.prompt_tokens) == (2, 2, 7)
+    assert struct.unpack("<4f", base64.b64decode(reply.data)) == (0.25, 2.0, 0.5, -1.0)
+    with pytest.raises(ValueError, match="width"):
+        embed_reply({"data": [{"index": 0, "embedding": [1.0]},
+                              {"index": 1, "embedding": [1.0, 2.0]}]})
+    with pytest.raises(ValueError, match="no embeddings"):
+        embed_reply({"object": "error"})
+    assert serves_embeddings(["--runner pooling"]) and serves_embeddings(["--task=embed"])
+    assert serves_embeddings(["--convert", "embed"]) and not serves_embeddings(["--runner auto"])

@@ -186,8 +186,13 @@ async def test_dashboard_end_to_end(stack, browser, shots: Path) -> None:
     # the backend's fields (README "Backends"): a flag Shoal computes is refused, named
     await form.locator("summary", has_text="Backend").click()
     await form.get_by_label("Backend", exact=True).select_option("vllm")
-    await form.get_by_label("Backend parameters (raw flags)").fill("--max-num-seqs 8, --port 9")
-    await form.get_by_role("button", name="Preview placement").click()
+    # one flag per line: a value may hold commas (JSON), which must reach the server whole
+    spec = '--speculative-config={"method":"ngram","num_speculative_tokens":2}'
+    await form.get_by_label("Backend parameters (raw flags)").fill(f"{spec}\n--port 9")
+    async with page.expect_request(lambda r: "dry_run=true" in r.url) as asked:
+        await form.get_by_role("button", name="Preview placement").click()
+    sent = json.loads((await asked.value).post_data)
+    assert sent["backend_parameters"] == [spec, "--port 9"], sent
     await expect(form.get_by_role("alert")).to_contain_text("--port is computed by Shoal")
     await expect(form.get_by_label("Backend parameters (raw flags)")).to_have_attribute(
         "aria-invalid", "true")

@@ -36,10 +36,13 @@ function humanize(name) {
 }
 
 export class SchemaForm {
-  /** `layout`: [{title, names: [...] | "rest", open}]; `labels`: field name -> label text. */
-  constructor(schema, components, { layout, labels = {} }) {
+  /** `layout`: [{title, names: [...] | "rest", open}]; `labels`: field name -> label text;
+   * `lines`: list and map fields entered one item per line (a textarea), for values that may
+   * hold commas (a backend flag's JSON, VLLM_CPU_OMP_THREADS_BIND=0-3,6). */
+  constructor(schema, components, { layout, labels = {}, lines = [] }) {
     this.components = components;
     this.labels = labels;
+    this.lines = new Set(lines);
     this.fields = [];
     const required = new Set(schema.required || []);
     const names = Object.keys(schema.properties);
@@ -71,11 +74,13 @@ export class SchemaForm {
     const id = uid("field");
     const hintId = `${id}-hint`;
     const errorId = `${id}-error`;
-    const control = this.control(kind, s, { id, name, required, describedby: `${hintId} ${errorId}` });
+    const lines = this.lines.has(name) && (kind === "list" || kind === "map");
+    const control = this.control(kind, s, { id, name, required, describedby: `${hintId} ${errorId}`, lines });
     const error = h("span", { class: "field-error", id: errorId });
-    this.fields.push({ path, name, kind, schema: s, control, error });
-    const hint = [s.description, kind === "map" ? "key=value, comma separated" : null,
-      kind === "list" ? "comma separated" : null].filter(Boolean).join(" · ");
+    this.fields.push({ path, name, kind, schema: s, control, error, lines });
+    const each = lines ? "one per line" : "comma separated";
+    const hint = [s.description, kind === "map" ? `key=value, ${each}` : null,
+      kind === "list" ? each : null].filter(Boolean).join(" · ");
     if (kind === "checkbox") {
       return h("div", { class: "field check" },
         h("label", { for: id }, control, " ", label),
@@ -86,8 +91,12 @@ export class SchemaForm {
       control, h("span", { class: "hint", id: hintId }, hint), error);
   }
 
-  control(kind, s, { id, name, required, describedby }) {
+  control(kind, s, { id, name, required, describedby, lines = false }) {
     const common = { id, name, "aria-describedby": describedby, required };
+    if (lines) {
+      return h("textarea", { ...common, rows: 3, autocomplete: "off", spellcheck: "false",
+        placeholder: kind === "map" ? "KEY=value" : "" });
+    }
     if (kind === "enum") {
       // no default (an optional choice, e.g. speculative_config.method): an empty "default"
       // option first, so nothing is sent unless the user picks one
@@ -140,8 +149,8 @@ export class SchemaForm {
       case "enum": return text === f.schema.default ? undefined : text;
       case "tristate": return text === "true";
       case "number": return Number(text);
-      case "list": return text.split(",").map((x) => x.trim()).filter(Boolean);
-      case "map": return Object.fromEntries(text.split(",").map((x) => x.trim()).filter(Boolean)
+      case "list": return text.split(f.lines ? "\n" : ",").map((x) => x.trim()).filter(Boolean);
+      case "map": return Object.fromEntries(text.split(f.lines ? "\n" : ",").map((x) => x.trim()).filter(Boolean)
         .map((pair) => {
           const at = pair.indexOf("=");
           if (at < 1) throw Object.assign(new Error(`expected key=value, got "${pair}"`), { param: f.name });

@@ -56,7 +56,8 @@ export function deployForm({ onDeployed }) {
   let fields = null;
 
   schemas().then((all) => {
-    fields = new SchemaForm(all.ModelCreate, all, { layout: LAYOUT, labels: LABELS });
+    fields = new SchemaForm(all.ModelCreate, all, { layout: LAYOUT, labels: LABELS,
+      lines: ["backend_parameters", "env"] });  // a flag's value may hold commas
     replace(slot, fields.element);
   }).catch((err) => showError(error, err));
 

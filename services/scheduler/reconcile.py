@@ -1,6 +1,7 @@
 """What one reconcile pass must do, decided from the registry's lists: pure, so unit-tested.
 
-Replica counts (create / delete), rescheduling (UNREACHABLE past the grace period, ERROR after an
+Replica counts (create / delete), the roll of instances made before the model's run settings
+changed (one at a time), rescheduling (UNREACHABLE past the grace period, ERROR after an
 exponential back-off, instances on removed workers, GPUs claimed twice by racing schedulers) and
 the PENDING instances to place, oldest first. The service executes the plan through the registry.
 """
@@ -73,6 +74,33 @@ def _age(instance: InstancePublic, now: datetime) -> float:
     return (now - instance.state_changed_at).total_seconds()
 
 
+def scale(model: ModelPublic, mine: list[InstancePublic]) -> tuple[int, list[InstancePublic]]:
+    """Instances to create and to delete for the model's replica count; those that serve
+    nothing go first, then the newest."""
+    if len(mine) <= model.replicas:
+        return model.replicas - len(mine), []
+    ranked = sorted(mine, key=lambda i: (DELETE_FIRST[i.state], -i.created_at.timestamp(), i.id))
+    return 0, ranked[: len(mine) - model.replicas]
+
+
+def roll(model: ModelPublic, mine: list[InstancePublic]) -> tuple[int, list[InstancePublic]]:
+    """Replace the instances made before the model's run settings last changed (an older
+    run_revision), one at a time: a new one starts while the old ones serve, and an old one
+    goes once a new one is RUNNING. Old ones that serve nothing go at once; a new one that
+    fails holds the roll (the old ones keep serving) while the usual back-off retries it."""
+    old = sorted((i for i in mine if i.run_revision < model.run_revision),
+                 key=lambda i: (i.created_at, i.id))
+    serving = [i for i in old if i.state is _S.RUNNING]
+    create, delete = scale(model, [i for i in mine if i.run_revision >= model.run_revision])
+    current = [i for i in mine if i.run_revision >= model.run_revision and i not in delete]
+    ready = sum(1 for i in current if i.state is _S.RUNNING)
+    if create:  # the old serving ones stand in for what is missing, but one new starts at once
+        starting = len(current) > ready
+        create = max(create - len(serving), 0 if starting else 1)
+    excess = max(0, min(ready + len(serving) - model.replicas, len(serving)))
+    return create, [i for i in old if i.state is not _S.RUNNING] + serving[:excess] + delete
+
+
 def plan_pass(models: list[ModelPublic], workers: list[WorkerPublic],
               instances: list[InstancePublic], now: datetime, config: SchedulerConfig) -> PassPlan:
     plan = PassPlan()
@@ -82,14 +110,11 @@ def plan_pass(models: list[ModelPublic], workers: list[WorkerPublic],
     gone: set[str] = set()
     for model in sorted(models, key=lambda m: (m.created_at, m.id)):
         mine = by_model.get(model.id, [])
-        if len(mine) < model.replicas:
-            plan.create += [model] * (model.replicas - len(mine))
-        elif len(mine) > model.replicas:
-            ranked = sorted(mine, key=lambda i: (DELETE_FIRST[i.state], -i.created_at.timestamp(),
-                                                 i.id), )
-            extra = ranked[: len(mine) - model.replicas]
-            plan.delete += extra
-            gone |= {i.id for i in extra}
+        create, extra = (roll(model, mine) if any(i.run_revision < model.run_revision
+                                                   for i in mine) else scale(model, mine))
+        plan.create += [model] * create
+        plan.delete += extra
+        gone |= {i.id for i in extra}
     known_models = {m.id for m in models}
     worker_ids = {w.id for w in workers}
     for inst in instances:

@@ -30,10 +30,15 @@ def decode(data: bytes, model: type[T]) -> T:
     try:
         return model.model_validate_json(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or None
-        raise InvalidRequest(f"malformed {model.__name__}: {where or 'body'}: {first['msg']}",
-                             param=where) from None
+        raise refusal(exc, f"malformed {model.__name__}: ", "body") from None
+
+
+def refusal(exc: ValidationError, prefix: str = "", whole: str = "body") -> InvalidRequest:
+    """pydantic's first complaint as a 400 naming its field (`whole` when it is about the
+    object as a whole, e.g. fields that do not fit together)."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ())) or None
+    return InvalidRequest(f"{prefix}{where or whole}: {first['msg']}", param=where)
 
 
 def too_large(nc: NATS, data: bytes, what: str = "the request") -> PayloadTooLarge:

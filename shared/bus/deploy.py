@@ -2,7 +2,8 @@
 deploy`, `shoal serve`): the scheduler's dry run first, so what can never run is refused with the
 dry run's own 400 naming the field (a source that cannot be read, a tp the model's heads cannot
 split, a max_model_len past the model's), then the registry's create. An update that changes
-how the model runs (tp, pp, max_model_len, engine_args) is checked the same way.
+how the model runs (tp, pp, max_model_len, engine_args, the backend's fields) is checked the
+same way.
 
 When no scheduler answers (all replicas restarting, or none started yet), the deploy goes on
 unchecked rather than failing: nothing is placed without a scheduler anyway, and the first one
@@ -16,11 +17,14 @@ import json
 import logging
 import time
 
+from pydantic import ValidationError
+
 from shoal.shared.bus.client import Bus
+from shoal.shared.bus.codec import refusal
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.bus.scheduler_client import SchedulerClient
 from shoal.shared.errors import Unavailable
-from shoal.shared.schemas.registry import ModelCreate, ModelPublic, ModelUpdate
+from shoal.shared.schemas.registry import RUN_FIELDS, ModelCreate, ModelPublic, ModelUpdate
 from shoal.shared.schemas.scheduler import PlacementPlan
 
 log = logging.getLogger(__name__)
@@ -46,16 +50,17 @@ async def deploy(bus: Bus, spec: ModelCreate) -> ModelPublic:
     return await RegistryClient(bus).create_model(spec)
 
 
-RUN_FIELDS = ("tp", "pp", "max_model_len", "engine_args")
-"""The ModelUpdate fields that change how the model's engines run."""
-
-
 async def check_update(bus: Bus, model: ModelPublic, update: ModelUpdate) -> None:
     """An update that changes how the model runs is checked as a deploy of the result would be
-    (so a PATCH cannot make a model unrunnable, nor /v1/models advertise such a context)."""
-    changed = {f for f in RUN_FIELDS if getattr(update, f) is not None}
+    (so a PATCH cannot make a model unrunnable, nor /v1/models advertise such a context): the
+    result validated as a create (a 400 naming the field), then the scheduler's dry run."""
+    changed = {f for f in RUN_FIELDS if f in update.model_fields_set}
     if not changed:
         return
     merged = {**model.model_dump(mode="json", include=set(ModelCreate.model_fields)),
               **update.model_dump(mode="json", include=changed)}
-    await preflight(bus, ModelCreate.model_validate_json(json.dumps(merged)))
+    try:
+        spec = ModelCreate.model_validate_json(json.dumps(merged))
+    except ValidationError as exc:
+        raise refusal(exc, whole="the updated model") from None
+    await preflight(bus, spec)

@@ -27,6 +27,9 @@ class ModelRow(RowMixin, Base):
     """ModelSpec as JSON (source, replicas, placement, engine args, autoscaling)."""
     scale_events: Mapped[list[dict[str, Any]]] = mapped_column(JSON, nullable=False, default=list)
     """The autoscaler's last decisions (ScaleEvent as JSON), oldest first."""
+    run_revision: Mapped[int] = mapped_column(Integer, nullable=False, default=0,
+                                              server_default="0")
+    """Bumped by an update that changes how the model runs (RUN_FIELDS)."""
 
 
 class WorkerRow(RowMixin, Base):
@@ -58,6 +61,9 @@ class InstanceRow(RowMixin, Base):
     worker_name: Mapped[str | None] = mapped_column(String(64))
     placement: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     """Placement as JSON (gpu indexes, claim, tp/pp, subordinate workers, warnings)."""
+    run_revision: Mapped[int] = mapped_column(Integer, nullable=False, default=0,
+                                              server_default="0")
+    """The model's run_revision when this instance was made (older ones are replaced)."""
     restart_count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
 
 

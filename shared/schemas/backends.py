@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 import shlex
 from enum import Enum
+from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from shoal.shared.schemas.common import Wire
 from shoal.shared.schemas.infer import TOOL_CALL_PARSERS
@@ -153,3 +154,12 @@ def check_command(command: str) -> str:
     if "port" not in names:
         raise ValueError("the command must listen on {port} (the worker picks a free port)")
     return command
+
+
+BackendParameters = Annotated[list[str], Field(max_length=256), AfterValidator(check_parameters)]
+BackendEnv = Annotated[dict[str, str], AfterValidator(check_env)]
+BackendCommand = Annotated[str, Field(min_length=1, max_length=4096),
+                           AfterValidator(check_command)]
+BackendVersion = Annotated[str, Field(max_length=64, pattern=r"^[0-9A-Za-z][0-9A-Za-z.+!_-]*$")]
+HealthPath = Annotated[str, Field(pattern=r"^/")]
+"""The backend fields with their checks, one definition for a create and an update (PATCH)."""

@@ -109,6 +109,15 @@ def build_parser() -> argparse.ArgumentParser:
                                help="follow an instance (download, conversion, load) until RUNNING")
             if (resource, verb) == ("models", "update"):
                 p.add_argument("--replicas", type=int)
+                p.add_argument("--backend", choices=["shoal", "vllm", "custom"])
+                p.add_argument("--backend-version")
+                p.add_argument("--backend-arg", action="append", default=None, metavar="FLAGS",
+                               help="the backend's flags: given, they replace the model's "
+                                    "(--backend-arg= empties them); repeatable")
+                p.add_argument("--backend-command")
+                p.add_argument("--backend-health-path")
+                p.add_argument("--env", action="append", default=None, metavar="KEY=VALUE",
+                               help="given, replaces the model's env (--env= empties it)")
             if resource == "models" and verb in ("deploy", "update"):
                 p.add_argument("--autoscale", action="append", default=[], metavar="KEY=VALUE",
                                help="autoscaling: min_replicas, max_replicas, metric "

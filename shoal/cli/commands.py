@@ -11,7 +11,7 @@ from shoal.cli.resources import (
     emit, instances_table, keys_table, models_table, run, usage_table, workers_table
 )
 from shoal.cli.runner import resolve_settings, run_service
-from shoal.shared.bus.deploy import deploy
+from shoal.shared.bus.deploy import check_update, deploy
 from shoal.shared.bus.gather import gather
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
@@ -120,8 +120,11 @@ def models_cmd(settings: Settings, args: argparse.Namespace) -> int:
             if args.autoscale:
                 base = model.autoscaling.model_dump() if model.autoscaling else {}
                 changes["autoscaling"] = {**base, **_autoscaling(args.autoscale)}
-            return await c.update_model(ModelUpdate(id=model.id, version=model.version,
-                                                    **changes))  # type: ignore[arg-type]
+            changes.update(_backend_changes(args))
+            req = ModelUpdate(id=model.id, version=model.version,
+                              **changes)  # type: ignore[arg-type]
+            await check_update(c.bus, model, req)  # refused what the PATCH refuses
+            return await c.update_model(req)
 
         emit(run(settings, update), args.json, models_table)
     elif args.verb == "delete":
@@ -144,6 +147,19 @@ def _backend_fields(args: argparse.Namespace) -> dict[str, object]:
         if getattr(args, name) is not None:
             fields[name] = getattr(args, name)
     return fields
+
+
+def _backend_changes(args: argparse.Namespace) -> dict[str, object]:
+    """The backend's settings of `models update`: only those given (the rest is kept)."""
+    changes: dict[str, object] = {}
+    for name in ("backend", "backend_version", "backend_command", "backend_health_path"):
+        if getattr(args, name) is not None:
+            changes[name] = getattr(args, name)
+    if args.backend_arg is not None:
+        changes["backend_parameters"] = [a for a in args.backend_arg if a.strip()]
+    if args.env is not None:
+        changes["env"] = _labels([e for e in args.env if e.strip()])
+    return changes
 
 
 def wait_for(settings: Settings, model: ModelPublic) -> int:

@@ -179,3 +179,53 @@ async def test_without_a_scheduler_a_deploy_goes_on_unchecked(fleet,
                                         "replicas": 0}, "")
     assert status == 201, made
     await client.delete_model(DeleteRequest(id=made["id"]))
+
+
+async def test_a_patch_changes_the_backend_fields_checked_as_a_create(
+        fleet, client: RegistryClient) -> None:
+    """backend_parameters, env, backend_version... change by PATCH, with a create's checks: a
+    flag Shoal computes is a 400 naming backend_parameters, and the result must fit as a whole
+    (at the gateway and at the registry alike); a refused PATCH changes nothing."""
+    from shoal.shared.errors import InvalidRequest
+    from shoal.shared.schemas.registry import ModelUpdate
+
+    url, tag = fleet
+    status, made = await _dry_run(url, {"name": f"vl-{tag}", "source": "/any/model",
+                                        "replicas": 0, "backend": "vllm",
+                                        "backend_parameters": ["--max-num-seqs 8"]}, "")
+    assert status == 201, made
+
+    version = made["version"]
+
+    async def patch(change: dict) -> tuple[int, dict]:
+        async with aiohttp.ClientSession() as http, http.patch(
+                f"{url}/api/v1/models/{made['id']}",
+                json={**change, "version": version}) as resp:
+            return resp.status, await resp.json()
+
+    refused = [({"backend_parameters": ["--port 9000"]}, "backend_parameters",
+                "--port is computed by Shoal"),
+               ({"env": {"A B": "1"}}, "env", "not an environment variable name"),
+               ({"backend_version": "0.32.0; rm"}, "backend_version", "pattern"),
+               ({"backend": "shoal"}, None, "backend_parameters and backend_version are for"),
+               ({"backend": "custom"}, None, "backend custom needs backend_command")]
+    for change, param, words in refused:
+        status, err = await patch(change)
+        assert status == 400 and err["error"]["param"] == param, (change, err)
+        assert words in err["error"]["message"], (change, err)
+    assert (await client.get_model(id=made["id"])).version == made["version"]
+    with pytest.raises(InvalidRequest, match="backend_parameters and backend_version"):
+        await client.update_model(ModelUpdate(id=made["id"], version=made["version"],
+                                              backend="shoal"))  # the registry's own check
+    status, changed = await patch({"backend_parameters": ["--max-num-seqs 4", "--enforce-eager"],
+                                   "env": {"VLLM_LOGGING_LEVEL": "WARNING"},
+                                   "backend_version": "0.31.0"})
+    assert status == 200, changed
+    assert changed["backend_parameters"] == ["--max-num-seqs 4", "--enforce-eager"]
+    assert changed["env"] == {"VLLM_LOGGING_LEVEL": "WARNING"}
+    assert changed["backend_version"] == "0.31.0" and changed["backend"] == "vllm"
+    version = changed["version"]
+    status, back = await patch({"backend": "shoal", "backend_parameters": [],
+                                "backend_version": None})
+    assert status == 200 and back["backend"] == "shoal", back
+    await client.delete_model(DeleteRequest(id=made["id"]))

@@ -45,6 +45,30 @@ async def test_model_crud(client: RegistryClient) -> None:
         await client.get_model(id=model.id)
 
 
+async def test_an_update_of_how_it_runs_bumps_the_run_revision(client: RegistryClient) -> None:
+    """The scheduler rolls the instances made for an older run revision (reconcile.roll): an
+    update of engine_args or a backend field bumps it, replicas or the same value again do not,
+    and a new instance carries the model's."""
+    model = await new_model(client, backend="vllm")
+    assert model.run_revision == 0
+    more = await client.update_model(ModelUpdate(id=model.id, version=model.version, replicas=2))
+    assert more.run_revision == 0
+    old = await client.create_instance(InstanceCreate(model_id=model.id))
+    env = await client.update_model(ModelUpdate(id=model.id, version=more.version,
+                                                env={"A": "1"}))
+    assert env.run_revision == 1
+    same = await client.update_model(ModelUpdate(id=model.id, version=env.version,
+                                                 env={"A": "1"}))
+    assert same.run_revision == 1
+    flags = await client.update_model(ModelUpdate(id=model.id, version=same.version,
+                                                  backend_parameters=["--enforce-eager"],
+                                                  engine_args={"max_num_seqs": 4}))
+    assert flags.run_revision == 2
+    new = await client.create_instance(InstanceCreate(model_id=model.id))
+    assert (old.run_revision, new.run_revision) == (0, 2)
+    await client.delete_model(DeleteRequest(id=model.id))
+
+
 async def test_duplicate_model_name_is_a_conflict(client: RegistryClient) -> None:
     model = await new_model(client)
     with pytest.raises(Conflict):

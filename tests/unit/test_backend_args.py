@@ -245,3 +245,18 @@ def test_each_install_step_parses_as_pip_reads_it(package: str, tmp_path) -> Non
     for step in pip_steps:
         name, args = parse_command(step[step.index("pip") + 1:])
         create_command(name).parse_args(args)
+
+
+def test_models_update_takes_the_backends_flags_given_only() -> None:
+    from shoal.cli import build_parser
+    from shoal.cli.commands import _backend_changes
+
+    parse = build_parser().parse_args
+    assert _backend_changes(parse(["models", "update", "m", "--replicas", "2"])) == {}
+    assert _backend_changes(parse([
+        "models", "update", "m", "--backend-arg", "--max-num-seqs 4", "--env", "A=1",
+        "--backend-version", "0.31.0"])) == {
+        "backend_parameters": ["--max-num-seqs 4"], "env": {"A": "1"},
+        "backend_version": "0.31.0"}
+    assert _backend_changes(parse(["models", "update", "m", "--backend-arg=", "--env="])) == {
+        "backend_parameters": [], "env": {}}

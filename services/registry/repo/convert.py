@@ -12,7 +12,8 @@ from shoal.shared.states import InstanceState, WorkerState
 def model_public(row: ModelRow) -> ModelPublic:
     return ModelPublic(id=row.id, name=row.name, created_at=row.created_at,
                        updated_at=row.updated_at, version=row.version,
-                       scale_events=row.scale_events or [], **row.spec)
+                       scale_events=row.scale_events or [], run_revision=row.run_revision or 0,
+                       **row.spec)
 
 
 def worker_public(row: WorkerRow) -> WorkerPublic:
@@ -37,6 +38,7 @@ def instance_public(row: InstanceRow) -> InstancePublic:
         warnings=placement.warnings if placement else [],
         restart_count=row.restart_count, created_at=row.created_at, updated_at=row.updated_at,
         state_changed_at=row.state_changed_at, version=row.version,
+        run_revision=row.run_revision or 0,
     )
 
 

@@ -38,6 +38,7 @@ class InstanceRepo:
                 id=new_id(), model_id=model.id, model_name=model.name,
                 state=InstanceState.PENDING.value,
                 state_changed_at=utcnow(), restart_count=0,
+                run_revision=model.run_revision or 0,
             )
             row.name = f"{model.name}-{row.id[:8]}"
             s.add(row)

@@ -1,18 +1,21 @@
-"""Models: create, read, list, update (replicas and placement settings), delete with instances."""
+"""Models: create, read, list, update (any field a create sets but the name), delete with
+instances."""
 
 from __future__ import annotations
 
+from pydantic import ValidationError
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shoal.services.registry.repo.common import check_version, get_or_404, unit_of_work
 from shoal.services.registry.repo.convert import instance_public, model_public
+from shoal.shared.bus.codec import refusal
 from shoal.shared.db.tables import InstanceRow, ModelRow
 from shoal.shared.errors import Conflict, InvalidRequest, NotFound
 from shoal.shared.schemas.common import Page
 from shoal.shared.schemas.registry import (
-    MAX_SCALE_EVENTS, ByIdOrName, DeleteRequest, InstancePublic, ListRequest, ModelCreate,
-    ModelPublic, ModelSpec, ModelUpdate
+    MAX_SCALE_EVENTS, RUN_FIELDS, ByIdOrName, DeleteRequest, InstancePublic, ListRequest,
+    ModelCreate, ModelPublic, ModelSpec, ModelUpdate
 )
 
 
@@ -49,14 +52,21 @@ class ModelRepo:
             check_version(row.version, req.version, f"model {row.name!r}")
             changes = req.model_dump(exclude={"id", "version"}, exclude_unset=True, mode="json")
             event = changes.pop("scale_event", None)
-            spec = ModelSpec.model_validate({**row.spec, **changes})
+            try:  # each field was checked alone; the result must fit as a create's would
+                spec = ModelSpec.model_validate({**row.spec, **changes})
+            except ValidationError as exc:
+                raise refusal(exc, whole="the updated model") from None
             if "aliases" in changes:
                 if row.name in spec.aliases:
                     raise InvalidRequest(f"aliases: {row.name!r} is the model's name already",
                                          param="aliases")
                 await _lock_names(s)
                 await _check_names_free(s, row.id, spec.aliases)
+            before = ModelSpec.model_validate(row.spec).model_dump(mode="json",
+                                                                   include=set(RUN_FIELDS))
             row.spec = spec.model_dump(mode="json")
+            if before != spec.model_dump(mode="json", include=set(RUN_FIELDS)):
+                row.run_revision = (row.run_revision or 0) + 1  # the scheduler rolls them
             if event is not None:  # the autoscaler's reason, kept with the model
                 row.scale_events = [*(row.scale_events or []), event][-MAX_SCALE_EVENTS:]
             await s.flush()

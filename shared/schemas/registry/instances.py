@@ -77,6 +77,8 @@ class InstancePublic(Wire):
     updated_at: datetime
     state_changed_at: datetime
     version: int
+    run_revision: int = 0
+    """The model's run_revision it was made for: the scheduler replaces older ones."""
 
 
 class InstanceTransition(Wire):

@@ -10,8 +10,8 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from shoal.shared.schemas.backends import (
-    BackendKind, ExtendedKVCache, check_command, check_env, check_parameters,
-    tool_call_parser_of
+    BackendCommand, BackendEnv, BackendKind, BackendParameters, BackendVersion, ExtendedKVCache,
+    HealthPath, tool_call_parser_of
 )
 from shoal.shared.schemas.common import Wire
 from shoal.shared.schemas.engine_args import EngineArgs
@@ -128,36 +128,20 @@ class ModelSpec(Wire):
     backend: BackendKind = BackendKind.SHOAL
     """What serves it: shoal (our engine), vllm (vLLM's OpenAI server, installed by the worker)
     or custom (`backend_command`, any OpenAI-compatible server). README "Backends"."""
-    backend_version: str | None = Field(default=None, max_length=64,
-                                        pattern=r"^[0-9A-Za-z][0-9A-Za-z.+!_-]*$")
+    backend_version: BackendVersion | None = None
     """vllm: the version the worker installs (unset: the worker's default)."""
-    backend_parameters: list[str] = Field(default_factory=list, max_length=256)
+    backend_parameters: BackendParameters = Field(default_factory=list)
     """Raw flags passed through to the backend, e.g. ["--max-num-seqs 8"]; flags Shoal computes
     (parallelism, port, host, served name, model, ...) are refused."""
-    env: dict[str, str] = Field(default_factory=dict)
+    env: BackendEnv = Field(default_factory=dict)
     """Environment of the backend process (and of our engine's)."""
-    backend_command: str | None = Field(default=None, min_length=1, max_length=4096)
+    backend_command: BackendCommand | None = None
     """custom: the server command, with {model_path}, {port}, {served_name}, {host},
     {model_name}, {data_dir} placeholders."""
-    backend_health_path: str = Field(default="/health", pattern=r"^/")
+    backend_health_path: HealthPath = "/health"
     """custom: the path that answers 200 once the server serves."""
     extended_kv_cache: ExtendedKVCache | None = None
     """vllm on NVIDIA / AMD GPUs: LMCache in CPU RAM (`--kv-transfer-config`)."""
-
-    @field_validator("backend_parameters")
-    @classmethod
-    def _no_flag_of_ours(cls, parameters: list[str]) -> list[str]:
-        return check_parameters(parameters)
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        return check_env(env)
-
-    @field_validator("backend_command")
-    @classmethod
-    def _command(cls, command: str | None) -> str | None:
-        return None if command is None else check_command(command)
 
     @model_validator(mode="after")
     def _backend_settings_fit(self) -> ModelSpec:
@@ -235,6 +219,13 @@ class ModelCreate(ModelSpec):
         return self
 
 
+RUN_FIELDS = ("tp", "pp", "max_model_len", "gpu_memory_utilization", "engine_args",
+              "lora_modules", "backend", "backend_version", "backend_parameters", "env",
+              "backend_command", "backend_health_path", "extended_kv_cache")
+"""The ModelUpdate fields that change how the model's engines (or backends) run: an update of
+one is checked as a deploy would be (shared/bus/deploy.py) and rolls the instances."""
+
+
 class ModelUpdate(Wire):
     """A partial update; `version` must be the version the caller read (optimistic)."""
 
@@ -257,6 +248,15 @@ class ModelUpdate(Wire):
     aliases: list[Annotated[str, Field(pattern=NAME_PATTERN)]] | None = Field(default=None,
                                                                               max_length=16)
     lora_modules: list[LoRAModule] | None = Field(default=None, max_length=256)
+    backend: BackendKind | None = None
+    backend_version: BackendVersion | None = None
+    backend_parameters: BackendParameters | None = None
+    env: BackendEnv | None = None
+    backend_command: BackendCommand | None = None
+    backend_health_path: HealthPath | None = None
+    extended_kv_cache: ExtendedKVCache | None = None
+    """The backend's fields, checked as on a create; the result must fit as a whole too (the
+    registry validates the updated spec: backend_parameters on backend shoal is a 400)."""
     scale_event: ScaleEvent | None = None
     """Set by the scheduler's autoscaler with `replicas`: why it scaled (kept on the model)."""
 
@@ -269,3 +269,6 @@ class ModelPublic(ModelSpec):
     version: int
     scale_events: list[ScaleEvent] = Field(default_factory=list)
     """The autoscaler's last decisions, oldest first: when, from, to, and why."""
+    run_revision: int = 0
+    """Bumped by each update that changes how the model runs (RUN_FIELDS): instances made for
+    an older one are replaced, one at a time (README "Updating a model")."""

@@ -89,3 +89,37 @@ def test_a_manual_overcommit_is_left_alone() -> None:
     manual = manual.model_copy(update={"claim": ResourceClaim(gpu_memory={0: 72 * GIB})})
     plan = plan_pass([model("m", 2)], [worker("a", 1)], [first, manual], NOW, CONFIG)
     assert plan.unschedule == []
+
+
+def test_a_changed_model_rolls_its_instances_one_at_a_time() -> None:
+    """After an update of how the model runs (run_revision 1), its instances of revision 0 are
+    replaced: one new starts while the old serve, an old goes when a new is RUNNING."""
+    changed = model("m", 2).model_copy(update={"run_revision": 1})
+    run, pend = InstanceState.RUNNING, InstanceState.PENDING
+    a, b = inst("m", run, created_s=0), inst("m", run, created_s=1)
+
+    def step(*instances):
+        plan = plan_pass([changed], [worker("a", 1)], list(instances), NOW, CONFIG)
+        return len(plan.create), plan.delete
+
+    assert step(a, b) == (1, [])  # one new instance, both old serve
+    c = inst("m", pend, created_s=2, run_revision=1)
+    assert step(a, b, c) == (0, [])  # it starts: nothing more
+    c = c.model_copy(update={"state": run})
+    assert step(a, b, c) == (1, [a])  # it serves: the oldest goes, the next new one starts
+    d = inst("m", run, created_s=3, run_revision=1)
+    assert step(b, c, d) == (0, [b])
+    assert step(c, d) == (0, [])  # rolled: the usual counting again
+    failed = inst("m", InstanceState.ERROR, created_s=2, run_revision=1)
+    assert step(a, b, failed) == (0, [])  # a failing new one holds the roll; the old serve
+
+
+def test_old_instances_that_serve_nothing_go_at_once() -> None:
+    changed = model("m", 1).model_copy(update={"run_revision": 2})
+    broken = inst("m", InstanceState.ERROR, run_revision=1)
+    plan = plan_pass([changed], [worker("a", 1)], [broken], NOW, CONFIG)
+    assert len(plan.create) == 1 and plan.delete == [broken]
+    assert plan.unschedule == []  # not also rescheduled
+    gone = model("m", 0).model_copy(update={"run_revision": 1})
+    serving = inst("m", InstanceState.RUNNING)
+    assert plan_pass([gone], [worker("a", 1)], [serving], NOW, CONFIG).delete == [serving]

@@ -266,3 +266,54 @@ async def test_an_unexpected_error_fails_only_its_model(
     finally:
         await stop_workers(workers)
         await delete_models(client, tag)
+
+
+async def test_an_update_of_how_it_runs_rolls_the_instances(client: RegistryClient,
+                                                            settings: Settings,
+                                                            tmp_path: Path) -> None:
+    """A PATCH of engine_args (or a backend field) bumps run_revision: the scheduler starts a
+    replacement while the old instance serves, and deletes the old one once it is RUNNING (a
+    simulated worker starts no engine: the test moves states as a worker would)."""
+    from shoal.shared.schemas.registry import InstanceTransition
+
+    tag = uuid.uuid4().hex[:6]
+    labels = {"suite": tag}
+    workers = [await start_worker(settings, f"{tag}-w1", "2xH100-80GB", labels)]
+
+    async def run(instance: InstancePublic) -> None:
+        for state in (InstanceState.STARTING, InstanceState.RUNNING):
+            instance = await client.transition_instance(InstanceTransition(
+                id=instance.id, version=instance.version, state=state))
+
+    try:
+        source = llama_config(tmp_path / "small", 2048, 16, 8, 16)
+        model = await client.create_model(ModelCreate(name=f"roll-{tag}", source=source,
+                                                      replicas=1, worker_selector=labels))
+        async with running_scheduler(settings):
+            [old] = await wait_for(lambda: all_scheduled(client, model.id, 1), 20, "SCHEDULED")
+            await run(old)
+            model = await client.get_model(id=model.id)
+            model = await client.update_model(ModelUpdate(
+                id=model.id, version=model.version, engine_args={"max_num_seqs": 4}))
+            assert model.run_revision == 1
+
+            async def replacement() -> list[InstancePublic] | None:
+                found = await instances_of(client, model.id)
+                new = [i for i in found if i.run_revision == 1
+                       and i.state is InstanceState.SCHEDULED]
+                return new if new and len(found) == 2 else None
+
+            [new] = await wait_for(replacement, 20, "a replacement beside the old one")
+            assert (await client.get_instance(old.id)).state is InstanceState.RUNNING
+            await asyncio.sleep(1.2)  # more passes: the old one serves until the new one does
+            assert len(await instances_of(client, model.id)) == 2
+            await run(await client.get_instance(new.id))
+
+            async def rolled() -> list[InstancePublic] | None:
+                found = await instances_of(client, model.id)
+                return found if [i.id for i in found] == [new.id] else None
+
+            await wait_for(rolled, 20, "the old instance deleted")
+    finally:
+        await stop_workers(workers)
+        await delete_models(client, tag)

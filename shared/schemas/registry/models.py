@@ -7,7 +7,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from shoal.shared.schemas.backends import (
     BackendCommand, BackendEnv, BackendKind, BackendParameters, BackendVersion, ExtendedKVCache,
@@ -153,12 +153,18 @@ class ModelSpec(Wire):
                                                   or self.backend_version):
             raise ValueError("backend_parameters and backend_version are for the vllm and "
                              "custom backends; our engine takes engine_args")
-        given = tool_call_parser_of(self.backend_parameters)
-        named = self.engine_args.tool_call_parser
-        if given is not None and named is not None and given != named:
-            raise ValueError(f"backend_parameters --tool-call-parser {given} and engine_args "
-                             f"tool_call_parser {named} disagree; give one")
         return self
+
+    @field_validator("backend_parameters")
+    @classmethod
+    def _one_tool_call_parser(cls, parameters: list[str], info: ValidationInfo) -> list[str]:
+        given = tool_call_parser_of(parameters)
+        args = info.data.get("engine_args")  # declared before: validated already
+        named = args.tool_call_parser if isinstance(args, EngineArgs) else None
+        if given is not None and named is not None and given != named:
+            raise ValueError(f"--tool-call-parser {given} and engine_args tool_call_parser "
+                             f"{named} disagree; give one")
+        return parameters
 
     def tool_call_parser(self) -> str | None:
         """The parser of "auto" tool choice answers: engine_args', else a backend's

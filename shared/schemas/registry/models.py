@@ -166,6 +166,19 @@ class ModelSpec(Wire):
                              f"{named} disagree; give one")
         return parameters
 
+    def spans_workers(self) -> bool:
+        """May one instance span several workers: `distributed`, and our engine (a vllm
+        instance across workers needs Ray, which the worker does not start yet; a custom server
+        runs in one process)."""
+        return self.distributed and self.backend is BackendKind.SHOAL
+
+    def one_worker_reason(self) -> str:
+        """Why spans_workers() is False, for a placement's reason."""
+        if not self.distributed:
+            return "distributed=false"
+        return (f"backend {self.backend.value}: the worker does not run it across workers (vLLM "
+                "would need Ray there)")
+
     def tool_call_parser(self) -> str | None:
         """The parser of "auto" tool choice answers: engine_args', else a backend's
         `--tool-call-parser` (as vLLM users give it, with --enable-auto-tool-choice)."""

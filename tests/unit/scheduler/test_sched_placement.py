@@ -251,3 +251,14 @@ def test_cpu_pipeline_stages_spread_when_asked() -> None:
                        profile=profile(1.5))
     [sub] = r.placement.subordinate_workers
     assert r.placement.claim.ram > sub.claim.ram > 0
+
+
+def test_a_backend_instance_stays_on_one_worker() -> None:
+    """vllm across workers needs Ray, which the worker does not start: the scheduler keeps a
+    backend's instance on one worker (or PENDING with why) rather than placing it to fail."""
+    fleet = [worker("a", 1), worker("b", 1)]
+    assert plan_placement(spec(), fleet, [], profile=BIG).placement.subordinate_workers
+    r = plan_placement(spec(backend="vllm"), fleet, [], profile=BIG)
+    assert not r.ok and "backend vllm: the worker does not run it across workers" in r.reason
+    r = plan_placement(spec(backend="vllm"), [worker("a", 2), worker("b", 1)], [], profile=BIG)
+    assert r.ok and not r.placement.subordinate_workers and r.placement.tp == 2

@@ -28,7 +28,7 @@ class CpuSelector:
         assert claim is not None
         need = claim.total
         tp, pp = request.fixed_parallelism() or (1, 1)
-        across = pp > 1 and request.model.distributed
+        across = pp > 1 and request.model.spans_workers()
         if across and request.spread:  # the user asks for the stages on distinct workers
             found = self._across(index, request, allowed, tp, pp, need)
             if found:
@@ -73,7 +73,7 @@ class CpuSelector:
         tp, pp = request.fixed_parallelism() or (1, 1)
         ranks = tp * pp
         notes = []
-        if pp > 1 and request.model.distributed and len(eligible) > 1:
+        if pp > 1 and request.model.spans_workers() and len(eligible) > 1:
             top = max(eligible, key=lambda s: (s.ram_allocatable, s.name))
             second = sorted((s.ram_allocatable for s in eligible), reverse=True)[1]
             notes.append(
@@ -81,8 +81,9 @@ class CpuSelector:
                 f"{fmt_bytes(stage_claim(need, 1, pp))} of RAM and {tp} core(s) per stage on "
                 f"each worker: the two roomiest have {fmt_bytes(top.ram_allocatable)} "
                 f"({top.name}) and {fmt_bytes(second)} unclaimed.")
-        elif pp > 1 and not request.model.distributed:
-            notes.append("The model is not `distributed`: its stages stay on one worker.")
+        elif pp > 1 and not request.model.spans_workers():
+            notes.append(f"The model's stages stay on one worker "
+                         f"({request.model.one_worker_reason()}).")
         if ranks > 1:
             roomy = [s for s in eligible if s.ram_allocatable >= need]
             if roomy:

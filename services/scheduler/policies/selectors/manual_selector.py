@@ -61,9 +61,9 @@ class ManualGpuSelector:
             return None, errors or ["The GPU selection is empty."]
         n = sum(len(g) for _, g in groups)
         counts = {len(g) for _, g in groups}
-        if len(groups) > 1 and not request.model.distributed:
+        if len(groups) > 1 and not request.model.spans_workers():
             return None, [f"The selected GPUs span {len(groups)} workers but the model does not "
-                        "allow distribution (distributed=false)."]
+                          f"allow distribution ({request.model.one_worker_reason()})."]
         fixed = request.fixed_parallelism()
         if fixed is not None:
             tp, pp = fixed

@@ -36,8 +36,9 @@ class MultiWorkerSelector:
         claim = request.gpu_claim
         assert claim is not None
         found = _Search()
-        if not request.model.distributed:
-            found.note = "Distribution across workers is off for this model (distributed=false)."
+        if not request.model.spans_workers():
+            found.note = ("Distribution across workers is off for this model "
+                          f"({request.model.one_worker_reason()}).")
             return found
         caps = {s.id: capacities(s, request) for s in index.workers
                 if (allowed is None or s.id in allowed)}

@@ -4,6 +4,10 @@ and vLLM's token ids in logprobs."""
 
 from __future__ import annotations
 
+import json
+
+import aiohttp
+
 from shoal.services.backends.proxy import completion_body, error_from_body, token_id_of
 from shoal.shared.errors import InvalidRequest, NotFound, Unavailable
 from shoal.shared.schemas.infer import GenerateRequest, SamplingOptions, StructuredOutputsOptions
@@ -69,3 +73,88 @@ def test_embeddings_go_as_floats_and_come_back_as_our_rows() -> None:
         embed_reply({"object": "error"})
     assert serves_embeddings(["--runner pooling"]) and serves_embeddings(["--task=embed"])
     assert serves_embeddings(["--convert", "embed"]) and not serves_embeddings(["--runner auto"])
+
+
+class Tokenizer:
+    """Renders a chat as its template variables, so the test sees what reached the template."""
+
+    def __len__(self) -> int:
+        return 100
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return ["t"] * len(ids)
+
+    def apply_chat_template(self, messages: list, **kwargs: object) -> str:
+        return f"thinking={kwargs.get('enable_thinking', 'default')}"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [1] if text == "thinking=False" else [2]
+
+
+class Inbox:
+    """Where the adapter publishes its replies (the NATS client's publish, recorded)."""
+
+    def __init__(self) -> None:
+        self.replies: list[object] = []
+
+    async def publish(self, subject: str, data: bytes) -> None:
+        from shoal.shared.bus.codec import decode
+        from shoal.shared.schemas.infer import InferReplyEnvelope
+
+        self.replies.append(decode(data, InferReplyEnvelope).reply)
+
+
+async def test_the_adapter_names_the_reasoning_parser_of_a_chat_in_seq_0() -> None:
+    """A vLLM backend's adapter renders the chat (chat_template_kwargs included) and names the
+    model's reasoning parser in seq 0 of a chat request only: the gateway splits, not vLLM."""
+    from aiohttp import web
+    from opentelemetry.trace import INVALID_SPAN
+
+    from shoal.services.backends.proxy import BackendHandlers
+    from shoal.services.engine import InputProcessor, Replies
+    from shoal.shared.embedded import free_port
+    from shoal.shared.schemas.infer import ChatMessage, InferChunk
+
+    prompts = []
+
+    async def completions(request: web.Request) -> web.StreamResponse:  # vLLM's, streamed
+        prompts.append((await request.json())["prompt"])
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event in ({"choices": [{"index": 0, "text": "hm</think>4", "token_ids": [5, 6]}]},
+                      {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": 1, "completion_tokens": 2}}):
+            await response.write(f"data: {json.dumps(event)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port(None)
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    adapter = BackendHandlers(bus=None, instance_id="i", model_name="m",  # type: ignore[arg-type]
+                              base_url=f"http://127.0.0.1:{port}", served_name="m",
+                              tokenizer=Tokenizer(), max_model_len=64,
+                              reasoning_parser="deepseek_r1")
+    adapter.inputs = InputProcessor(tokenizer=adapter.tokenizer, max_model_len=64)
+    adapter.session = aiohttp.ClientSession()
+    try:
+        chat = GenerateRequest(request_id="r", model="m",
+                               messages=[ChatMessage(role="user", content="2+2?")],
+                               chat_template_kwargs={"enable_thinking": False})
+        inbox = Inbox()
+        await adapter.serve(chat, Replies(inbox, "inbox", "r"), INVALID_SPAN)  # type: ignore[arg-type]
+        first = inbox.replies[0]
+        assert isinstance(first, InferChunk) and first.reasoning_parser == "deepseek_r1"
+        assert prompts == [[1]]  # the template saw enable_thinking=False
+        assert [c.text for r in inbox.replies[1:] if isinstance(r, InferChunk)
+                for c in r.choices] == ["hm</think>4", ""]  # the text as vLLM wrote it
+        plain = Inbox()
+        await adapter.serve(GenerateRequest(request_id="p", model="m", prompt="hi"),
+                            Replies(plain, "inbox", "p"), INVALID_SPAN)  # type: ignore[arg-type]
+        assert plain.replies[0].reasoning_parser is None
+    finally:
+        await adapter.session.close()
+        await runner.cleanup()

@@ -197,7 +197,7 @@ async def start_backend(settings: Settings, bus: Bus, reporter: InstanceReporter
         max_model_len=max_len,
         max_num_seqs=model.engine_args.max_num_seqs or ENGINE_DEFAULTS.max_num_seqs,
         tool_call_parser=model.tool_call_parser(),
-        reasoning_parser=model.engine_args.reasoning_parser,
+        reasoning_parser=model.reasoning_parser(),
         chat_template=model.engine_args.chat_template, embedding=embedding)
     return backend, handlers
 

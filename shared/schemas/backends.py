@@ -16,7 +16,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 
 from shoal.shared.schemas.common import Wire
-from shoal.shared.schemas.infer import TOOL_CALL_PARSERS
+from shoal.shared.schemas.infer import REASONING_PARSERS, TOOL_CALL_PARSERS
 
 
 class BackendKind(str, Enum):
@@ -113,6 +113,13 @@ def tool_call_parser_of(parameters: list[str]) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def reasoning_parser_of(parameters: list[str]) -> str | None:
+    """vLLM's `--reasoning-parser NAME` among the flags: the gateway splits every backend's chat
+    reasoning with it (vLLM's own parser never sees a chat, as for tool calls)."""
+    value = find_flag(flatten_parameters(parameters), "reasoning-parser")
+    return value if isinstance(value, str) else None
+
+
 def check_parameters(parameters: list[str]) -> list[str]:
     """A deploy's backend_parameters: they parse (quotes balance), set no flag of Shoal's, and
     name a tool-call parser only if the gateway has it."""
@@ -129,6 +136,10 @@ def check_parameters(parameters: list[str]) -> list[str]:
     if parser is not None and parser not in TOOL_CALL_PARSERS:
         raise ValueError(f"--tool-call-parser {parser}: Shoal parses tool calls itself for every "
                          f"backend, with one of {', '.join(TOOL_CALL_PARSERS)}")
+    reasoning = reasoning_parser_of(parameters)
+    if reasoning is not None and reasoning not in REASONING_PARSERS:
+        raise ValueError(f"--reasoning-parser {reasoning}: Shoal splits reasoning itself for "
+                         f"every backend, with one of {', '.join(REASONING_PARSERS)}")
     return parameters
 
 

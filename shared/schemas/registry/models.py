@@ -11,7 +11,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from shoal.shared.schemas.backends import (
     BackendCommand, BackendEnv, BackendKind, BackendParameters, BackendVersion, ExtendedKVCache,
-    HealthPath, tool_call_parser_of
+    HealthPath, reasoning_parser_of, tool_call_parser_of
 )
 from shoal.shared.schemas.common import Wire
 from shoal.shared.schemas.engine_args import EngineArgs
@@ -164,6 +164,11 @@ class ModelSpec(Wire):
         if given is not None and named is not None and given != named:
             raise ValueError(f"--tool-call-parser {given} and engine_args tool_call_parser "
                              f"{named} disagree; give one")
+        given = reasoning_parser_of(parameters)
+        named = args.reasoning_parser if isinstance(args, EngineArgs) else None
+        if given is not None and named is not None and given != named:
+            raise ValueError(f"--reasoning-parser {given} and engine_args reasoning_parser "
+                             f"{named} disagree; give one")
         return parameters
 
     def spans_workers(self) -> bool:
@@ -184,6 +189,12 @@ class ModelSpec(Wire):
         `--tool-call-parser` (as vLLM users give it, with --enable-auto-tool-choice)."""
         return (self.engine_args.tool_call_parser
                 or tool_call_parser_of(self.backend_parameters))
+
+    def reasoning_parser(self) -> str | None:
+        """The parser splitting chat reasoning: engine_args', else a backend's
+        `--reasoning-parser`."""
+        return (self.engine_args.reasoning_parser
+                or reasoning_parser_of(self.backend_parameters))
 
     @field_validator("aliases")
     @classmethod

@@ -1,7 +1,7 @@
 """paged_attention over the paged KV cache, plain torch: the CPU path and the Triton reference.
 
 Varlen queries (decodes and prefill chunks mixed in one call), causal, grouped-query heads,
-optionally a sliding window. All one-token queries (decodes) run as padded batches, so a step
+optionally a sliding window and a logit soft-cap (Gemma 2). All one-token queries (decodes) run as padded batches, so a step
 costs a handful of torch calls per layer rather than one per sequence; multi-token chunks run
 one sequence at a time. With a window only the blocks that hold visible keys are gathered.
 """
@@ -52,9 +52,13 @@ def paged_attention(
     window: int | None = None,
     workspace: Workspace | None = None,
     max_group_bytes: int = DECODE_GROUP_BYTES,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """`window` (None = full attention): a query at position p sees the keys at positions
     (p - window, p], transformers' sliding-window convention (Mistral, Qwen2).
+    `softcap` (None = off): each scaled score s becomes softcap * tanh(s / softcap) before the
+    mask and softmax (Gemma 2's attn_logit_softcapping); SDPA cannot, so those calls run the
+    explicit matmul-softmax-matmul.
     `workspace` (optional, CPU path only) lends scratch buffers that outlive the call;
     `max_group_bytes` caps the K/V gathered for one group of decodes (cache locality)."""
     check_window(window)
@@ -69,16 +73,23 @@ def paged_attention(
     groups = _length_groups(decodes, spans, bytes_per_token, max_group_bytes)
     # block-diagonal query rows for every token at once (one op per layer, not one per group)
     q_rows = _query_rows(q, num_kv_heads, scale) if (
-        groups and num_kv_heads <= MAX_KV_HEADS_BLOCK_DIAGONAL) else None
+        groups and (num_kv_heads <= MAX_KV_HEADS_BLOCK_DIAGONAL or softcap)) else None
     for group in groups:
         _decode_batch(q, q_rows, k_cache, v_cache, block_tables, seq_lens, starts, lens, group,
-                      scale, window, out, workspace or Workspace())
+                      scale, window, out, workspace or Workspace(), softcap)
     for i in range(len(lens)):
         q_len = starts[i + 1] - starts[i]
         if q_len > 1:
             prefill_chunk(q, k_cache, v_cache, block_tables[i], lens[i], starts[i], q_len, scale,
-                         window, out)
+                         window, out, softcap)
     return out
+
+
+def soft_cap(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """softcap * tanh(scores / softcap), in place; unchanged when softcap is None."""
+    if softcap:
+        scores.div_(softcap).tanh_().mul_(softcap)
+    return scores
 
 
 def check_window(window: int | None) -> None:
@@ -112,7 +123,7 @@ def _decode_batch(q: torch.Tensor, q_rows: torch.Tensor | None, k_cache: torch.T
                   v_cache: torch.Tensor,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor, starts: list[int],
                   lens: list[int], decodes: list[int], scale: float, window: int | None,
-                  out: torch.Tensor, workspace: Workspace) -> None:
+                  out: torch.Tensor, workspace: Workspace, softcap: float | None = None) -> None:
     """One-token queries at once: gather each sequence's blocks (from the first one holding a
     key inside the window), pad to the longest, mask."""
     block_size, num_kv_heads, head_dim = k_cache.shape[1:]
@@ -153,7 +164,7 @@ def _decode_batch(q: torch.Tensor, q_rows: torch.Tensor | None, k_cache: torch.T
         mask &= key_pos >= ctx_lens[:, None] - window
     if q_rows is not None:
         o = _block_diagonal(q_d, k.view(n, max_len, -1), v.view(n, max_len, -1), mask,
-                            num_kv_heads)
+                            num_kv_heads, softcap)
     else:  # [n, num_kv_heads, max_len, head_dim] views: the layout SDPA wants
         k = k.view(n, max_len, num_kv_heads, head_dim).transpose(1, 2)
         v = v.view(n, max_len, num_kv_heads, head_dim).transpose(1, 2)
@@ -178,7 +189,7 @@ def _query_rows(q: torch.Tensor, num_kv_heads: int, scale: float) -> torch.Tenso
 
 
 def _block_diagonal(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                    num_kv_heads: int) -> torch.Tensor:
+                    num_kv_heads: int, softcap: float | None = None) -> torch.Tensor:
     """Decode attention as two plain batched matmuls over the gathered rows, no transposes.
 
     q_rows [n, num_heads, num_kv_heads * head_dim] from _query_rows; k, v [n, max_len,
@@ -189,7 +200,7 @@ def _block_diagonal(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
     """
     n, num_heads, width = q_rows.shape
     group, head_dim = num_heads // num_kv_heads, width // num_kv_heads
-    scores = torch.bmm(q_rows, k.transpose(1, 2))  # [n, num_heads, max_len]
+    scores = soft_cap(torch.bmm(q_rows, k.transpose(1, 2)), softcap)  # [n, num_heads, max_len]
     scores.masked_fill_(~mask[:, None, :], float("-inf"))
     o = torch.bmm(scores.softmax(dim=-1), v)  # [n, num_heads, num_kv_heads * head_dim]
     o = o.view(n, num_kv_heads, group, num_kv_heads, head_dim)
@@ -198,7 +209,7 @@ def _block_diagonal(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
 
 def prefill_chunk(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_table: torch.Tensor, seq_len: int, start: int, q_len: int, scale: float,
-                 window: int | None, out: torch.Tensor) -> None:
+                 window: int | None, out: torch.Tensor, softcap: float | None = None) -> None:
     """One chunk of q_len new tokens whose first sits at position seq_len - q_len; only the
     blocks from the first key the chunk's first query can see are read."""
     block_size, num_kv_heads, head_dim = k_cache.shape[1:]
@@ -212,6 +223,10 @@ def prefill_chunk(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     k = k.transpose(0, 1)[None]  # [1, num_kv_heads, seq_len - base, head_dim]
     v = v.transpose(0, 1)[None]
     gqa = num_heads != num_kv_heads
+    if softcap:
+        out[start:start + q_len] = _capped_chunk(q_i[0], k[0], v[0], seq_len, base, scale, window,
+                                                 softcap)
+        return
     if q_len == seq_len and (window is None or window >= seq_len):  # a whole prompt: causal
         o = F.scaled_dot_product_attention(q_i, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     else:  # query j (position seq_len - q_len + j) sees keys up to its position, in the window
@@ -222,3 +237,21 @@ def prefill_chunk(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             mask &= k_pos > q_pos - window
         o = F.scaled_dot_product_attention(q_i, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
     out[start:start + q_len] = o[0].transpose(0, 1)
+
+
+def _capped_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, base: int,
+                  scale: float, window: int | None, softcap: float) -> torch.Tensor:
+    """prefill_chunk with soft-capped scores: q [num_heads, q_len, D], k and v [num_kv_heads,
+    seq_len - base, D] -> [q_len, num_heads, D]."""
+    num_heads, q_len, _ = q.shape
+    group = num_heads // k.shape[0]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
+    scores = soft_cap(torch.matmul(q, k.transpose(1, 2)) * scale, softcap)
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
+    k_pos = torch.arange(base, seq_len, device=q.device)[None, :]
+    mask = k_pos <= q_pos  # [q_len, seq_len - base]
+    if window is not None:
+        mask &= k_pos > q_pos - window
+    scores.masked_fill_(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(dim=-1), v).transpose(0, 1)

@@ -3,7 +3,8 @@
 // Built at first use by torch.utils.cpp_extension (kernels/cpu_ops.py) with the machine's g++
 // and cached; registered as torch.ops.shoal_cpu.*. Same contract as the torch reference in
 // paged_attention.py: varlen queries (decodes and prefill chunks in one call), causal, GQA,
-// optional sliding window (a query at position p sees keys (p - window, p]).
+// optional sliding window (a query at position p sees keys (p - window, p]), optional logit
+// soft-cap (softcap > 0: a scaled score s becomes softcap * tanh(s / softcap), Gemma 2).
 //
 // One task = up to kTile consecutive query tokens of one sequence x one KV head: the rows of
 // that task (tokens x the query heads sharing the KV head) walk the sequence's blocks once, in
@@ -32,8 +33,8 @@ template <typename scalar_t>
 void attend(const Task& task, const scalar_t* q, int64_t q_stride_t, int64_t q_stride_h,
             const scalar_t* k_cache, const scalar_t* v_cache, const int32_t* table,
             int64_t first_pos, int64_t block_size, int64_t num_kv_heads, int64_t head_dim,
-            int64_t group, int64_t window, float scale, scalar_t* out, int64_t out_stride_t,
-            std::vector<float>& buf) {
+            int64_t group, int64_t window, float scale, float softcap, scalar_t* out,
+            int64_t out_stride_t, std::vector<float>& buf) {
   const int64_t rows = task.num_tokens * group;
   const int64_t D = head_dim;
   buf.resize(rows * D * 2 + rows * 2 + rows * block_size);
@@ -75,6 +76,7 @@ void attend(const Task& task, const scalar_t* q, int64_t q_stride_t, int64_t q_s
           float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
           for (int64_t d = 0; d < D; ++d) dot += qr[d] * static_cast<float>(kr[d]);
+          if (softcap > 0.f) dot = softcap * std::tanh(dot / softcap);  // Gemma 2's soft-cap
           sr[kp - base] = dot;
           block_max = std::max(block_max, dot);
         }
@@ -108,7 +110,7 @@ void attend(const Task& task, const scalar_t* q, int64_t q_stride_t, int64_t q_s
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& block_tables,
                            const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
-                           double scale, int64_t window, int64_t max_q_len) {
+                           double scale, int64_t window, int64_t max_q_len, double softcap) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
               "q must be [tokens, heads, head_dim] with dense heads");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
@@ -155,7 +157,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
         const Task& task = tasks[i];
         attend<scalar_t>(task, q_p, q.stride(0), q.stride(1), k_p, v_p,
                          table_p + task.seq * table_stride, first_pos[i], block_size,
-                         num_kv_heads, head_dim, group, window, static_cast<float>(scale), out_p,
+                         num_kv_heads, head_dim, group, window, static_cast<float>(scale),
+                         static_cast<float>(softcap), out_p,
                          num_heads * head_dim, buf);
       }
     });
@@ -191,7 +194,8 @@ void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_c
 
 TORCH_LIBRARY(shoal_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor seq_lens, Tensor query_start_loc, float scale, int window, int max_q_len) -> Tensor");
+        "Tensor seq_lens, Tensor query_start_loc, float scale, int window, int max_q_len, "
+        "float softcap) -> Tensor");
   m.def("reshape_and_cache(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
         "Tensor slot_mapping) -> ()");
 }

@@ -22,7 +22,7 @@ def op(request: pytest.FixtureRequest):  # noqa: ANN201
 
 
 def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-               window: int | None = None) -> torch.Tensor:
+               window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """q [q_len, H, D], k/v [seq_len, KVH, D]: the last q_len positions attend causally; with a
     window, position p sees keys p - window + 1 .. p (transformers: kv_idx > q_idx - window)."""
     q_len, num_heads, _ = q.shape
@@ -32,6 +32,8 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     for h in range(num_heads):
         kh, vh = k[:, h // group].double(), v[:, h // group].double()
         scores = q[:, h].double() @ kh.T * scale  # [q_len, seq_len]
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
         for i in range(q_len):
             pos = seq_len - q_len + i
             row = scores[i].clone()
@@ -44,7 +46,7 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
 
 def _run_case(op, q_lens: list[int], ctx_lens: list[int], num_heads: int, num_kv_heads: int,
               head_dim: int, block_size: int, gen: torch.Generator,
-              window: int | None = None) -> None:
+              window: int | None = None, softcap: float | None = None) -> None:
     """With a window, the blocks before it hold NaN: the op must skip them, not mask them."""
     num_seqs = len(q_lens)
     seq_lens = [c + n for c, n in zip(ctx_lens, q_lens, strict=True)]
@@ -67,12 +69,13 @@ def _run_case(op, q_lens: list[int], ctx_lens: list[int], num_heads: int, num_kv
     q = torch.randn(sum(q_lens), num_heads, head_dim, generator=gen)
     qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
     scale = 1.0 / math.sqrt(head_dim)
+    capped = {"softcap": softcap} if softcap else {}
     out = op(q, k_cache, v_cache, block_tables, torch.tensor(seq_lens, dtype=torch.int32), qsl,
-             scale, window)
+             scale, window, **capped)
     assert out.shape == q.shape
     for i in range(num_seqs):
         a, b = int(qsl[i]), int(qsl[i + 1])
-        ref = _reference(q[a:b], dense_k[i], dense_v[i], scale, window)
+        ref = _reference(q[a:b], dense_k[i], dense_v[i], scale, window, softcap)
         torch.testing.assert_close(out[a:b].double(), ref, atol=2e-5, rtol=2e-5)
 
 
@@ -154,3 +157,20 @@ def test_window_changes_the_result(op) -> None:
             torch.tensor([0, 1], dtype=torch.int32), 0.3)
     assert not torch.allclose(op(*args, 6), op(*args))
     torch.testing.assert_close(op(*args, 20), op(*args))
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 2), (12, 12)])
+def test_soft_capped_scores(op, window: int | None, num_heads: int, num_kv_heads: int) -> None:
+    """Gemma 2's attn_logit_softcapping: decodes, short chunks and a long chunk (the C++ op
+    set's SDPA path), against the capped reference; a cap of 0.5 on unit-scale scores is far
+    from the identity, so an op that ignores it fails."""
+    gen = fresh_generator()
+    long = cpu_ops.LONG_CHUNK
+    _run_case(op, [1, 5, long, 1, 3], [20, 9, 4, 7, 0], num_heads, num_kv_heads, 16, 4, gen,
+              window, softcap=0.5)
+    q = torch.randn(1, 2, 8, generator=gen) * 4
+    k_cache = torch.randn(2, 4, 2, 8, generator=gen) * 4
+    args = (q, k_cache, k_cache.clone(), torch.tensor([[0, 1]], dtype=torch.int32),
+            torch.tensor([7], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32), 1.0)
+    assert not torch.allclose(op(*args, softcap=0.5), op(*args))

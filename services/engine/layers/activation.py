@@ -1,6 +1,10 @@
-"""SiLU-and-mul over the packed gate_up output: silu(gate) * up."""
+"""The gated activations over the packed gate_up output: act(gate) * up, act from the config's
+`hidden_activation` (Gemma) or `hidden_act`: SiLU (SwiGLU: Llama, Qwen, Phi-3, Granite) or GELU
+(GeGLU: Gemma's gelu_pytorch_tanh, the tanh approximation)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -11,3 +15,31 @@ class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, 2 * inter] -> [n, inter]
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+
+class GeluAndMul(nn.Module):
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, 2 * inter] -> [n, inter]
+        gate, up = x.chunk(2, dim=-1)
+        return F.gelu(gate, approximate=self.approximate) * up
+
+
+GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new")
+
+
+def gated_activation(cfg: Any) -> nn.Module:
+    """The MLP's activation by transformers' ACT2FN name; another name is refused."""
+    from shoal.services.engine.config import ConfigError
+
+    name = getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", None) or "silu"
+    if name in ("silu", "swish"):
+        return SiluAndMul()
+    if name in GELU_TANH:
+        return GeluAndMul("tanh")
+    if name == "gelu":
+        return GeluAndMul()
+    raise ConfigError(f"hidden activation {name!r} is not supported (silu, gelu, "
+                      f"{', '.join(GELU_TANH)})")

@@ -92,7 +92,18 @@ class PackedLinear(Linear):
             if param is not None:
                 param.weight_loader = self._load_shard  # type: ignore[attr-defined]
 
-    def _load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
+    def _load_shard(self, param: nn.Parameter, loaded: torch.Tensor,
+                    shard_id: str | None = None) -> None:
+        """One shard's checkpoint tensor; shard_id None: a fused one (Phi-3's qkv_proj and
+        gate_up_proj), every shard's full rows stacked in our order, each cut as its own."""
+        if shard_id is None:
+            start = 0
+            for shard in self.shard_offsets:
+                total = self.source_rows[shard][1]
+                self._load_shard(param, loaded.narrow(0, start, total), shard)
+                start += total
+            assert start == loaded.shape[0], (tuple(loaded.shape), start)
+            return
         offset, size = self.shard_offsets[shard_id]
         start, total = self.source_rows[shard_id]
         target = param.data.narrow(0, offset, size)

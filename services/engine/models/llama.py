@@ -25,7 +25,7 @@ from shoal.services.engine.layers.attention import Attention, AttentionMetadata
 from shoal.services.engine.distributed.parallel_state import (
     ParallelContext, kv_heads_per_rank, stage_layers
 )
-from shoal.services.engine.layers.activation import SiluAndMul
+from shoal.services.engine.layers.activation import gated_activation
 from shoal.services.engine.layers.embedding import LMHead, VocabEmbedding
 from shoal.services.engine.layers.layernorm import RMSNorm
 from shoal.services.engine.layers.linear import GateUpLinear, QKVLinear, RowParallelLinear
@@ -39,7 +39,11 @@ def head_dim_of(cfg: Any) -> int:
 
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: Any, max_model_len: int, ops: Ops, qkv_bias: bool, o_bias: bool,
-                 qk_norm: bool, window: int | None, parallel: ParallelContext) -> None:
+                 qk_norm: bool, window: int | None, parallel: ParallelContext, *,
+                 scale: float | None = None, softcap: float | None = None,
+                 rope: dict[str, Any] | None = None, norm_class: type[RMSNorm] = RMSNorm) -> None:
+        """`scale` (default head_dim ** -0.5), `softcap` (the attention logits' soft-cap) and
+        `rope` (default: the config's) are what a family sets per layer (`layer_options`)."""
         super().__init__()
         total_heads = cfg.num_attention_heads
         total_kv_heads = getattr(cfg, "num_key_value_heads", None) or total_heads
@@ -50,12 +54,13 @@ class LlamaAttention(nn.Module):
                                   bias=qkv_bias, parallel=parallel)
         self.o_proj = RowParallelLinear(total_heads * self.head_dim, cfg.hidden_size, bias=o_bias,
                                         parallel=parallel)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ops) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ops) if qk_norm else None
-        self.rotary_emb = RotaryEmbedding(rope_parameters(cfg), self.head_dim,
+        self.q_norm = norm_class(self.head_dim, cfg.rms_norm_eps, ops) if qk_norm else None
+        self.k_norm = norm_class(self.head_dim, cfg.rms_norm_eps, ops) if qk_norm else None
+        self.rotary_emb = RotaryEmbedding(rope or rope_parameters(cfg), self.head_dim,
                                           cfg.max_position_embeddings, max_model_len, ops)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim,
-                              self.head_dim ** -0.5, ops, window)
+                              self.head_dim ** -0.5 if scale is None else scale, ops, window,
+                              softcap)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -79,7 +84,7 @@ class LlamaMLP(nn.Module):
         inter = intermediate_size or cfg.intermediate_size  # (a shared expert's own size)
         self.gate_up_proj = GateUpLinear(cfg.hidden_size, inter, bias=bias, parallel=parallel)
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias=bias, parallel=parallel)
-        self.act_fn = SiluAndMul()
+        self.act_fn = gated_activation(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
@@ -96,13 +101,14 @@ def dense_mlp(cfg: Any, layer: int, parallel: ParallelContext) -> nn.Module:
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: Any, max_model_len: int, ops: Ops, qkv_bias: bool, o_bias: bool,
                  qk_norm: bool, window: int | None, parallel: ParallelContext,
-                 mlp: nn.Module) -> None:
+                 mlp: nn.Module, norm_class: type[RMSNorm] = RMSNorm,
+                 **attention: Any) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm,
-                                        window, parallel)
+                                        window, parallel, norm_class=norm_class, **attention)
         self.mlp = mlp
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+        self.input_layernorm = norm_class(cfg.hidden_size, cfg.rms_norm_eps, ops)
+        self.post_attention_layernorm = norm_class(cfg.hidden_size, cfg.rms_norm_eps, ops)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,24 +124,38 @@ class LlamaDecoderLayer(nn.Module):
 IntermediateTensors = tuple[torch.Tensor, torch.Tensor]
 """(hidden, residual), each [num_tokens, hidden]: what a pipeline stage hands to the next."""
 
+LayerOptions = Callable[[Any, int], dict[str, Any]]
+"""(hf config, layer index) -> that layer's attention keywords (LlamaAttention: scale, softcap,
+rope); Gemma's and Granite's differ from Llama's defaults."""
+
+
+def no_options(cfg: Any, layer: int) -> dict[str, Any]:
+    return {}
+
 
 class LlamaModel(nn.Module):
     def __init__(self, cfg: Any, max_model_len: int, ops: Ops, qkv_bias: bool, o_bias: bool,
                  qk_norm: bool, windows: list[int | None], parallel: ParallelContext,
-                 build_mlp: MlpBuilder = dense_mlp) -> None:
+                 build_mlp: MlpBuilder = dense_mlp, *,
+                 decoder_layer: type[LlamaDecoderLayer] = LlamaDecoderLayer,
+                 layer_options: LayerOptions = no_options, norm_class: type[RMSNorm] = RMSNorm,
+                 embedding_scale: float | None = None) -> None:
+        """`embedding_scale`: the embedding's rows times it (Gemma: sqrt(hidden), Granite:
+        embedding_multiplier), as a tensor of the model's dtype, as transformers does."""
         super().__init__()
         assert len(windows) == cfg.num_hidden_layers, (len(windows), cfg.num_hidden_layers)
         self.parallel = parallel
+        self.embedding_scale = embedding_scale
         self.start, self.end = stage_layers(cfg.num_hidden_layers, parallel.pp_size,
                                             parallel.pp_rank)
         self.embed_tokens = (VocabEmbedding(cfg.vocab_size, cfg.hidden_size, parallel)
                              if parallel.is_first_stage else None)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm, window, parallel,
-                              build_mlp(cfg, i, parallel))
+            decoder_layer(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm, window, parallel,
+                          build_mlp(cfg, i, parallel), norm_class, **layer_options(cfg, i))
             if self.start <= i < self.end else nn.Identity()  # another stage's layer
             for i, window in enumerate(windows))
-        self.norm = (RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+        self.norm = (norm_class(cfg.hidden_size, cfg.rms_norm_eps, ops)
                      if parallel.is_last_stage else None)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
@@ -146,6 +166,8 @@ class LlamaModel(nn.Module):
         if intermediate is None:
             assert self.embed_tokens is not None
             hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+            if self.embedding_scale is not None:
+                hidden = hidden * torch.tensor(self.embedding_scale, dtype=hidden.dtype)
         else:
             hidden, residual = intermediate
         for layer in self.layers[self.start:self.end]:
@@ -170,7 +192,10 @@ class LlamaForCausalLM(nn.Module):
         self.hidden_size = cfg.hidden_size
         qkv_bias, o_bias, qk_norm = self.attention_options(cfg)
         self.model = LlamaModel(cfg, max_model_len, ops, qkv_bias, o_bias, qk_norm,
-                                self.sliding_windows(cfg), parallel, self.build_mlp)
+                                self.sliding_windows(cfg), parallel, self.build_mlp,
+                                decoder_layer=self.decoder_layer,
+                                layer_options=self.layer_options, norm_class=self.norm_class,
+                                embedding_scale=self.embedding_scale(cfg))
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         tied = self.model.embed_tokens if self.tie_word_embeddings else None
         self.lm_head = (LMHead(cfg.vocab_size, cfg.hidden_size, tied, parallel)
@@ -202,6 +227,20 @@ class LlamaForCausalLM(nn.Module):
 
     build_mlp: MlpBuilder = staticmethod(dense_mlp)  # type: ignore[assignment]
     """Per layer: its MLP (the MoE families build experts: models/moe_models.py)."""
+
+    decoder_layer: type[LlamaDecoderLayer] = LlamaDecoderLayer
+    """The layer's residual wiring (Gemma's four norms, Granite's residual multiplier)."""
+
+    norm_class: type[RMSNorm] = RMSNorm
+    """Every RMSNorm of the model (Gemma's scale by 1 + weight: models/gemma.py)."""
+
+    layer_options: LayerOptions = staticmethod(no_options)  # type: ignore[assignment]
+    """Per layer: the attention's scale, soft-cap and rope where the family sets them."""
+
+    @staticmethod
+    def embedding_scale(cfg: Any) -> float | None:
+        """What the embedding's rows are multiplied by (None: nothing)."""
+        return None
 
     def checkpoint_target(self, name: str) -> tuple[str, Any] | None:
         """A checkpoint name this family stores otherwise -> (our parameter, shard id); None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.services.engine.config import ConfigError
+from shoal.services.engine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from shoal.services.engine.models.granite import GraniteForCausalLM
 from shoal.services.engine.models.llama import (
     LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
 )
@@ -12,6 +14,7 @@ from shoal.services.engine.models.moe_models import (
     MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 )
 from shoal.services.engine.models.olmoe import OlmoeForCausalLM
+from shoal.services.engine.models.phi3 import Phi3ForCausalLM
 from shoal.services.engine.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
@@ -23,6 +26,10 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
+    "GraniteForCausalLM": GraniteForCausalLM,
 }
 
 

@@ -1,5 +1,6 @@
-"""Tiny random-weight Llama / Mistral / Qwen2 / Qwen3 checkpoints for fast parity tests, and the
-mixture-of-experts families (Qwen3-MoE, Qwen2-MoE, Mixtral) at the same width.
+"""Tiny random-weight Llama / Mistral / Qwen2 / Qwen3 checkpoints for fast parity tests, the
+mixture-of-experts families (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE) and the dense families with
+their own twists (Gemma 2, Gemma 3, Phi-3, Granite) at the same width.
 
 Each is saved with save_pretrained (fp32 safetensors) plus SmolLM2's tokenizer files (the tiny
 vocabulary is a prefix of it), so the engine loads it exactly as it loads a real model.
@@ -13,13 +14,23 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, MixtralConfig,
-                          OlmoeConfig, PretrainedConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config,
+from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, GraniteConfig,
+                          LlamaConfig, MistralConfig, MixtralConfig, OlmoeConfig, Phi3Config,
+                          PretrainedConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config,
                           Qwen3MoeConfig)
 
 MOE_ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", *MOE_ARCHS]
+DENSE_EXTRA_ARCHS = ["gemma2", "gemma3", "phi3", "granite"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", *MOE_ARCHS, *DENSE_EXTRA_ARCHS]
 VOCAB = 512
+ENGINE_ARGS: dict[str, dict[str, int]] = {"phi3": {"max_model_len": 64}}
+"""Engine settings a family's parity runs need: Phi-3's LongRoPE takes its short factors only
+when the engine's context fits the original 64 positions (transformers': every prompt here is
+shorter); tests/parity/test_dense_families_parity.py runs the long factors."""
+
+
+def engine_args(arch: str) -> dict[str, int]:
+    return dict(ENGINE_ARGS.get(arch, {}))
 
 _COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=2,
@@ -63,6 +74,34 @@ def tiny_config(arch: str) -> PretrainedConfig:
         return OlmoeConfig(**{**_COMMON, "intermediate_size": 64}, num_attention_heads=4,
                            num_key_value_heads=2, tie_word_embeddings=False, num_experts=4,
                            num_experts_per_tok=2, norm_topk_prob=False)
+    if arch == "gemma2":  # soft-caps small enough to bite, window 16 on even layers, tied
+        return Gemma2Config(**_COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                            query_pre_attn_scalar=24, sliding_window=16,
+                            attn_logit_softcapping=1.5, final_logit_softcapping=4.0,
+                            layer_types=["sliding_attention", "full_attention"])
+    if arch == "gemma3":  # q/k norms, per-layer-type rope (linear on the full layers)
+        return Gemma3TextConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=1,
+                                head_dim=32, query_pre_attn_scalar=16, sliding_window=16,
+                                layer_types=["sliding_attention", "full_attention"],
+                                final_logit_softcapping=None, attn_logit_softcapping=None,
+                                rope_parameters={
+                                    "sliding_attention": {"rope_type": "default",
+                                                          "rope_theta": 10000.0},
+                                    "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                       "rope_theta": 1000000.0}})
+    if arch == "phi3":  # LongRoPE from 64 original positions, partial rotary (Phi-4-mini), untied
+        return Phi3Config(**{**_COMMON, "pad_token_id": 0}, num_attention_heads=4,
+                          num_key_value_heads=2, tie_word_embeddings=False,
+                          partial_rotary_factor=0.75, original_max_position_embeddings=64,
+                          rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                           "partial_rotary_factor": 0.75,
+                                           "short_factor": [1.0 + 0.1 * i for i in range(6)],
+                                           "long_factor": [1.0 + 2.0 * i for i in range(6)]})
+    if arch == "granite":  # every multiplier away from 1
+        return GraniteConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
+                             tie_word_embeddings=True, embedding_multiplier=1.8,
+                             attention_multiplier=0.1, residual_multiplier=0.4,
+                             logits_scaling=2.5)
     raise ValueError(arch)
 
 
@@ -91,6 +130,8 @@ def save_tiny_model(arch: str, folder: Path, seed: int = 0, **config: object) ->
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.uniform_(0.5, 1.5)
+        if arch.startswith("gemma"):  # x sqrt(hidden) would drown the layers: greedy repeats
+            model.get_input_embeddings().weight.mul_(0.2)
     model.save_pretrained(folder)
     source = tokenizer_dir()
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):

@@ -3,8 +3,10 @@ TP=1: greedy tokens identical, logprobs (sampled, top-2 and prompt) within 1e-4,
 sampled request identical, over mixed prompts prefilled in chunks. One parallel shape per tiny
 family (TP=2 with split KV heads, TP=2 with a replicated KV head, PP=2 with a tied LM head on the
 last stage, TP=2 x PP=2; the MoE families: TP=2 with every expert split, PP=2; OLMoE's
-whole-projection q/k norms at TP=2) and SmolLM2 at TP=3 and at PP=2 (TP=2 refused before
-any rank starts). Killing a rank fails the next step with the rank named."""
+whole-projection q/k norms at TP=2; Gemma 2 at TP=2 x PP=2, Gemma 3 at TP=2 with a replicated
+KV head, Phi-3 at TP=2 (its fused qkv and gate_up tensors cut per rank), Granite at PP=2) and
+SmolLM2 at TP=3 and at PP=2 (TP=2 refused before any rank starts). Killing a rank fails the
+next step with the rank named."""
 
 from __future__ import annotations
 
@@ -56,7 +58,8 @@ def _assert_same(ours: list[RequestOutput], ref: list[RequestOutput]) -> None:
 @pytest.mark.parametrize("arch, tp, pp", [("llama", 2, 1), ("mistral", 2, 1), ("qwen2", 1, 2),
                                           ("qwen3", 2, 2), ("qwen3_moe", 2, 1),
                                           ("qwen2_moe", 2, 1), ("mixtral", 1, 2),
-                                          ("olmoe", 2, 1)])
+                                          ("olmoe", 2, 1), ("gemma2", 2, 2), ("gemma3", 2, 1),
+                                          ("phi3", 2, 1), ("granite", 1, 2)])
 def test_parallel_matches_one_rank(arch: str, tp: int, pp: int,
                                    tmp_path_factory: pytest.TempPathFactory) -> None:
     folder = save_tiny_model(arch, tmp_path_factory.mktemp(arch), seed=1)

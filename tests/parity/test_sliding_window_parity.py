@@ -1,5 +1,6 @@
 """Sliding-window attention against transformers, greedy, token for token: a tiny Mistral (every
-layer windowed) and a tiny Qwen2 with `use_sliding_window` (only layers >= max_window_layers),
+layer windowed), a tiny Qwen2 with `use_sliding_window` (only layers >= max_window_layers) and
+tiny Gemma 2 and 3 (alternating: the "sliding_attention" layers),
 with windows much shorter than prompt + generation. Mixed-length batches, chunked prefill,
 preemption, logprobs, and a prompt extending a cached prefix past the window.
 
@@ -28,6 +29,9 @@ WINDOWED = {
     "mistral": {"sliding_window": 7},
     "qwen2": {"sliding_window": 10, "use_sliding_window": True, "max_window_layers": 1,
               "layer_types": ["full_attention", "sliding_attention"]},
+    # Gemma: the first layer only ("sliding_attention"); Gemma 2's soft-capped kernels too
+    "gemma2": {"sliding_window": 7},
+    "gemma3": {"sliding_window": 5},
 }
 ENGINES = {
     "roomy": dict(block_size=4, num_kv_blocks=256),

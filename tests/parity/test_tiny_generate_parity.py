@@ -16,7 +16,7 @@ from shoal.services.engine.frontend.llm import LLM
 from shoal.services.engine.sampling_params import SamplingParams
 from tests.parity.parity_helpers import (Reference, assert_greedy_close, assert_logprobs_close,
                                          hf_greedy)
-from tests.tiny_models import ARCHS, VOCAB, save_tiny_model
+from tests.tiny_models import ARCHS, VOCAB, engine_args, save_tiny_model
 
 MAX_NEW = 16
 PROMPT_LENS = [3, 30, 9, 17, 1, 12]
@@ -34,11 +34,17 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     gen = fresh_generator()
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENS]
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    _ENGINE_ARGS[folder] = engine_args(request.param)
     return folder, prompts, [hf_greedy(hf, p, MAX_NEW) for p in prompts]
 
 
+_ENGINE_ARGS: dict[Path, dict[str, int]] = {}
+"""Per tiny folder: the family's own engine settings (tiny_models.ENGINE_ARGS)."""
+
+
 def _llm(folder: Path, **engine: int | bool) -> LLM:
-    return LLM(str(folder), device="cpu", dtype="float32", **engine)  # type: ignore[arg-type]
+    return LLM(str(folder), device="cpu", dtype="float32",  # type: ignore[arg-type]
+               **_ENGINE_ARGS.get(folder, {}), **engine)
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tests.seeding import fresh_generator
-from tests.tiny_models import ARCHS, VOCAB, save_tiny_model
+from tests.tiny_models import ARCHS, VOCAB, engine_args, save_tiny_model
 from transformers import AutoModelForCausalLM
 
 from shoal.services.engine.config import EngineConfig
@@ -24,8 +24,8 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
 def arch_pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
               ) -> tuple[ModelRunner, torch.nn.Module]:
     folder = save_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
-    runner = ModelRunner(EngineConfig(model=str(folder), block_size=BLOCK, num_kv_blocks=96),
-                         folder)
+    runner = ModelRunner(EngineConfig(model=str(folder), block_size=BLOCK, num_kv_blocks=96,
+                                      **engine_args(request.param)), folder)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None  # decode the full length, as ignore_eos does
     return runner, hf

@@ -70,3 +70,18 @@ def test_max_model_len_is_the_models_full_length() -> None:
     cfg = MistralConfig(**TINY, num_hidden_layers=1, sliding_window=16)
     assert _max_model_len(EngineConfig(model="m"), cfg) == 256  # not 16
     assert _max_model_len(EngineConfig(model="m", max_model_len=100), cfg) == 100
+
+
+@pytest.mark.parametrize("arch", ["Gemma2ForCausalLM", "Gemma3ForCausalLM"])
+def test_gemma_alternating_layers_match_transformers(arch: str) -> None:
+    """Gemma 2: every other layer from the first; Gemma 3: five sliding layers to one full
+    (its default layer_types), each as transformers' attention modules hold them."""
+    from transformers import Gemma2Config, Gemma3TextConfig
+
+    config_class = Gemma2Config if arch == "Gemma2ForCausalLM" else Gemma3TextConfig
+    cfg = config_class(**TINY, num_hidden_layers=7, head_dim=8, sliding_window=12,
+                       architectures=[arch])
+    hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    expected = [layer.self_attn.sliding_window for layer in hf.model.layers]
+    assert _windows(cfg) == expected
+    assert None in expected and 12 in expected

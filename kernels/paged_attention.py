@@ -1,9 +1,10 @@
 """paged_attention over the paged KV cache, plain torch: the CPU path and the Triton reference.
 
 Varlen queries (decodes and prefill chunks mixed in one call), causal, grouped-query heads,
-optionally a sliding window and a logit soft-cap (Gemma 2). All one-token queries (decodes) run as padded batches, so a step
-costs a handful of torch calls per layer rather than one per sequence; multi-token chunks run
-one sequence at a time. With a window only the blocks that hold visible keys are gathered.
+optionally a sliding window and a logit soft-cap (Gemma 2). All one-token queries (decodes) run
+as padded batches, so a step costs a handful of torch calls per layer rather than one per
+sequence; multi-token chunks run one sequence at a time. With a window only the blocks that
+hold visible keys are gathered.
 """
 
 from __future__ import annotations

@@ -158,16 +158,22 @@ class LlamaModel(nn.Module):
         self.norm = (norm_class(cfg.hidden_size, cfg.rms_norm_eps, ops)
                      if parallel.is_last_stage else None)
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[num_tokens] -> [num_tokens, hidden]: the embedding rows, scaled where the family
+        says (`embedding_scale`)."""
+        assert self.embed_tokens is not None
+        hidden = self.embed_tokens(input_ids)
+        if self.embedding_scale is not None:
+            hidden = hidden * torch.tensor(self.embedding_scale, dtype=hidden.dtype)
+        return hidden
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 intermediate: IntermediateTensors | None = None
                 ) -> torch.Tensor | IntermediateTensors:
         """The last stage returns the normed hidden states; the others (hidden, residual)."""
         residual: torch.Tensor | None = None
         if intermediate is None:
-            assert self.embed_tokens is not None
-            hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden]
-            if self.embedding_scale is not None:
-                hidden = hidden * torch.tensor(self.embedding_scale, dtype=hidden.dtype)
+            hidden = self.embed(input_ids)  # [num_tokens, hidden]
         else:
             hidden, residual = intermediate
         for layer in self.layers[self.start:self.end]:

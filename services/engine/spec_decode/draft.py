@@ -79,7 +79,7 @@ def first_layers_forward(model: nn.Module, num_layers: int) -> Forward:
 
     def forward(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 logits_indices: torch.Tensor) -> torch.Tensor:
-        hidden = inner.embed_tokens(input_ids)
+        hidden = inner.embed(input_ids)  # (scaled as the family's: Gemma, Granite)
         residual: torch.Tensor | None = None
         for layer in inner.layers[:num_layers]:
             hidden, residual = layer(positions, hidden, residual, meta)

@@ -29,6 +29,9 @@ class MistralToolCalls:
         self.mode: Literal["content", "calls", "rest"] = "content"
         self.calls = Calls(short_call_id)
         self._decoder = json.JSONDecoder()
+        self.failed_at: int | None = None
+        """The buffer's length when a call's JSON last did not parse: it is not tried again
+        until a "}" arrives (no JSON object can end without one)."""
 
     def feed(self, text: str) -> ParsedDelta:
         out = ParsedDelta()
@@ -77,11 +80,23 @@ class MistralToolCalls:
             elif not self._named_call(i, out):
                 return
 
-    def _json_call(self, i: int, out: ParsedDelta) -> bool:
+    def _decode(self, i: int) -> tuple[object, int] | None:
+        """The JSON value at `i`, None while it is incomplete."""
+        if self.failed_at is not None and "}" not in self.buffer[self.failed_at:]:
+            return None
         try:
-            item, end = self._decoder.raw_decode(self.buffer, i)
+            value, end = self._decoder.raw_decode(self.buffer, i)
         except json.JSONDecodeError:
+            self.failed_at = len(self.buffer)
+            return None
+        self.failed_at = None
+        return value, end
+
+    def _json_call(self, i: int, out: ParsedDelta) -> bool:
+        decoded = self._decode(i)
+        if decoded is None:
             return False
+        item, end = decoded
         call = call_fields(item, "arguments", "parameters")
         if call is None:
             self._broken(i, out)
@@ -99,11 +114,10 @@ class MistralToolCalls:
         if not NAME.fullmatch(name) or (j < len(self.buffer) and self.buffer[j] != "{"):
             self._broken(i, out)
             return False
-        try:
-            arguments, end = self._decoder.raw_decode(self.buffer, j)
-        except json.JSONDecodeError:
+        decoded = self._decode(j)
+        if decoded is None:
             return False
-        self._add(out, name, arguments, end)
+        self._add(out, name, decoded[0], decoded[1])
         return True
 
     def _add(self, out: ParsedDelta, name: str, arguments: object, end: int) -> None:

@@ -20,6 +20,9 @@ class TaggedCalls:
         self.buffer = ""
         self.in_call = False
         self.held = ""
+        self.scanned = 0
+        """How much of a call's body is known to hold no end tag (a long call is not searched
+        again from its start at every delta)."""
         self.calls = Calls()
 
     def parse_body(self, body: str) -> list[tuple[str, Any]] | None:
@@ -31,9 +34,11 @@ class TaggedCalls:
         out = ParsedDelta()
         while True:
             if self.in_call:
-                end = self.buffer.find(self.end_tag)
+                end = self.buffer.find(self.end_tag, self.scanned)
                 if end < 0:
+                    self.scanned = max(0, len(self.buffer) - len(self.end_tag) + 1)
                     break
+                self.scanned = 0
                 body, self.buffer = self.buffer[:end], self.buffer[end + len(self.end_tag):]
                 self.in_call = False
                 self._call(body, out)

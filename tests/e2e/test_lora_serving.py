@@ -2,20 +2,24 @@
 lora_modules (and enable_lora) on a real registry, scheduler, worker and gateway; the `openai`
 SDK calls each adapter by name and the base model, and each answer is the offline engine's with
 the same adapter (the greedy tokens PEFT gives: tests/parity/test_lora_parity.py);
-/v1/models lists the adapters with their parent; an adapter the engine does not know is a 404
-naming it."""
+/v1/models lists the adapters with their parent; vLLM's /v1/load_lora_adapter and
+/v1/unload_lora_adapter under traffic (a refused adapter is a 400 with the engine's reason and
+is not kept; unloading an unknown one a 404 naming it); the engine's vllm:lora_requests_info."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
 
+import aiohttp
 import openai
 import pytest
 
 from shoal.services.engine import LLM, LoRARequest, SamplingParams
 from shoal.shared.embedded import free_port
 from shoal.shared.schemas.registry import ModelCreate
-from tests.e2e.test_serving import async_api, running_instance
+from tests.e2e.test_serving import async_api, running_instance, scrape_all
 from tests.integration.conftest import make_settings, running_services
 from tests.lora_adapters import ALL_TARGETS, save_adapter
 from tests.tiny_models import save_tiny_model
@@ -67,3 +71,50 @@ async def test_openai_sdk_calls_adapters_by_name(servers, tmp_path_factory) -> N
 
         with pytest.raises(openai.NotFoundError):  # not an adapter of any model: no such model
             await api.completions.create(model="nope-lora", prompt=PROMPT, max_tokens=2)
+        info = [line for text in (await scrape_all(f"http://127.0.0.1:{settings.gateway_port}"))
+                .values() for line in text.splitlines()
+                if line.startswith("vllm:lora_requests_info{")]
+        assert info and 'max_lora="2"' in info[0], info
+
+        # runtime load and unload (vLLM's endpoints) while requests of the base model run
+        url = f"http://127.0.0.1:{settings.gateway_port}/v1"
+        late = save_adapter(base, root / "late", targets=["v_proj", "down_proj"], r=4, seed=5)
+        big = save_adapter(base, root / "big", targets=["q_proj"], r=32, seed=6)  # > rank 16
+        traffic = [asyncio.create_task(api.completions.create(
+            model=name, prompt=PROMPT, max_tokens=16, temperature=0,
+            extra_body={"ignore_eos": True})) for _ in range(2)]
+        async with aiohttp.ClientSession() as http:
+            async def post(path: str, body: dict) -> tuple[int, str]:
+                for _ in range(20):  # a 503: no engine to check the adapter now (a loaded
+                    async with http.post(f"{url}/{path}", json=body) as r:  # machine's
+                        if r.status != 503:  # engine may miss a heartbeat): retry later
+                            return r.status, await r.text()
+                    await asyncio.sleep(1)
+                raise AssertionError(f"{path}: 503 for 20 s")
+
+            status, text = await post("load_lora_adapter",
+                                      {"lora_name": "late-lora", "lora_path": str(late)})
+            assert (status, text) == (200, "Success: LoRA adapter 'late-lora' added successfully.")
+            status, text = await post("load_lora_adapter",
+                                      {"lora_name": "late-lora", "lora_path": str(late)})
+            assert status == 400 and "has already been loaded" in text
+            status, text = await post("load_lora_adapter",
+                                      {"lora_name": "big-lora", "lora_path": str(big)})
+            assert status == 400 and "greater than max_lora_rank 16" in json.loads(text)[
+                "error"]["message"]
+            out = await api.completions.create(model="late-lora", prompt=PROMPT,
+                                               max_tokens=MAX_TOKENS, temperature=0,
+                                               extra_body={"ignore_eos": True})
+            assert out.model == "late-lora" and out.choices[0].text not in served.values()
+            assert {m.id for m in (await api.models.list()).data} >= {"late-lora"}
+            assert "big-lora" not in {m.id for m in (await api.models.list()).data}
+            status, text = await post("unload_lora_adapter", {"lora_name": "late-lora"})
+            assert (status, text) == (200,
+                                      "Success: LoRA adapter 'late-lora' removed successfully.")
+            status, text = await post("unload_lora_adapter", {"lora_name": "late-lora"})
+            assert status == 404 and "'late-lora' cannot be found" in text
+        for done in await asyncio.gather(*traffic, return_exceptions=True):  # (a 503 when the
+            assert not isinstance(done, openai.APIStatusError) or done.status_code == 503  # engine
+            assert isinstance(done, BaseException) or done.usage.completion_tokens == 16  # flaps)
+        with pytest.raises(openai.NotFoundError):
+            await api.completions.create(model="late-lora", prompt=PROMPT, max_tokens=2)

@@ -14,7 +14,7 @@ no torch, no model code and no tokenizer library (tests/unit/test_layering.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -258,7 +258,9 @@ class EngineCore:
             prefix_cache_queries=bm.num_prefix_queries, prefix_cache_hits=bm.num_prefix_hits,
             prompt_tokens=self._num_prompt_tokens, generation_tokens=self._num_generation_tokens,
             spec_decode=(self.scheduler.spec_stats.copy() if self.scheduler.num_spec_tokens
-                         else None))
+                         else None),
+            running_loras=_lora_names(self.scheduler.running) if self.config.enable_lora else (),
+            waiting_loras=_lora_names(self.scheduler.waiting) if self.config.enable_lora else ())
 
     def _detokenize(self, req: RequestState, seq: Sequence) -> None:
         num_new, stop, keep = req.detokenize(seq)
@@ -267,3 +269,7 @@ class EngineCore:
             self.scheduler.stop_at_string(seq, stop, keep)
         if seq.is_finished:
             req.detoks[seq.index].finish()
+
+
+def _lora_names(seqs: Iterable[Sequence]) -> tuple[str, ...]:
+    return tuple(sorted({s.lora_request.lora_name for s in seqs if s.lora_request is not None}))

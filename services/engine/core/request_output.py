@@ -113,3 +113,7 @@ class EngineStats:
     spec_decode: SpecDecodeStats | None = None
     """Speculative decoding's counters (vllm:spec_decode_*) and acceptance rate; None when the
     engine does not speculate."""
+    running_loras: tuple[str, ...] = ()
+    """Names of the LoRA adapters of the running sequences (vllm:lora_requests_info)."""
+    waiting_loras: tuple[str, ...] = ()
+    """Names of the LoRA adapters of the waiting sequences."""

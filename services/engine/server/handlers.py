@@ -11,8 +11,10 @@ on the engine's own thread.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +59,10 @@ class EngineHandlers(StreamIntake):
     loras: dict[str, LoRARequest] = field(default_factory=dict)
     """The LoRA adapters this engine serves, by name (the model's lora_modules); each is loaded
     and checked by the engine at its first request."""
+    lora_source: Callable[[], Awaitable[list[Any]]] | None = None
+    """The model's lora_modules now (the registry's): read when a request names an adapter this
+    engine does not know, so one loaded at runtime (/v1/load_lora_adapter) is served at once."""
+    _lora_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     chat_template_tokens: int = 0
     """What the chat template adds to a one-message chat (published with the load: gateways
     estimate a chat's prompt with it when they reserve a key's tokens)."""
@@ -85,7 +91,7 @@ class EngineHandlers(StreamIntake):
                 self.tokenizing, self.prompt_token_ids, req)
             params = SamplingParams(**req.sampling.model_dump())
             parser = self.tool_call_parser(req)
-            lora = self.lora_request(req.lora_name)
+            lora = await self.lora_request(req.lora_name)
             outputs = self.engine.open(req.request_id, token_ids, params, time.time(),
                                        prompt=req.prompt,  # the engine's one check: 400 here
                                        lora_request=lora)
@@ -132,14 +138,28 @@ class EngineHandlers(StreamIntake):
                 outputs.close()  # aborts the request in the engine unless it finished
 
     # ------------------------------------------------------------------ tokens
-    def lora_request(self, name: str | None) -> LoRARequest | None:
-        """The adapter a request names (vLLM's 404 for one this engine does not serve)."""
+    async def lora_request(self, name: str | None) -> LoRARequest | None:
+        """The adapter a request names (vLLM's 404 for one this engine does not serve). An
+        unknown name rereads the model's lora_modules first (the gateway sends only names it
+        resolved to an adapter of this model, so made-up names do not reach here)."""
         if name is None:
             return None
+        if name not in self.loras and self.lora_source is not None:
+            self.set_loras(await self.lora_source())
         lora = self.loras.get(name)
         if lora is None:
             raise NotFound(f"The lora adapter '{name}' cannot be found.", param="model")
         return lora
+
+    def set_loras(self, modules: list[Any]) -> None:
+        """The adapters to serve (LoRAModule-like: name, path, base_model_name): one kept
+        under the same name and path keeps its id (the engine's caches key on it)."""
+        loras = {}
+        for m in modules:
+            known = self.loras.get(m.name)
+            loras[m.name] = (known if known is not None and known.lora_path == m.path else
+                             LoRARequest(m.name, next(self._lora_ids), m.path, m.base_model_name))
+        self.loras = loras
 
     def tool_call_parser(self, req: GenerateRequest) -> str | None:
         return self.check_tool_call_parser(req, self.engine.core.config.tool_call_parser)

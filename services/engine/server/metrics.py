@@ -7,14 +7,15 @@ inference, time per output token), token counts and the request's n and max_toke
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from shoal.services.engine.config import EngineConfig
-from shoal.services.engine.core.request_output import RequestMetrics
+from shoal.services.engine.core.request_output import EngineStats, RequestMetrics
 from shoal.services.engine.core.spec_decode_stats import SpecDecodeStats
 from shoal.shared.metrics import (
     ITERATION_TOKENS_BUCKETS,
@@ -136,3 +137,23 @@ def cache_info(config: EngineConfig, num_kv_blocks: int) -> dict[str, str]:
             "enable_prefix_caching": str(config.enable_prefix_caching),
             "gpu_memory_utilization": str(config.gpu_memory_utilization),
             "cache_dtype": "auto"}
+
+
+class LoRACollector(Collector):
+    """vLLM's vllm:lora_requests_info: a gauge whose labels say the adapters of the running and
+    waiting requests (comma-separated names) and max_lora; its value is the snapshot's time."""
+
+    def __init__(self, stats: Callable[[], EngineStats], max_lora: int,
+                 labels: Mapping[str, str]) -> None:
+        self._stats = stats
+        self._max_lora = str(max_lora)
+        self._labels = dict(labels)
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        family = GaugeMetricFamily(
+            "vllm:lora_requests_info", "Running stats on LoRA requests.",
+            labels=[*self._labels, "max_lora", "waiting_lora_adapters", "running_lora_adapters"])
+        family.add_metric([*self._labels.values(), self._max_lora, ",".join(s.waiting_loras),
+                           ",".join(s.running_loras)], time.time())
+        yield family

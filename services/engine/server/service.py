@@ -27,16 +27,15 @@ from shoal.services.engine.server.handlers import EngineHandlers
 from shoal.services.engine.server.lifecycle import (
     Gone, InstanceReporter, report_error, serve_instance
 )
-from shoal.services.engine.server.metrics import EngineMetrics, cache_info
+from shoal.services.engine.server.metrics import EngineMetrics, LoRACollector, cache_info
 from shoal.services.engine.server.ranks import RankCoordinator
-from shoal.services.engine.lora_request import LoRARequest
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
 from shoal.shared.errors import ShoalError
 from shoal.shared.logging import log_context
 from shoal.shared.progress import progress_message
-from shoal.shared.schemas.registry import InstancePublic, ModelPublic
+from shoal.shared.schemas.registry import InstancePublic, LoRAModule, ModelPublic
 from shoal.shared.states import InstanceState, can_transition
 
 log = logging.getLogger(__name__)
@@ -143,16 +142,23 @@ def _multi_worker_engine(ranks: RankCoordinator, model_dir: Path) -> AsyncEngine
 async def serve(settings: Settings, bus: Bus, reporter: InstanceReporter, engine: AsyncEngine,
                 model: ModelPublic, stop: asyncio.Event,
                 ranks: RankCoordinator | None = None) -> None:
+    registry = RegistryClient(bus)
+
+    async def lora_modules() -> list[LoRAModule]:
+        return (await registry.get_model(id=model.id)).lora_modules
+
     handlers = EngineHandlers(bus=bus, engine=engine, instance_id=reporter.instance.id,
-                              model_name=model.name,
-                              loras={m.name: LoRARequest(m.name, i, m.path, m.base_model_name)
-                                     for i, m in enumerate(model.lora_modules, start=1)})
+                              model_name=model.name, lora_source=lora_modules)
+    handlers.set_loras(model.lora_modules)
     core = engine.core
     handlers.metrics = metrics = EngineMetrics(model.name, reporter.instance.id,
                                                core.max_model_len, handlers.load,
                                                cache_info(core.config, core.runner.num_kv_blocks),
                                                lambda: engine.stats().spec_decode)
     core.on_step_tokens = metrics.iteration_tokens.observe  # prometheus is thread-safe
+    if core.config.enable_lora:
+        metrics.registry.register(LoRACollector(engine.stats, core.config.max_loras,
+                                                metrics.labels))
     await serve_instance(settings, bus, reporter, handlers, metrics.registry, stop,
                          lambda: engine_failure(engine, ranks))
 

@@ -61,8 +61,9 @@ log = logging.getLogger(__name__)
 REFUSED = ApiKeyVerified(valid=False)
 FIXED_KEY = ApiKeyVerified(valid=True, name="--api-key", scope=ApiKeyScope.ADMIN)
 """The fixed key (vLLM's --api-key) can do everything and has no limits or usage."""
-ADMIN_PREFIXES = ("/api/v1/",)
-"""The management API (and so the dashboard's data): admin keys only."""
+ADMIN_PREFIXES = ("/api/v1/", "/v1/load_lora_adapter", "/v1/unload_lora_adapter")
+"""The management API (and so the dashboard's data) and vLLM's runtime LoRA endpoints (they
+change what the cluster serves): admin keys only."""
 
 
 class KeyCache:

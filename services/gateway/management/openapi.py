@@ -14,6 +14,7 @@ from shoal.services.gateway.anthropic.objects import (
     AnthropicError, Message, MessageStreamEvent, MessageTokensCount
 )
 from shoal.services.gateway.anthropic.protocol import CountTokensRequest, MessagesRequest
+from shoal.services.gateway.openai.lora_routes import LoadLoRABody, UnloadLoRABody
 from shoal.services.gateway.openai.embeddings import EmbeddingBody, EmbeddingList
 from shoal.services.gateway.openai.objects import (
     ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, DetokenizeResponse,
@@ -42,6 +43,10 @@ _OPS: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
     ("post", "/v1/messages/count_tokens", "Count a message's input tokens (Anthropic's API)",
      CountTokensRequest, "anthropic"),
     ("post", "/tokenize", "Tokenize a prompt or messages", TokenizeBody, "openai"),
+    ("post", "/v1/load_lora_adapter", "Load a LoRA adapter onto a model (vLLM's; admin key)",
+     LoadLoRABody, "openai"),
+    ("post", "/v1/unload_lora_adapter", "Unload a LoRA adapter (vLLM's; admin key)",
+     UnloadLoRABody, "openai"),
     ("post", "/detokenize", "Detokenize token ids", DetokenizeBody, "openai"),
     ("get", "/health", "Liveness: 200 while the gateway runs", None, "ops"),
     ("get", "/version", "Version", None, "ops"),

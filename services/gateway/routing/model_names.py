@@ -46,6 +46,10 @@ class ModelNames:
                     await self._load()
         return self._aliases.get(name, name)
 
+    def invalidate(self) -> None:
+        """Read the model list at the next request (after this gateway changed adapters)."""
+        self._loaded_at = self._next_try = -float("inf")
+
     async def resolve_lora(self, name: str) -> tuple[str, str | None]:
         """(the model's name, the LoRA adapter `name` is, or None)."""
         model = await self.resolve(name)

@@ -19,7 +19,7 @@ from shoal.shared.schemas.registry.workers import (
 )
 from shoal.shared.schemas.registry.models import (
     PlacementStrategy, DeviceKind, AutoscaleSpec, ScaleEvent, MAX_SCALE_EVENTS, ModelSpec,
-    ModelCreate, ModelUpdate, ModelPublic, RUN_FIELDS,
+    ModelCreate, ModelUpdate, ModelPublic, RUN_FIELDS, LoRAModule,
 )
 from shoal.shared.schemas.registry.instances import (
     ResourceClaim, SubordinateWorker, Placement, LeaderFence, InstanceCreate, InstancePublic,
@@ -35,7 +35,8 @@ __all__ = [
     "NAME_PATTERN", "ById", "ByIdOrName", "DeleteRequest", "Deleted", "ListRequest", "GpuDevice",
     "DeviceStatus", "WorkerRegister", "WorkerLeave", "WorkerPublic", "WorkerHeartbeat",
     "PlacementStrategy", "DeviceKind", "AutoscaleSpec", "ScaleEvent", "MAX_SCALE_EVENTS",
-    "ModelSpec", "ModelCreate", "ModelUpdate", "ModelPublic", "RUN_FIELDS", "ResourceClaim",
+    "ModelSpec", "ModelCreate", "ModelUpdate", "ModelPublic", "RUN_FIELDS", "LoRAModule",
+    "ResourceClaim",
     "SubordinateWorker",
     "Placement", "LeaderFence", "InstanceCreate", "InstancePublic", "InstanceTransition",
     "InstanceFilter", "InstanceDelete", "MAX_LIMIT", "SECRET_PREFIX", "ApiKeyScope", "KeyLimit",

@@ -250,10 +250,12 @@ class ModelCreate(ModelSpec):
 
 
 RUN_FIELDS = ("tp", "pp", "max_model_len", "gpu_memory_utilization", "engine_args",
-              "lora_modules", "backend", "backend_version", "backend_parameters", "env",
+              "backend", "backend_version", "backend_parameters", "env",
               "backend_command", "backend_health_path", "extended_kv_cache")
 """The ModelUpdate fields that change how the model's engines (or backends) run: an update of
-one is checked as a deploy would be (shared/bus/deploy.py) and rolls the instances."""
+one is checked as a deploy would be (shared/bus/deploy.py) and rolls the instances. Not
+lora_modules: running engines reread them when a request names an adapter they do not know
+(/v1/load_lora_adapter changes them at runtime; a restart per adapter would drop traffic)."""
 
 
 class ModelUpdate(Wire):

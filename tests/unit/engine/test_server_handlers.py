@@ -176,3 +176,29 @@ def test_the_reasoning_parser_is_named_for_chat_requests_only() -> None:
     assert h.reasoning_parser_for(chat, None) is None
     plain = GenerateRequest(request_id="r", model="m", prompt="hi")
     assert h.reasoning_parser_for(plain, "qwen3") is None
+
+
+async def test_lora_names_resolve_with_stable_ids_and_unknown_ones_are_404() -> None:
+    from shoal.shared.errors import NotFound
+    from shoal.shared.schemas.registry import LoRAModule
+
+    h, _ = handlers()
+    spec = [LoRAModule(name="sql", path="/a/sql"), LoRAModule(name="chat", path="/a/chat")]
+    reads: list[int] = []
+
+    async def source() -> list[LoRAModule]:  # the registry's lora_modules now
+        reads.append(1)
+        return spec
+
+    h.set_loras(spec[:1])
+    h.lora_source = source
+    sql = await h.lora_request("sql")
+    assert (sql.lora_name, sql.lora_int_id, sql.lora_path) == ("sql", 1, "/a/sql") and not reads
+    chat = await h.lora_request("chat")  # loaded at runtime: one reread finds it
+    assert chat.lora_int_id == 2 and len(reads) == 1
+    assert await h.lora_request("sql") is sql and await h.lora_request(None) is None
+    spec[0] = LoRAModule(name="sql", path="/b/sql")  # another folder under the name: a new id
+    h.set_loras(spec)
+    assert (await h.lora_request("sql")).lora_int_id == 3
+    with pytest.raises(NotFound, match="The lora adapter 'nope' cannot be found."):
+        await h.lora_request("nope")

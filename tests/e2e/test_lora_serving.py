@@ -85,12 +85,14 @@ async def test_openai_sdk_calls_adapters_by_name(servers, tmp_path_factory) -> N
             extra_body={"ignore_eos": True})) for _ in range(2)]
         async with aiohttp.ClientSession() as http:
             async def post(path: str, body: dict) -> tuple[int, str]:
-                for _ in range(20):  # a 503: no engine to check the adapter now (a loaded
+                text = ""
+                for _ in range(30):  # a 503: no engine to check the adapter now (a loaded
                     async with http.post(f"{url}/{path}", json=body) as r:  # machine's
-                        if r.status != 503:  # engine may miss a heartbeat): retry later
-                            return r.status, await r.text()
+                        text = await r.text()  # engine may miss a heartbeat): retry later
+                        if r.status != 503:
+                            return r.status, text
                     await asyncio.sleep(1)
-                raise AssertionError(f"{path}: 503 for 20 s")
+                raise AssertionError(f"{path}: 503 for 30 s: {text}")
 
             status, text = await post("load_lora_adapter",
                                       {"lora_name": "late-lora", "lora_path": str(late)})

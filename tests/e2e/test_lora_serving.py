@@ -36,6 +36,14 @@ async def test_openai_sdk_calls_adapters_by_name(servers, tmp_path_factory) -> N
                                          scale=0.5),
                 "chat-lora": save_adapter(base, root / "chat", targets=["q_proj", "v_proj"],
                                           r=4, seed=2)}
+    # made before the stack starts: PEFT blocks the loop the in-process services share
+    late = save_adapter(base, root / "late", targets=["v_proj", "down_proj"], r=4, seed=5)
+    big = save_adapter(base, root / "big", targets=["q_proj"], r=32, seed=6)  # > rank 16
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    loras = [None, *(LoRARequest(n, i, str(p)) for i, (n, p) in enumerate(adapters.items(), 1))]
+    with LLM(str(base), device="cpu", dtype="float32", num_kv_blocks=32, enable_lora=True,
+             max_loras=2) as llm:  # the offline answers, also before the stack starts
+        offline = llm.generate([PROMPT] * 3, params, use_tqdm=False, lora_request=loras)
     settings = make_settings(servers, root, gateway_port=free_port(None), scheduler_interval=1.0)
     async with running_services(settings, worker={"worker_name": "lora-worker"}, gateway={},
                                 name="lora-e2e", clean=True) as stack:
@@ -60,12 +68,6 @@ async def test_openai_sdk_calls_adapters_by_name(servers, tmp_path_factory) -> N
             assert out.model == asked and out.usage.completion_tokens == MAX_TOKENS
             served[asked] = out.choices[0].text
 
-        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-        loras = [None, *(LoRARequest(n, i, str(p))
-                         for i, (n, p) in enumerate(adapters.items(), start=1))]
-        with LLM(str(base), device="cpu", dtype="float32", num_kv_blocks=32, enable_lora=True,
-                 max_loras=2) as llm:
-            offline = llm.generate([PROMPT] * 3, params, use_tqdm=False, lora_request=loras)
         assert [served[k] for k in (name, *adapters)] == [o.outputs[0].text for o in offline]
         assert len(set(served.values())) == 3  # the adapters change the answer
 
@@ -78,8 +80,6 @@ async def test_openai_sdk_calls_adapters_by_name(servers, tmp_path_factory) -> N
 
         # runtime load and unload (vLLM's endpoints) while requests of the base model run
         url = f"http://127.0.0.1:{settings.gateway_port}/v1"
-        late = save_adapter(base, root / "late", targets=["v_proj", "down_proj"], r=4, seed=5)
-        big = save_adapter(base, root / "big", targets=["q_proj"], r=32, seed=6)  # > rank 16
         traffic = [asyncio.create_task(api.completions.create(
             model=name, prompt=PROMPT, max_tokens=16, temperature=0,
             extra_body={"ignore_eos": True})) for _ in range(2)]

@@ -20,6 +20,8 @@ class TaggedCalls:
         self.buffer = ""
         self.in_call = False
         self.held = ""
+        self.after_call = False
+        """No text has come since the last call (whitespace there is held back)."""
         self.scanned = 0
         """How much of a call's body is known to hold no end tag (a long call is not searched
         again from its start at every delta)."""
@@ -70,10 +72,11 @@ class TaggedCalls:
             return
         for name, arguments in calls:
             self.calls.add(out, name, arguments)
+        self.held, self.after_call = "", True
 
     def _content(self, text: str, out: ParsedDelta) -> None:
-        if self.calls.count and not (self.held + text).strip():
-            self.held += text  # whitespace after a call: kept only if more text follows
+        if self.after_call and not (self.held + text).strip():
+            self.held += text  # whitespace right after a call: kept only if text follows
             return
         out.content += self.held + text
-        self.held = ""
+        self.held, self.after_call = "", False

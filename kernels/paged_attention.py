@@ -53,6 +53,7 @@ def paged_attention(
     window: int | None = None,
     workspace: Workspace | None = None,
     max_group_bytes: int = DECODE_GROUP_BYTES,
+    *,
     softcap: float | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """`window` (None = full attention): a query at position p sees the keys at positions

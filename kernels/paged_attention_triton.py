@@ -1,5 +1,6 @@
 """paged_attention in Triton (the CUDA path): varlen queries over the paged cache, causal, GQA,
-optional sliding window, fp16/bf16 inputs with fp32 accumulation and an online softmax (base 2).
+optional sliding window, optional logit soft-cap (Gemma 2), fp16/bf16 inputs with fp32
+accumulation and an online softmax (base 2).
 
 One program per (block of query rows, KV head[, split]): the rows are BLOCK_Q tokens x the
 QPKV query heads sharing that KV head, so decodes fill a 16-row tile and K/V are read once per
@@ -39,13 +40,13 @@ def _find_seq(qsl_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _paged_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-        block_tables_ptr, seq_lens_ptr, qsl_ptr, qk_scale, num_seqs, window,
+        block_tables_ptr, seq_lens_ptr, qsl_ptr, qk_scale, softcap, num_seqs, window,
         q_stride_t, q_stride_h, out_stride_t, out_stride_h, bt_stride,
         cache_stride_b, cache_stride_s, cache_stride_h,
         NUM_HEADS: tl.constexpr, QPKV: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr):
+        HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -91,6 +92,10 @@ def _paged_attention_kernel(
         k = tl.load(k_cache_ptr + base[None, :] + offs_d[:, None],
                     mask=pos_mask[None, :] & d_mask[:, None], other=0.0)  # [BLOCK_D, TILE]
         s = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [BLOCK_M, TILE], log2 units
+        if HAS_SOFTCAP:  # qk_scale is the plain scale here: cap, then to log2 units
+            x = s / softcap  # softcap * tanh(x), tanh(x) = 1 - 2 / (e^2x + 1) (saturates at +-1)
+            s = softcap * (1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0))  # 2 log2(e)
+            s = s * 1.4426950408889634  # log2(e)
         visible = pos_mask[None, :] & (pos[None, :] <= (ctx_len + q_idx)[:, None])
         if HAS_WINDOW:  # query position p sees keys in (p - window, p]
             visible = visible & (pos[None, :] > (ctx_len + q_idx - window)[:, None])
@@ -132,10 +137,12 @@ def paged_attention_triton(
     *,
     num_splits: int | None = None,
     tile_size: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Same contract as the torch op (`window`: keys in (p - window, p], None = all).
     `workspace` and `max_group_bytes` (the CPU path's gather tuning) are accepted and unused:
-    the kernel reads the paged cache in place. All-decode batches split the keys by
+    the kernel reads the paged cache in place. `softcap` (None = off): scores s -> softcap *
+    tanh(s / softcap) before the softmax, as the torch op. All-decode batches split the keys by
     `num_splits_for(num_seqs, max_keys)`, where max_keys is bounded by the block table's width
     and the window (no sync); `num_splits` forces it."""
     del workspace, max_group_bytes
@@ -175,12 +182,13 @@ def paged_attention_triton(
     grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_splits)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out, part_acc, part_ml, block_tables, seq_lens, query_start_loc,
-        scale * LOG2E, num_seqs, window or 0, q.stride(0), q.stride(1), out.stride(0),
+        scale if softcap else scale * LOG2E, softcap or 1.0, num_seqs, window or 0,
+        q.stride(0), q.stride(1), out.stride(0),
         out.stride(1),
         block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, QPKV=qpkv, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, TILE=tile, BLOCK_M=block_m, BLOCK_Q=block_q,
-        NUM_SPLITS=num_splits, HAS_WINDOW=window is not None,
+        NUM_SPLITS=num_splits, HAS_WINDOW=window is not None, HAS_SOFTCAP=bool(softcap),
         PRECISION="ieee" if q.dtype == torch.float32 else None)
     if num_splits > 1:
         merge_splits_kernel[(num_tokens, num_heads)](

@@ -4,9 +4,8 @@ The metadata is passed down the forward explicitly (no module-global context, un
 each Attention layer holds its own k/v cache tensors, bound once by kv_cache.py, and its own
 sliding window (None = full attention), which the kernels apply to absolute positions.
 
-A logit soft-cap (Gemma 2) runs in the torch and C++ ops; the Triton op has none, so a capped
-layer on CUDA calls the torch op (correct, slower, and not graph-safe: models/gemma.py runs
-Gemma 2 eagerly on CUDA).
+A logit soft-cap (Gemma 2's attn_logit_softcapping) is passed to the op only where a layer has
+one; the torch, C++ and Triton ops all apply it.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import torch
 from torch import nn
 
 from shoal.kernels import Ops, Workspace
-from shoal.kernels.paged_attention import paged_attention as torch_paged_attention
 
 
 @dataclass(slots=True)
@@ -34,9 +32,6 @@ class Attention(nn.Module):
                  ops: Ops, sliding_window: int | None = None, softcap: float | None = None) -> None:
         super().__init__()
         self.softcap = softcap or None  # scores -> softcap * tanh(scores / softcap)
-        self.attend = ops.paged_attention
-        if self.softcap and ops.name not in ("torch", "cpp"):
-            self.attend = torch_paged_attention  # the Triton op has no soft-cap
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.sliding_window = sliding_window  # a query at p sees keys (p - window, p]
@@ -54,10 +49,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         assert self.k_cache.numel(), "KV cache not allocated (kv_cache.bind_kv_caches)"
         self.ops.reshape_and_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
-        if self.softcap:
-            return self.attend(q, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens,
-                               meta.query_start_loc, self.scale, self.sliding_window,
-                               workspace=meta.workspace, softcap=self.softcap)
+        capped = {"softcap": self.softcap} if self.softcap else {}
         return self.ops.paged_attention(q, self.k_cache, self.v_cache, meta.block_tables,
                                         meta.seq_lens, meta.query_start_loc, self.scale,
-                                        self.sliding_window, workspace=meta.workspace)
+                                        self.sliding_window, workspace=meta.workspace, **capped)

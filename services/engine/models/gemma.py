@@ -9,9 +9,9 @@ computes it.
 - The embedding is multiplied by sqrt(hidden_size), rounded to the model's dtype.
 - Attention scale query_pre_attn_scalar ** -0.5, not head_dim ** -0.5.
 - Alternating sliding window: the layers whose `layer_types` entry is "sliding_attention".
-- Gemma 2: attention logits soft-capped (attn_logit_softcapping, in the torch and C++ attention
-  ops; on CUDA the Triton op has no soft-cap, so those layers run the torch op, eagerly) and the
-  final logits too (final_logit_softcapping, also Gemma 3's when its config sets it).
+- Gemma 2: attention logits soft-capped (attn_logit_softcapping, in each attention op: torch,
+  C++ and Triton) and the final logits too (final_logit_softcapping, also Gemma 3's when its
+  config sets it).
 - Gemma 3: its sliding layers rotate with rope_parameters["sliding_attention"] (theta 10k), the
   full ones with rope_parameters["full_attention"] (theta 1M, linear scaling on 4B and up).
 - GeGLU MLP: gelu_pytorch_tanh(gate) * up (layers/activation.py).
@@ -88,7 +88,6 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
     norm_class = GemmaRMSNorm
     layer_options = staticmethod(gemma_options)
     sliding_windows = staticmethod(gemma_windows)
-    cuda_graphs = False  # soft-capped attention runs the torch op on CUDA (host syncs)
 
     def __init__(self, cfg: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(cfg, *args, **kwargs)
@@ -106,14 +105,7 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
 
 
 class Gemma3ForCausalLM(Gemma2ForCausalLM):
-    cuda_graphs = True  # no attention soft-cap in Gemma 3
-
     @staticmethod
     def attention_options(cfg: Any) -> tuple[bool, bool, bool]:
         bias = bool(getattr(cfg, "attention_bias", False))
         return bias, bias, True  # q/k norms
-
-    def __init__(self, cfg: Any, *args: Any, **kwargs: Any) -> None:
-        super().__init__(cfg, *args, **kwargs)
-        if getattr(cfg, "attn_logit_softcapping", None):
-            self.cuda_graphs = False

@@ -18,14 +18,16 @@ from shoal.kernels.paged_attention_triton import paged_attention_triton
 
 
 def _check(case: PagedCase, dtype: torch.dtype, window: int | None = None,
-           run_on: PagedCase | None = None, **kwargs: int) -> None:
+           run_on: PagedCase | None = None, softcap: float | None = None,
+           **kwargs: int) -> None:
     """Triton on `run_on` (default `case`) against the torch op on `case`."""
     run = run_on or case
     out = paged_attention_triton(run.q, run.k_cache, run.v_cache, run.block_tables,
-                                 run.seq_lens, run.query_start_loc, run.scale, window, **kwargs)
+                                 run.seq_lens, run.query_start_loc, run.scale, window,
+                                 softcap=softcap, **kwargs)
     ref = paged_attention(case.q.float().cpu(), case.k_cache.float().cpu(),
                           case.v_cache.float().cpu(), case.block_tables.cpu(), case.seq_lens.cpu(),
-                          case.query_start_loc.cpu(), case.scale, window)
+                          case.query_start_loc.cpu(), case.scale, window, softcap=softcap)
     assert out.dtype == dtype and out.shape == case.q.shape
     torch.testing.assert_close(out.float().cpu(), ref, **tolerance(dtype))
 
@@ -152,3 +154,21 @@ def test_long_contexts_on_gpu() -> None:
         _check(case, dtype, 4096)  # Mistral-7B's window
         _check(paged_case([1] * 3 + [700], [4100, 9000, 17, 5000], 32, 8, 128, 16, dtype, gen),
                dtype, 1000)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("window", [None, 5])
+def test_soft_capped_scores(num_splits: int, window: int | None) -> None:
+    """Gemma 2's attn_logit_softcapping (a cap of 0.5: far from the identity on these scores),
+    prefill chunks and decodes, split-K too, against the torch op's capped path."""
+    gen = fresh_generator()
+    case = paged_case([7, 1, 1, 5, 1], [0, 3, 40, 9, 21], 8, 2, 32, 4, torch.float32, gen)
+    _check(case, torch.float32, window, softcap=0.5)
+    decodes = paged_case([1, 1, 1], [2, 30, 64], 4, 1, 16, 8, torch.float16, gen)
+    _check(decodes, torch.float16, window, softcap=0.5, num_splits=num_splits)
+    uncapped = paged_attention_triton(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                      case.seq_lens, case.query_start_loc, case.scale, window)
+    capped = paged_attention_triton(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                    case.seq_lens, case.query_start_loc, case.scale, window,
+                                    softcap=0.5)
+    assert not torch.allclose(capped, uncapped, atol=1e-3)

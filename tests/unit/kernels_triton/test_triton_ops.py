@@ -40,8 +40,12 @@ def test_same_call_signature_as_torch(op: str, op_set: str) -> None:
     ref = inspect.signature(getattr(TORCH_OPS, op))
     positional = [p for p in ours.parameters.values() if p.kind != p.KEYWORD_ONLY]
     expected = [p for p in ref.parameters.values()  # a gather tuning the C++ op does not need
-                if op_set == "triton" or p.name != "max_group_bytes"]
+                if (op_set == "triton" or p.name != "max_group_bytes")
+                and p.kind != p.KEYWORD_ONLY]
     assert [(p.name, p.default) for p in positional] == [(p.name, p.default) for p in expected]
+    if op == "paged_attention":  # Gemma 2's soft-cap, by keyword, in every op set
+        assert ours.parameters["softcap"].kind == ours.parameters["softcap"].KEYWORD_ONLY
+        assert ref.parameters["softcap"].default is None
 
 
 def _runner(folder: Path, ops: Ops, monkeypatch: pytest.MonkeyPatch) -> ModelRunner:
@@ -57,15 +61,17 @@ def _blocks(i: int) -> list[int]:
 
 
 # llama, qwen3: the rope variants and q/k norms; mistral with a 6-token sliding window (every
-# layer), which the prompts and decodes pass; qwen2 adds nothing the kernel tests do not cover
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
+# layer), which the prompts and decodes pass; qwen2 adds nothing the kernel tests do not cover;
+# gemma2: soft-capped attention in the Triton op, beside a 6-token window on its first layer;
+# phi3: a partial rotary (the rotated part handed to the op as a whole head)
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "gemma2", "phi3"])
 def test_tiny_model_greedy_parity(arch: str, tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Same greedy tokens and close logits: a chunked prompt next to a whole one, then decodes;
     every step under tensors_beside_inputs, so a tensor either op set makes on the wrong device
     fails here on the CPU as it would on a GPU."""
     folder = save_tiny_model(arch, tmp_path / arch)
-    if arch == "mistral":
+    if arch in ("mistral", "gemma2"):
         folder = with_config(folder, tmp_path / "windowed", sliding_window=6)
     runners = [_runner(folder, TORCH_OPS, monkeypatch),
                _runner(folder, select_ops(DEVICE, force="triton"), monkeypatch)]

@@ -141,11 +141,16 @@ class LlamaModel(nn.Module):
                  layer_options: LayerOptions = no_options, norm_class: type[RMSNorm] = RMSNorm,
                  embedding_scale: float | None = None) -> None:
         """`embedding_scale`: the embedding's rows times it (Gemma: sqrt(hidden), Granite:
-        embedding_multiplier), as a tensor of the model's dtype, as transformers does."""
+        embedding_multiplier), rounded to the model's dtype as transformers' tensor is (a Python
+        float: no device tensor is made, so a decode graph can capture it)."""
         super().__init__()
         assert len(windows) == cfg.num_hidden_layers, (len(windows), cfg.num_hidden_layers)
         self.parallel = parallel
         self.embedding_scale = embedding_scale
+        self._rounded_scales = {  # the scale as transformers' tensor of the model's dtype holds it
+            dtype: float(torch.tensor(embedding_scale, dtype=dtype))
+            for dtype in (torch.float32, torch.float16, torch.bfloat16)
+        } if embedding_scale is not None else {}
         self.start, self.end = stage_layers(cfg.num_hidden_layers, parallel.pp_size,
                                             parallel.pp_rank)
         self.embed_tokens = (VocabEmbedding(cfg.vocab_size, cfg.hidden_size, parallel)
@@ -164,7 +169,7 @@ class LlamaModel(nn.Module):
         assert self.embed_tokens is not None
         hidden = self.embed_tokens(input_ids)
         if self.embedding_scale is not None:
-            hidden = hidden * torch.tensor(self.embedding_scale, dtype=hidden.dtype)
+            hidden = hidden * self._rounded_scales.get(hidden.dtype, self.embedding_scale)
         return hidden
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

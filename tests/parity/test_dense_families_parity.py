@@ -1,8 +1,8 @@
 """What the generic tiny parity runs (test_tiny_generate_parity.py) cannot show for Gemma 2,
 Phi-3 and Granite: that their tiny configs exercise the feature (transformers' own tokens change
 without it, so the parity there can fail), LongRoPE's long factors against transformers (a
-prompt past the original 64 positions), and Gemma 2's soft-capped attention on the plain-torch
-op set (the one a Triton machine falls back to) as well as the C++ one."""
+prompt past the original 64 positions), Gemma 2's soft-capped attention on the plain-torch op
+set as well as the C++ one; YaRN end to end on a tiny Qwen3; an unknown activation refused."""
 
 from __future__ import annotations
 
@@ -75,3 +75,31 @@ def test_gemma2_soft_capped_attention_on_the_torch_ops(tmp_path: Path,
               max_num_batched_tokens=8)
     assert llm.engine.runner.ops is TORCH_OPS
     _check(llm, prompts, _references(folder, prompts))
+
+
+def test_yarn_rope_matches_transformers(tmp_path: Path) -> None:
+    """A tiny Qwen3 with YaRN (factor 4 over 128 original positions): the ramped frequencies and
+    the attention factor on cos/sin through the engine's rotary op; the context grows to 512."""
+    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+            "original_max_position_embeddings": 128}
+    full = save_tiny_model("qwen3", tmp_path / "qwen3", seed=1)
+    folder = with_config(full, tmp_path / "yarn", rope_parameters=yarn)
+    prompts = _prompts(3, 30, 9)
+    refs = _references(folder, prompts)
+    assert any(r.token_ids != d.token_ids for r, d in zip(refs, _references(full, prompts)))
+    llm = LLM(str(folder), device="cpu", dtype="float32", block_size=4, num_kv_blocks=128,
+              max_num_batched_tokens=8)
+    assert llm.engine.runner.max_model_len == 512
+    _check(llm, prompts, refs)
+
+
+def test_an_unsupported_activation_is_refused() -> None:
+    from types import SimpleNamespace
+
+    from shoal.services.engine.config import ConfigError
+    from shoal.services.engine.layers.activation import GeluAndMul, gated_activation
+
+    assert isinstance(gated_activation(SimpleNamespace(hidden_activation="gelu_pytorch_tanh",
+                                                       hidden_act="gelu")), GeluAndMul)
+    with pytest.raises(ConfigError, match="'relu2' is not supported"):
+        gated_activation(SimpleNamespace(hidden_act="relu2"))

@@ -23,6 +23,7 @@ from shoal.services.gateway.management.ui import add_ui
 from shoal.services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from shoal.services.gateway.openai import lora_routes
 from shoal.services.gateway.openai import routes as openai_routes
+from shoal.services.gateway.responses_api import routes as responses_routes
 from shoal.services.gateway.routing.infer_client import InferClient
 from shoal.services.gateway.routing.instances import InstanceTable
 from shoal.services.gateway.routing.model_names import ModelNames
@@ -118,6 +119,7 @@ def make_app(settings: Settings) -> web.Application:
     app.add_routes(openai_routes.routes)
     app.add_routes(anthropic_routes.routes)
     app.add_routes(lora_routes.routes)
+    app.add_routes(responses_routes.routes)
     app.add_routes(management_routes.routes)
     add_ui(app)
     return app

@@ -24,6 +24,7 @@ from shoal.services.registry.repo.common import database_down, database_unavaila
 from shoal.services.registry.repo.instances import InstanceRepo
 from shoal.services.registry.repo.models import ModelRepo
 from shoal.services.registry.repo.quota import QuotaRepo
+from shoal.services.registry.repo.responses import ResponseRepo
 from shoal.services.registry.repo.workers import WorkerRepo
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.service import RpcService
@@ -35,7 +36,8 @@ from shoal.shared.schemas.registry import (
     ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyUpdate, ApiKeyVerify, ById, ByIdOrName,
     Deleted, DeleteRequest, InstanceCreate, InstanceDelete, InstanceFilter, InstancePublic,
     InstanceTransition, ListRequest, ModelCreate, ModelPublic, ModelUpdate, QuotaAcquire,
-    UsageQuery, UsageRecord, WorkerLeave, WorkerPublic, WorkerRegister
+    ResponseRef, StoredResponse, UsageQuery, UsageRecord, WorkerLeave, WorkerPublic,
+    WorkerRegister
 )
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,7 @@ class RegistryApi:
         self.sessions = sessions
         self.models, self.workers, self.instances, self.keys = models, workers, instances, keys
         self.quota = quota
+        self.responses = ResponseRepo(sessions)
         self.outage = OutageLog(log)
         """Database outages, logged a few lines at a time (heartbeats, relay, requests)."""
         self.relay = OutboxRelay(sessions, bus, self.outage)
@@ -118,10 +121,13 @@ class RegistryApi:
             ("quota", "acquire", QuotaAcquire, self.quota.acquire),
             ("usage", "record", UsageRecord, self.quota.record),
             ("usage", "list", UsageQuery, self.quota.usage),
+            ("responses", "put", StoredResponse, self.responses.put),
+            ("responses", "get", ResponseRef, self.responses.get),
+            ("responses", "delete", ResponseRef, self.responses.delete),
         ]
         reads = {"get", "list", "verify"}
-        for resource, verb, request_type, handler in endpoints:  # quota / usage: no events
-            plain = verb in reads or resource in ("quota", "usage")
+        for resource, verb, request_type, handler in endpoints:  # no events for these resources
+            plain = verb in reads or resource in ("quota", "usage", "responses")
             await svc.endpoint(resource, verb, request_type,
                                handler if plain else self.atomic(handler))
 

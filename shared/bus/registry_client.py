@@ -12,7 +12,8 @@ from shoal.shared.schemas.registry import (
     ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeyUpdate, ApiKeyVerified, ApiKeyVerify, ById,
     ByIdOrName, Deleted, DeleteRequest, InstanceCreate, InstanceFilter, InstancePublic,
     InstanceTransition, ListRequest, ModelCreate, ModelPublic, ModelUpdate, QuotaAcquire,
-    QuotaGrant, UsageQuery, UsageRecord, UsageReport, WorkerLeave, WorkerPublic,
+    QuotaGrant, ResponseRef, StoredResponse, UsageQuery, UsageRecord, UsageReport, WorkerLeave,
+    WorkerPublic,
     WorkerRegister,
 )
 
@@ -116,3 +117,15 @@ class RegistryClient:
     async def usage(self, req: UsageQuery | None = None) -> UsageReport:
         return await self.bus.request(self._on("usage", "list"), req or UsageQuery(),
                                       UsageReport)
+
+    # stored Responses API answers (per key)
+    async def put_response(self, req: StoredResponse) -> Deleted:
+        return await self.bus.request(self._on("responses", "put"), req, Deleted)
+
+    async def get_response(self, id: str, key_id: str | None) -> StoredResponse:
+        return await self.bus.request(self._on("responses", "get"),
+                                      ResponseRef(id=id, key_id=key_id), StoredResponse)
+
+    async def delete_response(self, id: str, key_id: str | None) -> Deleted:
+        return await self.bus.request(self._on("responses", "delete"),
+                                      ResponseRef(id=id, key_id=key_id), Deleted)

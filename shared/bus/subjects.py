@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 PREFIX = "shoal"
-RESOURCES = ("models", "instances", "workers", "keys", "quota", "usage")
+RESOURCES = ("models", "instances", "workers", "keys", "quota", "usage", "responses")
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_\-]+$")
 

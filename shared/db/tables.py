@@ -1,4 +1,5 @@
-"""ORM tables: models, workers, instances, api_keys, and the keys' usage and rate windows.
+"""ORM tables: models, workers, instances, api_keys, the keys' usage and rate windows, and
+stored Responses API answers.
 They never leave the registry.
 
 JSON columns hold structured fields (labels, device status, placement claim) whose shape is
@@ -162,3 +163,19 @@ class QuotaReservationRow(Base):
     """The Unix minute whose token windows hold the reserved tokens."""
     tokens: Mapped[int] = mapped_column(BigInteger, nullable=False)
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+
+
+class ResponseRow(Base):
+    """A stored Responses API answer (StoredResponse), scoped to the key that created it."""
+
+    __tablename__ = "responses"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_id: Mapped[str | None] = mapped_column(
+        String(32), ForeignKey("api_keys.id", ondelete="CASCADE"), index=True)
+    model: Mapped[str] = mapped_column(String(128), nullable=False)
+    previous_response_id: Mapped[str | None] = mapped_column(String(64))
+    conversation: Mapped[list[dict[str, Any]]] = mapped_column(JSON, nullable=False)
+    response: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True),
+                                                 server_default=func.now())

@@ -75,10 +75,10 @@ def bounded(case: Any, model: str, use_model: bool) -> None:
     body = case.body
     if isinstance(body, dict) and case.path in ("/v1/chat/completions", "/v1/completions",
                                                 "/tokenize", "/detokenize", "/v1/messages",
-                                                "/v1/messages/count_tokens"):
+                                                "/v1/messages/count_tokens", "/v1/responses"):
         if use_model:
             body["model"] = model
-        for key in ("max_tokens", "max_completion_tokens"):
+        for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             if not isinstance(body.get(key), int) or body[key] > MAX_TOKENS:
                 body[key] = MAX_TOKENS
         if isinstance(body.get("n"), int) and body["n"] > 2:

@@ -240,6 +240,8 @@ ENTRIES: list[Entry] = [
          "asks the Qwen3 deployment above (not served here)"),
     Run("curl http://127.0.0.1:8000/v1/messages -H"),
     Run("claude = anthropic.Anthropic("),
+    Run("RESP=$(curl -s http://127.0.0.1:8000/v1/responses"),
+    Run("first = client.responses.create("),
     Run(".venv/bin/shoal keys create ops --scope admin", capture=_key_values),
     Run('curl -H "Authorization: Bearer $ADMIN"'),
     Run("MINILM=$(.venv/bin/python -c"),

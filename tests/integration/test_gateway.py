@@ -141,22 +141,6 @@ async def test_an_alias_is_listed_and_reaches_its_model(gateway: str,
         assert r.status == 409 and (await r.json())["error"]["param"] == "aliases"
 
 
-@pytest.mark.parametrize("method,path,api", [
-    ("POST", "/v1/responses", "Responses"), ("GET", "/v1/responses/resp_1", "Responses"),
-    ("DELETE", "/v1/responses/resp_1/", "Responses")])
-async def test_apis_not_served_yet_say_so_by_name(gateway: str, http: aiohttp.ClientSession,
-                                                  method: str, path: str, api: str) -> None:
-    """Issue 24: clients that try OpenAI's Responses API hear that it is not supported yet
-    (404, OpenAI's shape), not a generic "no such route"."""
-    async with http.request(method, f"{gateway}{path}", json={"model": "m"}) as r:
-        body = await r.json()
-    assert r.status == 404, body
-    error = body["error"]
-    assert error["type"] == "not_found_error" and error["code"] == "unsupported_endpoint"
-    assert f"{api} API" in error["message"] and "not supported" in error["message"]
-    assert "/v1/chat/completions" in error["message"]
-
-
 async def test_management_models_crud_with_stale_version(gateway: str,
                                                          http: aiohttp.ClientSession) -> None:
     model_name = name()

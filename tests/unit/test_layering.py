@@ -45,7 +45,8 @@ PURE = ["kernels", "services/scheduler/policies", "services/scheduler/claim",
         "openai/tool_parsers.py", "openai/embeddings.py", "auth/ratelimit.py", "json_body.py",
         "auth/edge_rules.py", "openai/objects.py", "openai/builders.py",
         "auth/reservation.py", "anthropic/protocol.py", "anthropic/objects.py",
-        "anthropic/answer.py")]
+        "anthropic/answer.py", "responses_api/protocol.py", "responses_api/answer.py",
+        "responses_api/objects.py")]
 
 
 def python_files(entry: str | Path) -> list[Path]:

@@ -16,6 +16,10 @@ from shoal.services.gateway.anthropic.objects import (
 from shoal.services.gateway.anthropic.protocol import CountTokensRequest, MessagesRequest
 from shoal.services.gateway.openai.lora_routes import LoadLoRABody, UnloadLoRABody
 from shoal.services.gateway.openai.embeddings import EmbeddingBody, EmbeddingList
+from shoal.services.gateway.responses_api.objects import (
+    ResponseDeleted, ResponseObject, ResponseStreamEvent
+)
+from shoal.services.gateway.responses_api.protocol import ResponsesRequest
 from shoal.services.gateway.openai.objects import (
     ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, DetokenizeResponse,
     ErrorResponse, ModelCard, ModelList, TokenizeResponse
@@ -42,6 +46,11 @@ _OPS: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
      "auth: x-api-key or Bearer)", MessagesRequest, "anthropic"),
     ("post", "/v1/messages/count_tokens", "Count a message's input tokens (Anthropic's API)",
      CountTokensRequest, "anthropic"),
+    ("post", "/v1/responses", "Create a response, OpenAI's Responses API (stream: SSE; "
+     "previous_response_id continues a stored one)", ResponsesRequest, "openai"),
+    ("get", "/v1/responses/{id}", "Get a stored response (the key that created it)", None,
+     "openai"),
+    ("delete", "/v1/responses/{id}", "Delete a stored response", None, "openai"),
     ("post", "/tokenize", "Tokenize a prompt or messages", TokenizeBody, "openai"),
     ("post", "/v1/load_lora_adapter", "Load a LoRA adapter onto a model (vLLM's; admin key)",
      LoadLoRABody, "openai"),
@@ -106,6 +115,11 @@ _ANSWERS: dict[tuple[str, str], Answer] = {
         Message, MessageStreamEvent, ending="each named by its `event:` line, in Anthropic's "
         "order, ending with message_stop"),
     ("post", "/v1/messages/count_tokens"): Answer(MessageTokensCount),
+    ("post", "/v1/responses"): Answer(ResponseObject, ResponseStreamEvent, ending="each "
+                                      "named by its `event:` line, ending with "
+                                      "response.completed (or response.incomplete)"),
+    ("get", "/v1/responses/{id}"): Answer(ResponseObject),
+    ("delete", "/v1/responses/{id}"): Answer(ResponseDeleted),
     ("post", "/tokenize"): Answer(TokenizeResponse),
     ("post", "/detokenize"): Answer(DetokenizeResponse),
     ("get", "/api/v1/models"): Answer(ModelPublic, many=True),

@@ -30,7 +30,7 @@ from shoal.services.gateway.routing.router import (
 )
 from shoal.services.gateway.state import STATE
 from shoal.services.gateway.tracing import inference_span
-from shoal.shared.errors import InvalidRequest, NotFound, ShoalError
+from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.logging import log_context
 from shoal.shared.schemas.infer import (
     DetokenizeReply, DetokenizeRequest, EmbedReply, TokenizeReply, TokenizeRequest, Usage
@@ -85,21 +85,6 @@ def _model_card(request: web.Request, served: str, name: str, created: int,
     return ModelCard(id=served, created=created, root=name,
                      max_model_len=table.max_model_len(name) or max_len,
                      has_running_instance=name in table.model_names())
-
-
-UNSUPPORTED_APIS = {"responses": "OpenAI's Responses API (/v1/responses)"}
-"""APIs clients try that Shoal does not serve yet: named in the 404, not "no such route"."""
-
-
-async def _unsupported(request: web.Request) -> web.Response:
-    api = UNSUPPORTED_APIS[request.match_info["api"]]
-    raise NotFound(f"{api} is not supported yet: use /v1/chat/completions (or "
-                   f"/v1/completions)", code="unsupported_endpoint")
-
-
-for _api in UNSUPPORTED_APIS:
-    routes.route("*", f"/v1/{{api:{_api}}}")(_unsupported)
-    routes.route("*", f"/v1/{{api:{_api}}}/{{rest:.*}}")(_unsupported)
 
 
 @routes.post("/v1/completions")

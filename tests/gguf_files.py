@@ -2,9 +2,9 @@
 convert_hf_to_gguf.py writes them: its architecture string and metadata keys, its tensor names
 (`blk.N.attn_q`, `blk.N.ffn_gate_inp`, every expert's projection stacked as
 `blk.N.ffn_gate_exps` [experts, inter, hidden]...), q/k rows permuted for the "llama"
-architecture (Mixtral is written as llama with experts), and SmolLM2's GGUF tokenizer fields cut
-to the tiny vocabulary (its first tokens, the merges among them: small, so converting it is
-quick). fp32 tensors: the test is the names and the layout.
+architecture (Mixtral is written as llama with experts), Gemma's norms stored as 1 + w, and
+SmolLM2's GGUF tokenizer fields cut to the tiny vocabulary (its first tokens, the merges among
+them: small, so converting it is quick). fp32 tensors: the test is the names and the layout.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}
+GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama",
+             "gemma2": "gemma2"}
 _EXPERT = re.compile(
     r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight$")
 _EXPERT_PROJ = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down",
@@ -79,8 +80,14 @@ def write_gguf(folder: Path, dest: Path, tokenizer_gguf: Path) -> Path:
     writer.add_rope_freq_base(float(cfg.get("rope_parameters", {}).get("rope_theta", 10000.0)))
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_vocab_size(cfg["vocab_size"])
-    writer.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
-    writer.add_expert_used_count(cfg["num_experts_per_tok"])
+    if experts := cfg.get("num_experts") or cfg.get("num_local_experts"):
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(cfg["num_experts_per_tok"])
+    if arch == "gemma2":  # (llama.cpp scales queries by head_dim ** -0.5: no key for the scalar)
+        assert cfg["query_pre_attn_scalar"] == head_dim, "llama.cpp cannot write another scalar"
+        writer.add_sliding_window(cfg["sliding_window"])
+        writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     if "moe_intermediate_size" in cfg:
         writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     if cfg.get("shared_expert_intermediate_size"):
@@ -104,6 +111,8 @@ def write_gguf(folder: Path, dest: Path, tokenizer_gguf: Path) -> Path:
             array = _permute(array, heads if base.endswith("q_proj") else kv_heads)
         if gguf_name.endswith("ffn_gate_inp_shexp"):  # llama.cpp: a vector
             array = array.reshape(-1)
+        if arch == "gemma2" and base.endswith("norm"):  # llama.cpp stores Gemma's 1 + w
+            array = array + 1
         tensors[f"{gguf_name}.{suffix}"] = array
     for (layer, part), by_expert in experts.items():
         stacked = torch.stack([by_expert[e] for e in sorted(by_expert)]).numpy()

@@ -7,6 +7,9 @@ mapping omits them, so its config keeps the class defaults (768, 5632) and the s
 tensors fail to load. llama.cpp also runs experts in every layer of these architectures (no
 `mlp_only_layers`, `decoder_sparse_step` 1) and renormalises the top-k weights for qwen3moe, not
 for qwen2moe: the config says so explicitly rather than relying on the class defaults.
+Gemma 2: its soft-caps (`attn_logit_softcapping`, `final_logit_softcapping`) are written but not
+mapped, and llama.cpp has no key for `query_pre_attn_scalar`: it scales queries by the head
+size (hidden / heads for the 27B), which the config gets here instead of the class default.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ EXTRA_KEYS: dict[str, dict[str, str]] = {
     "qwen3moe": {"expert_feed_forward_length": "moe_intermediate_size"},
     "qwen2moe": {"expert_feed_forward_length": "moe_intermediate_size",
                  "expert_shared_feed_forward_length": "shared_expert_intermediate_size"},
+    "gemma2": {"attn_logit_softcapping": "attn_logit_softcapping",
+               "final_logit_softcapping": "final_logit_softcapping"},
 }
 """llama.cpp architecture -> {its metadata key (after `<arch>.`): our config attribute}."""
 
@@ -55,7 +60,12 @@ def gguf_config(path: Path) -> Any:
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     for key, attr in EXTRA_KEYS.get(arch, {}).items():
         if f"{arch}.{key}" in meta:
-            setattr(config, attr, int(meta[f"{arch}.{key}"]))
+            setattr(config, attr, meta[f"{arch}.{key}"])  # (uint32 -> int, float32 -> float)
     for attr, value in FIXED.get(arch, {}).items():
         setattr(config, attr, value)
+    if arch == "gemma2":  # llama.cpp's query scale: hidden / heads for the 27B (46 layers)
+        heads = int(meta[f"{arch}.attention.head_count"])
+        config.query_pre_attn_scalar = (
+            int(meta[f"{arch}.embedding_length"]) // heads if meta.get(f"{arch}.block_count") == 46
+            else int(meta.get(f"{arch}.attention.key_length", config.head_dim)))
     return config

@@ -1,5 +1,6 @@
-"""MoE models from GGUF files as llama.cpp writes them (tests/gguf_files.py): a tiny Qwen3-MoE and
-Qwen2-MoE (shared expert) written as qwen3moe / qwen2moe with stacked `ffn_*_exps` experts, loaded
+"""Models from GGUF files as llama.cpp writes them (tests/gguf_files.py): a tiny Qwen3-MoE and
+Qwen2-MoE (shared expert) written as qwen3moe / qwen2moe with stacked `ffn_*_exps` experts, and a
+Gemma 2 (soft-caps from the metadata, norms stored as 1 + w), loaded
 by path as a user would (model_prep converts it), generate what transformers generates from the
 original folder, greedy and logprobs; the converted weights equal the originals. Mixtral as
 llama.cpp writes it (architecture "llama" with experts) is refused with a reason."""
@@ -24,11 +25,12 @@ from tests.tiny_models import VOCAB, save_tiny_model
 
 MAX_NEW = 12
 GGUF_SHAPES = {"qwen3_moe": {"mlp_only_layers": []},  # llama.cpp: experts in every layer
-               "qwen2_moe": {}}
+               "qwen2_moe": {},
+               "gemma2": {"query_pre_attn_scalar": 32}}  # llama.cpp's: the head size
 
 
 @pytest.mark.parametrize("arch", list(GGUF_SHAPES))
-def test_moe_gguf_generates_as_transformers(arch: str, tmp_path: Path) -> None:
+def test_gguf_generates_as_transformers(arch: str, tmp_path: Path) -> None:
     folder = save_tiny_model(arch, tmp_path / "hf", seed=2, **GGUF_SHAPES[arch])
     gguf_file = write_gguf(folder, tmp_path / f"tiny-{arch}.gguf", smollm2_gguf_path())
     converted = prepare_model(str(gguf_file), cache_dir=tmp_path / "cache")
@@ -37,7 +39,7 @@ def test_moe_gguf_generates_as_transformers(arch: str, tmp_path: Path) -> None:
     original = load_file(folder / "model.safetensors")
     for name, tensor in load_file(converted / "model.safetensors").items():
         if ".experts." not in name:  # (stacked there; the logits below cover the experts)
-            torch.testing.assert_close(tensor, original[name], rtol=0, atol=0, msg=name)
+            torch.testing.assert_close(tensor, original[name], msg=name)  # (Gemma: 1 + w - 1)
 
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (5, 19)]

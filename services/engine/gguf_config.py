@@ -35,20 +35,61 @@ FIXED: dict[str, dict[str, Any]] = {
 """What llama.cpp's graph for the architecture does, as config values."""
 
 
-def gguf_metadata(path: Path) -> dict[str, Any]:
-    """The file's scalar metadata (keys as written, `qwen3moe.expert_count`...)."""
-    import gguf
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
+            11: "<q", 12: "<d"}
+"""GGUF value types -> struct formats (8: string, 9: array)."""
 
-    reader = gguf.GGUFReader(str(path))
-    out: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if len(field.types) == 1 and field.types[0] != gguf.GGUFValueType.ARRAY:
-            out[key] = field.contents()
-    return out
+
+def gguf_metadata(path: Path) -> dict[str, Any]:
+    """The file's scalar metadata (keys as written, `qwen3moe.expert_count`...), arrays skipped.
+    Read directly (GGUF v2/v3, little-endian): gguf's GGUFReader builds every array too, the
+    vocabulary's included, which takes seconds."""
+    import mmap
+    import struct
+
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        magic, version, _tensors, count = struct.unpack_from("<4sIQQ", buf, 0)
+        if magic != b"GGUF" or version < 2:
+            raise ConfigError(f"{path} is not a GGUF v2/v3 file")
+        pos = 24
+
+        def read(fmt: str) -> Any:
+            nonlocal pos
+            (value,) = struct.unpack_from(fmt, buf, pos)
+            pos += struct.calcsize(fmt)
+            return value
+
+        def string() -> str:
+            nonlocal pos
+            n = read("<Q")
+            pos += n
+            return bytes(buf[pos - n:pos]).decode("utf-8", "replace")
+
+        def value(kind: int) -> Any:
+            nonlocal pos
+            if kind == 8:
+                return string()
+            if kind == 9:  # skipped: its items' type, count, items
+                item, n = read("<I"), read("<Q")
+                if item in _SCALARS:
+                    pos += n * struct.calcsize(_SCALARS[item])
+                else:
+                    for _ in range(n):
+                        value(item)
+                return None
+            return read(_SCALARS[kind])
+
+        out: dict[str, Any] = {}
+        for _ in range(count):
+            key = string()
+            if (v := value(read("<I"))) is not None:
+                out[key] = v
+        return out
 
 
 def gguf_config(path: Path) -> Any:
-    """transformers' config of the GGUF file at `path`, completed for the MoE architectures."""
+    """transformers' config of the GGUF file at `path`, completed for the architectures above;
+    None for the others (transformers' own reading is right for them)."""
     from transformers import AutoConfig
 
     meta = gguf_metadata(path)
@@ -57,6 +98,8 @@ def gguf_config(path: Path) -> Any:
         raise ConfigError("a GGUF of architecture 'llama' with experts (Mixtral as llama.cpp "
                           "writes it) is not supported: transformers cannot convert it; serve "
                           "the Hugging Face folder instead")
+    if arch not in EXTRA_KEYS and arch not in FIXED:
+        return None
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     for key, attr in EXTRA_KEYS.get(arch, {}).items():
         if f"{arch}.{key}" in meta:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from prometheus_client import generate_latest
+from prometheus_client import Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
@@ -24,6 +24,10 @@ class GatewayMetrics:
     def __init__(self, in_flight: Callable[[], int] = lambda: 0) -> None:
         self.registry = new_registry()
         self.requests = ClientMetrics(self.registry)
+        self.api_requests = Counter(
+            "shoal:gateway_api_requests", "Inference requests admitted, by the API route they "
+            "came by (OpenAI's chat and completions, Anthropic's messages, OpenAI's responses).",
+            ["api", "model_name"], registry=self.registry)
         self.registry.register(_InFlight(in_flight))
 
     def render(self) -> bytes:

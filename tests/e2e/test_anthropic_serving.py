@@ -1,8 +1,8 @@
 """Anthropic's Messages API through the whole stack (gateway -> NATS -> engine process running
 SmolLM2), driven with the official `anthropic` SDK against a gateway that requires keys: answers
 equal to the same chat sent to /v1/chat/completions (greedy), streaming, stop sequences,
-count_tokens, tool use and tool results, errors in Anthropic's shape, and `x-api-key` as well
-as Bearer auth under the same key, its limits and its usage."""
+count_tokens, tool use and tool results, errors in Anthropic's shape, `x-api-key` as well as
+Bearer auth under the same key, its limits and its usage, and the requests in /metrics."""
 
 from __future__ import annotations
 
@@ -148,3 +148,15 @@ async def test_errors_are_anthropic_shaped(stack) -> None:
             body = await r.json()
     assert r.status == 400 and body["type"] == "error"
     assert body["error"]["type"] == "invalid_request_error" and "max_tokens" in str(body)
+
+
+async def test_metrics_count_requests_by_api(stack) -> None:
+    url, model, key, client = stack
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{url}/metrics") as r:
+            text = await r.text()
+    (line,) = [line for line in text.splitlines() if line.startswith(
+        "shoal:gateway_api_requests_total{") and 'api="/v1/messages"' in line
+               and f'model_name="{model}"' in line]
+    assert float(line.rsplit(" ", 1)[1]) >= 5  # the answered requests of the tests above
+    assert f'e2e_request_latency_seconds_count{{model_name="{model}"}}' in text

@@ -110,6 +110,11 @@ async def test_three_turns_equal_chat_and_outlive_gateway_and_registry(stack, ba
     assert third.previous_response_id == second.id
     expected = await whole_chat(base, [first.output_text, second.output_text])
     assert third.output_text == expected
+    async with aiohttp.ClientSession() as http:  # the restarted gateway counted the third
+        async with http.get(f"{base}/metrics") as r:
+            text = await r.text()
+    assert (f'shoal:gateway_api_requests_total{{api="/v1/responses",model_name="{MODEL}"}} 1.0'
+            in text), [line for line in text.splitlines() if "api_requests" in line]
 
 
 async def test_get_delete_and_keys_scope_stored_responses(base) -> None:

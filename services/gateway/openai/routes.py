@@ -164,9 +164,13 @@ async def run_answer(request: web.Request, answer: Answer, stream: bool,
     most it may spend; estimated only for a key with limits) until its usage settles them. An
     engine 400 about the output constraint names the field the client sent. `respond` writes
     an answer in another API's shape (default: OpenAI's, streamed or whole)."""
-    quota = request.app[STATE].quota
+    st = request.app[STATE]
+    quota = st.quota
     answer.spec_source = spec_source
     ticket = await quota.admit(request, answer.builder.model, tokens)
+    resource = request.match_info.route.resource
+    api = resource.canonical if resource is not None else request.path
+    st.metrics.api_requests.labels(api, answer.builder.model).inc()
     if respond is None:
         respond = (lambda: answer.stream(request)) if stream else answer.whole
     with log_context(request_id=answer.builder.id, model=answer.builder.model), \

@@ -1,5 +1,5 @@
 """Shoal: an LLM serving system. `from shoal import LLM, SamplingParams` as with vLLM
-(and StructuredOutputsParams, for guided decoding).
+(and StructuredOutputsParams, for guided decoding; LoRARequest, for LoRA adapters).
 
 The engine loads lazily (module __getattr__) so `import shoal` stays light for the CLI.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "LoRARequest"]
 
 
 def __getattr__(name: str) -> Any:

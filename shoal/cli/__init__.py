@@ -89,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
                                help="never span several workers")
                 p.add_argument("--engine-arg", action="append", default=[],
                                help="KEY=VALUE engine setting (max_num_seqs, kv_cache_memory, ...)")
+                p.add_argument("--lora-module", action="append", default=[],
+                               metavar="NAME=PATH",
+                               help="a LoRA adapter the model serves (repeatable; needs "
+                                    "--engine-arg enable_lora=true)")
                 p.add_argument("--backend", choices=["shoal", "vllm", "custom"],
                                default="shoal", help="what serves it (README \"Backends\")")
                 p.add_argument("--backend-version", help="vllm: the version to install")

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from shoal.cli.serve import lora_modules
 from shoal.cli import SERVICES, _labels
 from shoal.cli.resources import (
     emit, instances_table, keys_table, models_table, run, usage_table, workers_table
@@ -103,6 +104,7 @@ def models_cmd(settings: Settings, args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len, distributed=not args.no_distributed,
             engine_args={k: _scalar(v) for k, v in _labels(args.engine_arg).items()},
             autoscaling=_autoscaling(args.autoscale),
+            lora_modules=lora_modules(args.lora_module) or [],
             **_backend_fields(args),
         )
         if args.dry_run:

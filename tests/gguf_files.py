@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama",
-             "gemma2": "gemma2"}
+             "gemma2": "gemma2", "gemma3_text": "gemma3"}
 _EXPERT = re.compile(
     r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight$")
 _EXPERT_PROJ = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down",
@@ -77,15 +77,21 @@ def write_gguf(folder: Path, dest: Path, tokenizer_gguf: Path) -> Path:
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(float(cfg.get("rope_parameters", {}).get("rope_theta", 10000.0)))
+    rope = cfg.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)  # (Gemma 3: per layer type; llama.cpp: the global)
+    writer.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
+    if rope.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(rope["factor"]))
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_vocab_size(cfg["vocab_size"])
     if experts := cfg.get("num_experts") or cfg.get("num_local_experts"):
         writer.add_expert_count(experts)
         writer.add_expert_used_count(cfg["num_experts_per_tok"])
-    if arch == "gemma2":  # (llama.cpp scales queries by head_dim ** -0.5: no key for the scalar)
+    if arch.startswith("gemma"):  # (llama.cpp scales queries by head_dim ** -0.5: no key for it)
         assert cfg["query_pre_attn_scalar"] == head_dim, "llama.cpp cannot write another scalar"
         writer.add_sliding_window(cfg["sliding_window"])
+    if arch == "gemma2":
         writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     if "moe_intermediate_size" in cfg:
@@ -111,7 +117,7 @@ def write_gguf(folder: Path, dest: Path, tokenizer_gguf: Path) -> Path:
             array = _permute(array, heads if base.endswith("q_proj") else kv_heads)
         if gguf_name.endswith("ffn_gate_inp_shexp"):  # llama.cpp: a vector
             array = array.reshape(-1)
-        if arch == "gemma2" and base.endswith("norm"):  # llama.cpp stores Gemma's 1 + w
+        if arch.startswith("gemma") and base.endswith("norm"):  # llama.cpp stores Gemma's 1 + w
             array = array + 1
         tensors[f"{gguf_name}.{suffix}"] = array
     for (layer, part), by_expert in experts.items():

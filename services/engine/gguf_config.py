@@ -10,6 +10,9 @@ for qwen2moe: the config says so explicitly rather than relying on the class def
 Gemma 2: its soft-caps (`attn_logit_softcapping`, `final_logit_softcapping`) are written but not
 mapped, and llama.cpp has no key for `query_pre_attn_scalar`: it scales queries by the head
 size (hidden / heads for the 27B), which the config gets here instead of the class default.
+Gemma 3: the same query scale, and the global layers' linear RoPE scaling (`rope.scaling.type`
+/ `rope.scaling.factor`, Gemma 3 4B-27B's factor 8); its 5:1 sliding / full pattern and the
+local layers' base 10000 are transformers' defaults, as llama.cpp hard-codes them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ EXTRA_KEYS: dict[str, dict[str, str]] = {
                  "expert_shared_feed_forward_length": "shared_expert_intermediate_size"},
     "gemma2": {"attn_logit_softcapping": "attn_logit_softcapping",
                "final_logit_softcapping": "final_logit_softcapping"},
+    "gemma3": {},
 }
 """llama.cpp architecture -> {its metadata key (after `<arch>.`): our config attribute}."""
 
@@ -106,9 +110,14 @@ def gguf_config(path: Path) -> Any:
             setattr(config, attr, meta[f"{arch}.{key}"])  # (uint32 -> int, float32 -> float)
     for attr, value in FIXED.get(arch, {}).items():
         setattr(config, attr, value)
-    if arch == "gemma2":  # llama.cpp's query scale: hidden / heads for the 27B (46 layers)
+    if arch in ("gemma2", "gemma3"):  # llama.cpp's query scale: hidden / heads for the 27Bs
         heads = int(meta[f"{arch}.attention.head_count"])
+        big = meta.get(f"{arch}.block_count") == {"gemma2": 46, "gemma3": 62}[arch]
         config.query_pre_attn_scalar = (
-            int(meta[f"{arch}.embedding_length"]) // heads if meta.get(f"{arch}.block_count") == 46
+            int(meta[f"{arch}.embedding_length"]) // heads if big
             else int(meta.get(f"{arch}.attention.key_length", config.head_dim)))
+    if arch == "gemma3" and meta.get("gemma3.rope.scaling.type") == "linear":  # global layers
+        full = config.rope_parameters["full_attention"]
+        config.rope_parameters["full_attention"] = {
+            **full, "rope_type": "linear", "factor": float(meta["gemma3.rope.scaling.factor"])}
     return config

@@ -1,6 +1,7 @@
 """Models from GGUF files as llama.cpp writes them (tests/gguf_files.py): a tiny Qwen3-MoE and
 Qwen2-MoE (shared expert) written as qwen3moe / qwen2moe with stacked `ffn_*_exps` experts, and a
-Gemma 2 (soft-caps from the metadata, norms stored as 1 + w), loaded
+Gemma 2 (soft-caps from the metadata, norms stored as 1 + w) and a Gemma 3 (linear RoPE scaling
+on its global layers), loaded
 by path as a user would (model_prep converts it), generate what transformers generates from the
 original folder, greedy and logprobs; the converted weights equal the originals. Mixtral as
 llama.cpp writes it (architecture "llama" with experts) is refused with a reason."""
@@ -26,7 +27,9 @@ from tests.tiny_models import VOCAB, save_tiny_model
 MAX_NEW = 12
 GGUF_SHAPES = {"qwen3_moe": {"mlp_only_layers": []},  # llama.cpp: experts in every layer
                "qwen2_moe": {},
-               "gemma2": {"query_pre_attn_scalar": 32}}  # llama.cpp's: the head size
+               "gemma2": {"query_pre_attn_scalar": 32},  # llama.cpp's: the head size
+               "gemma3": {"query_pre_attn_scalar": 32, "num_hidden_layers": 6,  # its 5:1 layers
+                          "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}}
 
 
 @pytest.mark.parametrize("arch", list(GGUF_SHAPES))

@@ -13,7 +13,8 @@ from shoal.services.gateway.anthropic.objects import (
     AnthropicError, AnthropicErrorInfo, AnthropicUsage, ContentBlockDeltaEvent,
     ContentBlockStartEvent, ContentBlockStopEvent, InputJSONDelta, Message, MessageDelta,
     MessageDeltaEvent, MessageDeltaUsage, MessageStartEvent, MessageStopEvent, PingEvent,
-    StopReason, StreamEvent, TextContent, TextDelta, ToolUseContent
+    StopReason, StreamEvent, TextContent, TextDelta, ThinkingContent, ThinkingDelta,
+    ToolUseContent
 )
 from shoal.services.gateway.openai.objects import ChatChunkChoice, ChatCompletion
 from shoal.shared.schemas.infer import Usage
@@ -71,7 +72,9 @@ def tool_input(arguments: str) -> dict[str, object]:
 def message(completion: ChatCompletion, stop: int | str | None, used: Usage | None) -> Message:
     """The non-streamed answer: text, then tool_use blocks."""
     choice = completion.choices[0]
-    content: list[TextContent | ToolUseContent] = []
+    content: list[ThinkingContent | TextContent | ToolUseContent] = []
+    if choice.message.reasoning_content:
+        content.append(ThinkingContent(thinking=choice.message.reasoning_content))
     if choice.message.content:
         content.append(TextContent(text=choice.message.content))
     for call in choice.message.tool_calls or []:
@@ -101,7 +104,7 @@ class MessageStream:
             id=self.id, model=self.model, content=[], stop_reason=None, stop_sequence=None,
             usage=AnthropicUsage(input_tokens=prompt_tokens, output_tokens=0))))
 
-    def _open(self, kind: str, block: TextContent | ToolUseContent) -> bytes:
+    def _open(self, kind: str, block: ThinkingContent | TextContent | ToolUseContent) -> bytes:
         out = self._close()
         self.index += 1
         self.open_kind = kind
@@ -121,6 +124,11 @@ class MessageStream:
         out = b""
         for entry in entries:
             delta = entry.delta
+            if delta.reasoning_content:
+                if self.open_kind != "thinking":
+                    out += self._open("thinking", ThinkingContent(thinking=""))
+                out += sse(ContentBlockDeltaEvent(
+                    index=self.index, delta=ThinkingDelta(thinking=delta.reasoning_content)))
             if delta.content:
                 if self.open_kind != "text":
                     out += self._open("text", TextContent(text=""))

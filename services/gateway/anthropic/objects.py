@@ -27,6 +27,15 @@ class TextContent(OpenAIObject):
     text: str
 
 
+class ThinkingContent(OpenAIObject):
+    """A reasoning model's reasoning (split off by its --reasoning-parser); no signature: the
+    gateway does not sign, and reads thinking blocks sent back as nothing."""
+
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str = ""
+
+
 class ToolUseContent(OpenAIObject):
     type: Literal["tool_use"] = "tool_use"
     id: str
@@ -39,7 +48,7 @@ class Message(OpenAIObject):
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
     model: str
-    content: list[TextContent | ToolUseContent]
+    content: list[ThinkingContent | TextContent | ToolUseContent]
     stop_reason: StopReason | None
     stop_sequence: str | None
     usage: AnthropicUsage
@@ -57,12 +66,17 @@ class MessageStartEvent(OpenAIObject):
 class ContentBlockStartEvent(OpenAIObject):
     type: Literal["content_block_start"] = "content_block_start"
     index: int
-    content_block: TextContent | ToolUseContent
+    content_block: ThinkingContent | TextContent | ToolUseContent
 
 
 class TextDelta(OpenAIObject):
     type: Literal["text_delta"] = "text_delta"
     text: str
+
+
+class ThinkingDelta(OpenAIObject):
+    type: Literal["thinking_delta"] = "thinking_delta"
+    thinking: str
 
 
 class InputJSONDelta(OpenAIObject):
@@ -73,7 +87,7 @@ class InputJSONDelta(OpenAIObject):
 class ContentBlockDeltaEvent(OpenAIObject):
     type: Literal["content_block_delta"] = "content_block_delta"
     index: int
-    delta: TextDelta | InputJSONDelta
+    delta: TextDelta | ThinkingDelta | InputJSONDelta
 
 
 class ContentBlockStopEvent(OpenAIObject):

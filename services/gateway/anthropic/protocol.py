@@ -74,6 +74,11 @@ class ToolChoiceParam(Body):
     disable_parallel_tool_use: bool | None = None
 
 
+class ThinkingParam(Body):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = None
+
+
 class Metadata(Body):
     user_id: str | None = None
 
@@ -183,12 +188,18 @@ class MessagesRequest(CountTokensRequest):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0, le=MAX_INT32)
     metadata: Metadata | None = None
+    thinking: ThinkingParam | None = None
+    """A reasoning model thinks or not: the chat template's `enable_thinking` (Qwen3's switch;
+    templates without it ignore it). Its budget is not enforced."""
 
     def to_chat(self, **extra: Any) -> ChatCompletionRequest:
         sampling = {"max_tokens": self.max_tokens, "stream": self.stream,
                     "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
                     "stop": self.stop_sequences,
-                    "user": self.metadata.user_id if self.metadata else None}
+                    "user": self.metadata.user_id if self.metadata else None,
+                    "chat_template_kwargs": (
+                        {"enable_thinking": self.thinking.type != "disabled"}
+                        if self.thinking is not None else None)}
         body = super().to_chat(**{k: v for k, v in sampling.items() if v is not None}, **extra)
         try:
             body.check()

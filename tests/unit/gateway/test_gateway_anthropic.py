@@ -122,9 +122,9 @@ def test_stop_reasons(finish: str, stop: Any, expected: tuple[str, str | None]) 
     assert stop_reason(finish, stop) == expected
 
 
-def run_builder(texts: list[str], finish: str, mode: ToolMode | None = None
-                ) -> tuple[ChatResponseBuilder, list[Any]]:
-    builder = ChatResponseBuilder("m", tool_mode=mode)
+def run_builder(texts: list[str], finish: str, mode: ToolMode | None = None,
+                reasoning: str | None = None) -> tuple[ChatResponseBuilder, list[Any]]:
+    builder = ChatResponseBuilder("m", tool_mode=mode, reasoning_parser=reasoning)
     entries = []
     for i, text in enumerate(texts):
         last = i == len(texts) - 1
@@ -225,3 +225,24 @@ def test_openapi_documents_the_messages_routes() -> None:
     ok = paths["/v1/messages"]["post"]["responses"]["200"]["content"]
     assert ok["application/json"]["schema"]["$ref"].endswith("/Message")
     assert "count_tokens" in " ".join(paths)
+
+
+async def test_a_reasoning_models_thinking_is_a_thinking_block() -> None:
+    builder, entries = run_builder(["<think>Capital", " of France.</think>", "Paris."], "stop",
+                                   reasoning="deepseek_r1")
+    raw = stream_raw(builder, entries)
+    kinds = [(e["type"], (e.get("content_block") or e.get("delta") or {}).get("type"))
+             for e in stream_events(raw)]
+    assert kinds[1:4] == [("content_block_start", "thinking"), ("ping", None),
+                          ("content_block_delta", "thinking_delta")]
+    final = await accumulate(raw)
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert (final.content[0].thinking, final.content[1].text) == ("Capital of France.", "Paris.")
+    whole = SdkMessage.model_validate(message(builder.final(), None, builder.usage).body())
+    assert [b.type for b in whole.content] == ["thinking", "text"]
+
+
+@pytest.mark.parametrize("thinking,enabled", [("disabled", False), ("enabled", True)])
+def test_thinking_switches_the_templates_enable_thinking(thinking: str, enabled: bool) -> None:
+    chat = parse(base(thinking={"type": thinking, "budget_tokens": 1024})).to_chat()
+    assert chat.chat_template_kwargs == {"enable_thinking": enabled}

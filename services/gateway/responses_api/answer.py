@@ -27,13 +27,13 @@ def response_id(chat_id: str) -> str:
     return "resp_" + chat_id.partition("-")[2]
 
 
-def usage(used: Usage | None) -> dict[str, Any]:
+def usage(used: Usage | None, reasoning_tokens: int = 0) -> dict[str, Any]:
     used = used or Usage(prompt_tokens=0, completion_tokens=0)
     return {"input_tokens": used.prompt_tokens,
             "input_tokens_details": {"cached_tokens": used.cached_tokens,
                                      "cache_write_tokens": 0},
             "output_tokens": used.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": used.total_tokens}
 
 
@@ -42,12 +42,18 @@ class Output:
     """What the answer produced, with the ids its items are sent under."""
 
     message_id: str = field(default_factory=lambda: new_item_id("msg"))
+    reasoning_id: str = field(default_factory=lambda: new_item_id("rs"))
+    reasoning: str = ""
+    """A reasoning model's reasoning (its --reasoning-parser): a `reasoning` item first; not
+    part of the next turn's prompt, as chat templates drop earlier turns' reasoning."""
+    reasoning_tokens: int = 0
     text: str = ""
     calls: list[dict[str, Any]] = field(default_factory=list)
     """function_call items: id, call_id, name, arguments."""
 
     def items(self) -> list[dict[str, Any]]:
-        out = []
+        out = [reasoning_item(self.reasoning_id, self.reasoning, "completed")] \
+            if self.reasoning else []
         if self.text or not self.calls:
             out.append(message_item(self.message_id, self.text, "completed"))
         out += [function_item(call, "completed") for call in self.calls]
@@ -67,6 +73,11 @@ def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
             "content": content if status == "completed" else []}
+
+
+def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"type": "reasoning", "id": item_id, "summary": [], "status": status,
+            "content": [{"type": "reasoning_text", "text": text}] if status == "completed" else []}
 
 
 def function_item(call: dict[str, Any], status: str) -> dict[str, Any]:
@@ -95,7 +106,7 @@ def response_object(req: ResponsesRequest, rid: str, model: str, created: int,
         "tool_choice": (req.tool_choice if isinstance(req.tool_choice, str) else
                         req.tool_choice.model_dump() if req.tool_choice else "auto"),
         "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
-        "usage": usage(used) if output is not None else None,
+        "usage": usage(used, output.reasoning_tokens) if output is not None else None,
         "user": req.user,
     }
 
@@ -137,6 +148,12 @@ class ResponseStream:
 
     def _close(self) -> bytes:
         kind, self.open_kind = self.open_kind, None
+        if kind == "reasoning":
+            rid, text = self.output.reasoning_id, self.output.reasoning
+            return (self._event("response.reasoning_text.done", item_id=rid,
+                                output_index=self.index, content_index=0, text=text)
+                    + self._event("response.output_item.done", output_index=self.index,
+                                  item=reasoning_item(rid, text, "completed")))
         if kind == "text":
             text = self.output.text
             part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
@@ -157,6 +174,18 @@ class ResponseStream:
         out = b""
         for entry in entries:
             delta = entry.delta
+            if delta.reasoning_content:
+                if self.open_kind != "reasoning":
+                    out += self._close()
+                    self.index += 1
+                    self.open_kind = "reasoning"
+                    out += self._event("response.output_item.added", output_index=self.index,
+                                       item=reasoning_item(self.output.reasoning_id, "",
+                                                           "in_progress"))
+                self.output.reasoning += delta.reasoning_content
+                out += self._event("response.reasoning_text.delta", delta=delta.reasoning_content,
+                                   item_id=self.output.reasoning_id, output_index=self.index,
+                                   content_index=0)
             if delta.content:
                 if self.open_kind != "text":
                     out += self._close()
@@ -192,8 +221,10 @@ class ResponseStream:
                                        delta=function.arguments)
         return out
 
-    def finish(self, finish: str | None, used: Usage | None) -> tuple[bytes, dict[str, Any]]:
+    def finish(self, finish: str | None, used: Usage | None, reasoning_tokens: int = 0
+               ) -> tuple[bytes, dict[str, Any]]:
         """The open item's closing events; the done Response (to store, then `completed`)."""
+        self.output.reasoning_tokens = reasoning_tokens
         out = self._close()
         if self.index < 0:  # nothing at all: the empty message still comes, as a whole answer
             self.index = 0

@@ -66,7 +66,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         async def whole() -> web.Response:
             completion = await answer.result()
             message = completion.choices[0].message
-            output = Output(text=message.content or "", calls=[
+            output = Output(text=message.content or "", reasoning=message.reasoning_content or "",
+                            reasoning_tokens=answer.builder.choices[0].reasoning_tokens, calls=[
                 {"id": new_item_id("fc"), "call_id": c.id, "name": c.function.name,
                  "arguments": c.function.arguments} for c in message.tool_calls or []])
             done = response_object(body, rid, completion.model, completion.created, output,
@@ -94,7 +95,8 @@ async def _stream(request: web.Request, answer: Answer, events: ResponseStream,
             async for entries in _chain(first, replies):
                 await response.write(events.feed(entries))  # type: ignore[arg-type]
             state = answer.builder.choices[0]
-            closing, done = events.finish(state.finish_reason, answer.builder.usage)
+            closing, done = events.finish(state.finish_reason, answer.builder.usage,
+                                          state.reasoning_tokens)
             await response.write(closing)
             await store(done, events.output)
             await response.write(events.completed(done))

@@ -74,9 +74,9 @@ def test_bad_requests_are_400s_naming_the_field(fields: dict[str, Any], param: s
     assert caught.value.param == param, caught.value.message
 
 
-def run(texts: list[str], finish: str, mode: ToolMode | None = None
-        ) -> tuple[ChatResponseBuilder, list[Any]]:
-    builder = ChatResponseBuilder("m", tool_mode=mode)
+def run(texts: list[str], finish: str, mode: ToolMode | None = None,
+        reasoning: str | None = None) -> tuple[ChatResponseBuilder, list[Any]]:
+    builder = ChatResponseBuilder("m", tool_mode=mode, reasoning_parser=reasoning)
     entries = []
     for i, text in enumerate(texts):
         last = i == len(texts) - 1
@@ -92,7 +92,8 @@ def streamed(body: ResponsesRequest, builder: ChatResponseBuilder, entries: list
              ) -> tuple[bytes, dict[str, Any], Output]:
     events = ResponseStream(req=body, id="resp_1", model="m")
     raw = events.start() + b"".join(events.feed([e]) for e in entries)
-    closing, done = events.finish(builder.choices[0].finish_reason, builder.usage)
+    state = builder.choices[0]
+    closing, done = events.finish(state.finish_reason, builder.usage, state.reasoning_tokens)
     return raw + closing + events.completed(done), done, events.output
 
 
@@ -160,3 +161,17 @@ def test_openapi_documents_the_responses_routes() -> None:
     assert set(paths["/v1/responses/{id}"]) == {"get", "delete"}
     ok = paths["/v1/responses"]["post"]["responses"]["200"]["content"]
     assert ok["application/json"]["schema"]["$ref"].endswith("/ResponseObject")
+
+
+async def test_a_reasoning_models_reasoning_is_a_reasoning_item() -> None:
+    builder, entries = run(["<think>Capital", " of France.</think>", "Paris."], "stop",
+                           reasoning="deepseek_r1")
+    raw, done, output = streamed(parse(input="Hi"), builder, entries)
+    kinds = [e["type"] for e in decode(raw)]
+    assert kinds[2:4] == ["response.output_item.added", "response.reasoning_text.delta"]
+    assert "response.reasoning_text.done" in kinds
+    final = await sdk_final(raw)
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert final.output[0].content[0].text == "Capital of France."
+    assert final.output_text == "Paris." and final.usage.output_tokens_details.reasoning_tokens == 2
+    assert output.assistant_message() == {"role": "assistant", "content": "Paris."}

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama",
-             "gemma2": "gemma2", "gemma3_text": "gemma3"}
+             "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3"}
 _EXPERT = re.compile(
     r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight$")
 _EXPERT_PROJ = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down",
@@ -76,10 +76,12 @@ def write_gguf(folder: Path, dest: Path, tokenizer_gguf: Path) -> Path:
     writer.add_head_count_kv(kv_heads)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_dimension_count(int(head_dim * cfg.get("partial_rotary_factor", 1.0)))
     rope = cfg.get("rope_parameters") or {}
     rope = rope.get("full_attention", rope)  # (Gemma 3: per layer type; llama.cpp: the global)
     writer.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
+    if rope.get("rope_type") == "longrope":  # llama.cpp: the factors as two tensors
+        writer.add_rope_scaling_orig_ctx_len(cfg["original_max_position_embeddings"])
     if rope.get("rope_type") == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(rope["factor"]))
@@ -120,6 +122,9 @@ def write_gguf(folder: Path, dest: Path, tokenizer_gguf: Path) -> Path:
         if arch.startswith("gemma") and base.endswith("norm"):  # llama.cpp stores Gemma's 1 + w
             array = array + 1
         tensors[f"{gguf_name}.{suffix}"] = array
+    if rope.get("rope_type") == "longrope":
+        for kind in ("long", "short"):
+            tensors[f"rope_factors_{kind}.weight"] = np.asarray(rope[f"{kind}_factor"], np.float32)
     for (layer, part), by_expert in experts.items():
         stacked = torch.stack([by_expert[e] for e in sorted(by_expert)]).numpy()
         tensors[f"blk.{layer}.ffn_{part}_exps.weight"] = stacked

@@ -13,6 +13,8 @@ size (hidden / heads for the 27B), which the config gets here instead of the cla
 Gemma 3: the same query scale, and the global layers' linear RoPE scaling (`rope.scaling.type`
 / `rope.scaling.factor`, Gemma 3 4B-27B's factor 8); its 5:1 sliding / full pattern and the
 local layers' base 10000 are transformers' defaults, as llama.cpp hard-codes them.
+Phi-3: partial rotary (`rope.dimension_count`) and LongRoPE (its factors are tensors), both
+dropped by transformers.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ EXTRA_KEYS: dict[str, dict[str, str]] = {
     "gemma2": {"attn_logit_softcapping": "attn_logit_softcapping",
                "final_logit_softcapping": "final_logit_softcapping"},
     "gemma3": {},
+    "phi3": {},
 }
 """llama.cpp architecture -> {its metadata key (after `<arch>.`): our config attribute}."""
 
@@ -120,4 +123,27 @@ def gguf_config(path: Path) -> Any:
         full = config.rope_parameters["full_attention"]
         config.rope_parameters["full_attention"] = {
             **full, "rope_type": "linear", "factor": float(meta["gemma3.rope.scaling.factor"])}
+    if arch == "phi3":
+        _phi3_rope(config, meta, path)
     return config
+
+
+def _phi3_rope(config: Any, meta: dict[str, Any], path: Path) -> None:
+    """Phi-3's partial rotary (`rope.dimension_count` < the head size: Phi-4-mini) and LongRoPE,
+    whose factors llama.cpp writes as the tensors `rope_factors_long` / `rope_factors_short`."""
+    import gguf
+
+    head_dim = int(meta["phi3.embedding_length"]) // int(meta["phi3.attention.head_count"])
+    partial = int(meta.get("phi3.rope.dimension_count", head_dim)) / head_dim
+    rope: dict[str, Any] = {"rope_type": "default", "partial_rotary_factor": partial,
+                            "rope_theta": float(meta.get("phi3.rope.freq_base", 10000.0))}
+    factors = {t.name: t.data.tolist() for t in gguf.GGUFReader(str(path)).tensors
+               if t.name in ("rope_factors_long.weight", "rope_factors_short.weight")}
+    if len(factors) == 2:
+        original = int(meta["phi3.rope.scaling.original_context_length"])
+        rope |= {"rope_type": "longrope", "long_factor": factors["rope_factors_long.weight"],
+                 "short_factor": factors["rope_factors_short.weight"],
+                 "original_max_position_embeddings": original}
+        config.original_max_position_embeddings = original
+    config.partial_rotary_factor = partial
+    config.rope_parameters = rope

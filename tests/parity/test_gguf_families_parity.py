@@ -1,7 +1,7 @@
 """Models from GGUF files as llama.cpp writes them (tests/gguf_files.py): a tiny Qwen3-MoE and
 Qwen2-MoE (shared expert) written as qwen3moe / qwen2moe with stacked `ffn_*_exps` experts, and a
-Gemma 2 (soft-caps from the metadata, norms stored as 1 + w) and a Gemma 3 (linear RoPE scaling
-on its global layers), loaded
+Gemma 2 (soft-caps from the metadata, norms stored as 1 + w), a Gemma 3 (linear RoPE scaling
+on its global layers) and a Phi-3 (fused q/k/v and gate/up, partial rotary, LongRoPE), loaded
 by path as a user would (model_prep converts it), generate what transformers generates from the
 original folder, greedy and logprobs; the converted weights equal the originals. Mixtral as
 llama.cpp writes it (architecture "llama" with experts) is refused with a reason."""
@@ -29,7 +29,9 @@ GGUF_SHAPES = {"qwen3_moe": {"mlp_only_layers": []},  # llama.cpp: experts in ev
                "qwen2_moe": {},
                "gemma2": {"query_pre_attn_scalar": 32},  # llama.cpp's: the head size
                "gemma3": {"query_pre_attn_scalar": 32, "num_hidden_layers": 6,  # its 5:1 layers
-                          "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}}
+                          "layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
+               "phi3": {}}  # LongRoPE's factors as tensors, partial rotary
+ENGINE = {"phi3": {"max_model_len": 64}}  # short factors, as transformers' for these lengths
 
 
 @pytest.mark.parametrize("arch", list(GGUF_SHAPES))
@@ -49,7 +51,7 @@ def test_gguf_generates_as_transformers(arch: str, tmp_path: Path) -> None:
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     refs = [hf_greedy(hf, p, MAX_NEW) for p in prompts]
     llm = LLM(str(gguf_file), device="cpu", dtype="float32", block_size=4, num_kv_blocks=64,
-              cache_dir=str(tmp_path / "cache"))
+              cache_dir=str(tmp_path / "cache"), **ENGINE.get(arch, {}))  # type: ignore[arg-type]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=2)
     try:
         for i, (out, ref) in enumerate(zip(llm.generate(prompts, params, use_tqdm=False), refs)):

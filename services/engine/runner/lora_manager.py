@@ -32,7 +32,7 @@ from torch import nn
 
 from shoal.services.engine.core.outputs import ScheduledSeq
 from shoal.services.engine.layers.linear import Linear, PackedLinear, RowParallelLinear
-from shoal.services.engine.layers.lora import LoRABatch, LoRALayer, LoRAWeights
+from shoal.services.engine.layers.lora import LoRABatch, LoRALayer, LoRAWeights, PaddedGroups
 from shoal.services.engine.lora_request import LoRARequest
 from shoal.shared.errors import InvalidRequest
 
@@ -71,6 +71,8 @@ class LoRAManager:
         """Loaded adapters in host memory (float32, this rank's slices), least recent first."""
         self.slots: OrderedDict[LoRARequest, dict[str, LoRAWeights]] = OrderedDict()
         """Adapters on the device in the model's dtype (at most max_loras), least recent first."""
+        self._stacks: tuple[tuple[LoRARequest, ...], dict[str, Any]] = ((), {})
+        """The padded grid's stacked weights per layer, for the step's adapters (in order)."""
 
     def add(self, lora: LoRARequest) -> None:
         """Load and check an adapter into host memory (no-op when it is there)."""
@@ -84,6 +86,7 @@ class LoRAManager:
     def remove(self, lora: LoRARequest) -> None:
         self.host.pop(lora, None)
         self.slots.pop(lora, None)
+        self._stacks = ((), {})
 
     def set_batch(self, scheduled: Sequence[ScheduledSeq], num_tokens: Sequence[int]) -> None:
         """Point every LoRA layer at this step's adapters and their token rows."""
@@ -94,17 +97,35 @@ class LoRAManager:
                 spans.setdefault(s.lora_request, []).append(range(pos, pos + n))
             pos += n
         groups = []
-        for lora, ranges in spans.items():
-            weights = self._on_device(lora, spans)
-            if len(ranges) == 1 and len(ranges[0]) == pos:
-                groups.append((weights, None))  # every row: no gather
-            else:
-                rows = [i for r in ranges for i in r]
-                groups.append((weights, torch.tensor(rows, dtype=torch.int64, device=self.device)))
+        weights = [self._on_device(lora, spans) for lora in spans]
+        rows = [[i for r in ranges for i in r] for ranges in spans.values()]
+        length = max((len(r) for r in rows), default=0)
+        if len(rows) >= 2 and len(rows) * length <= 2 * sum(len(r) for r in rows):
+            self.batch.padded = self._padded(list(spans), weights, rows, length)
+            return
+        for w, r in zip(weights, rows, strict=True):
+            groups.append((w, None if len(r) == pos else  # every row: no gather
+                           torch.tensor(r, dtype=torch.int64, device=self.device)))
         self.batch.groups = groups
+
+    def _padded(self, loras: list[LoRARequest], weights: list[dict[str, LoRAWeights]],
+                rows: list[list[int]], length: int) -> PaddedGroups:
+        """Several adapters of similar row counts (decode steps): one grid, two bmm a layer."""
+        index: list[int] = []
+        valid: list[int] = []
+        for g, r in enumerate(rows):
+            index += r + [r[0]] * (length - len(r))
+            valid += range(g * length, g * length + len(r))
+        key = tuple(loras)
+        if self._stacks[0] != key:
+            self._stacks = (key, {})
+        tensor = lambda v: torch.tensor(v, dtype=torch.int64, device=self.device)  # noqa: E731
+        return PaddedGroups(tensor(index), tensor(valid), tensor([i for r in rows for i in r]),
+                            len(rows), length, weights, self._stacks[1])
 
     def clear_batch(self) -> None:
         self.batch.groups = []
+        self.batch.padded = None
 
     def _on_device(self, lora: LoRARequest, step: dict[LoRARequest, Any]
                    ) -> dict[str, LoRAWeights]:

@@ -145,9 +145,14 @@ async def test_errors_are_anthropic_shaped(stack) -> None:
     async with aiohttp.ClientSession() as http:  # max_tokens is required, as Anthropic's is
         async with http.post(f"{url}/v1/messages", headers={"x-api-key": key.secret},
                              json={"model": model, "messages": ASK}) as r:
-            body = await r.json()
-    assert r.status == 400 and body["type"] == "error"
+            body, status = await r.json(), r.status
+        async with http.post(f"{url}/v1/messages", json={"model": model, "messages": ASK,
+                                                          "max_tokens": 8}) as r:
+            missing_key = await r.json()  # no key on a gateway that requires one
+    assert status == 400 and body["type"] == "error" and r.status == 401
     assert body["error"]["type"] == "invalid_request_error" and "max_tokens" in str(body)
+    assert missing_key["error"]["type"] == "authentication_error"
+    assert "x-api-key" in missing_key["error"]["message"]
 
 
 async def test_metrics_count_requests_by_api(stack) -> None:

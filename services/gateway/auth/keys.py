@@ -197,8 +197,8 @@ async def answer_gateway_info(bus: Bus, settings: Settings, address: str) -> obj
 
 def bearer(header: str | None) -> str:
     if not header:
-        raise Unauthorized("missing API key: send `Authorization: Bearer <key>` "
-                           "(create one with `shoal keys create NAME`)")
+        raise Unauthorized("missing API key: send `Authorization: Bearer <key>` or "
+                           "`x-api-key: <key>` (create one with `shoal keys create NAME`)")
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise Unauthorized("malformed Authorization header: expected `Bearer <key>`")

@@ -205,7 +205,7 @@ async def start_backend(settings: Settings, bus: Bus, reporter: InstanceReporter
 def is_embedder(model: ModelPublic, model_dir: Path) -> bool:
     """An embedding model: a BERT-family encoder (what our embedding engine serves), or vLLM's
     pooling flags in backend_parameters (a decoder served as an embedder)."""
-    from shoal.services.engine.embedding.pooling import is_embedding_model
+    from shoal.services.engine import is_embedding_model
 
     return serves_embeddings(model.backend_parameters) or (
         model_dir.is_dir() and is_embedding_model(model_dir))

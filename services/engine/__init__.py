@@ -38,6 +38,7 @@ _EXPORTS = {
     "smollm2_gguf_path": "model_prep",
     "minilm_path": "model_prep",
     "EmbeddingEngine": "embedding.engine",
+    "is_embedding_model": "embedding.pooling",
     "tqdm_progress": "model_prep",
     "run_engine": "server.service",
     "RankLaunch": "distributed.launch",

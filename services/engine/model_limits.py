@@ -46,6 +46,12 @@ def tp_problems(num_heads: int, num_kv_heads: int, intermediate_size: int, tp: i
     return problems
 
 
+def tp_divides_kv_heads(num_kv_heads: int, tp: int) -> bool:
+    """Whether each rank holds whole KV heads of its own (no KV head replicated across ranks):
+    what a norm over the whole K projection (OLMoE) needs."""
+    return num_kv_heads % tp == 0
+
+
 def valid_tp_sizes(num_heads: int, num_kv_heads: int, intermediate_size: int) -> list[int]:
     """Every tensor-parallel size that splits the model (1 included)."""
     return [t for t in range(1, num_heads + 1)

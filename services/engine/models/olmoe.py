@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from shoal.services.engine.distributed.parallel_state import ParallelContext
+from shoal.services.engine.model_limits import tp_divides_kv_heads
 from shoal.services.engine.layers.moe import FusedMoE, expert_target
 from shoal.services.engine.models.llama import LlamaAttention, LlamaForCausalLM, head_dim_of
 from shoal.services.engine.models.moe_models import QWEN_PROJECTIONS, check_activation
@@ -63,7 +64,7 @@ class OlmoeForCausalLM(LlamaForCausalLM):
             raise ConfigError("OLMoE with clip_qkv is not supported")
         parallel = parallel or ParallelContext.single()
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        if kv_heads % parallel.tp_size:  # a replicated KV head would not hold the projection
+        if not tp_divides_kv_heads(kv_heads, parallel.tp_size):
             raise ConfigError(f"OLMoE's k norm spans all {kv_heads} KV heads: tensor parallel "
                               f"size {parallel.tp_size} must divide them")
         super().__init__(cfg, max_model_len, ops, parallel)

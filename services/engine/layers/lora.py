@@ -1,10 +1,12 @@
 """Batched LoRA: the delta of every adapter in a step, added to a linear layer's output.
 
-One step mixes sequences of several adapters and of the base model. Per layer, each adapter
-present in the step multiplies only its own tokens' rows: `y[rows] += (x[rows] @ A^T) @ B^T`
+One step mixes sequences of several adapters and of the base model. A small step (decode) with
+several adapters stacks them: `y += ((x @ A_all^T) * mask) @ B_all`, the mask keeping each
+row's own adapter's rank columns (DenseGroups: three dense ops a layer whatever the adapters).
+Otherwise each adapter multiplies only its own tokens' rows: `y[rows] += (x[rows] @ A^T) @ B^T`
 (gather with index_select, scatter with index_add_), a loop over the step's adapters (at most
-max_loras), never over requests or tokens; rows of the base model are untouched, and a step
-whose tokens all use one adapter skips the gather. The scaling (alpha / r) is folded into B.
+max_loras), never over requests or tokens; a step whose tokens all use one adapter skips the
+gather. Rows of the base model are untouched. The scaling (alpha / r) is folded into B.
 
 Packed layers (q/k/v, gate/up) get one A with the shards' ranks stacked and one block-diagonal
 B, so a packed layer's delta is two matmuls as an unpacked one's. Under tensor parallelism the
@@ -29,31 +31,28 @@ class LoRAWeights:
 
 
 @dataclass(slots=True)
-class PaddedGroups:
-    """Several adapters' rows laid out as a [groups, length] grid (short groups padded with
-    their first row), so each layer runs two bmm over all of them instead of a matmul pair per
-    adapter: `index` [groups * length] rows of x, `valid` the grid positions that are real,
-    `rows` their rows of y. `stacks`: per layer, every group's A^T [groups, in, R] and B^T
-    [groups, R, out] (ranks zero-padded to the largest), built at the layer's first use and
-    kept while the step's adapters stay the same (decode steps)."""
+class DenseGroups:
+    """A small step with several adapters (decode): every adapter's A stacked into one matrix,
+    so a layer's delta is `((x @ A_all^T) * mask) @ B_all` over all rows at once (the mask keeps
+    each row's own adapter's rank columns; base rows get none): three dense ops a layer, no
+    gather or scatter. `row_group`: each row's adapter (-1: the base model). `stacks`: per
+    layer A_all^T [in, sum R] and B_all [sum R, out] with its ranks, kept while the step's
+    adapters stay the same; `masks`: per rank layout, this step's."""
 
-    index: torch.Tensor
-    valid: torch.Tensor
-    rows: torch.Tensor
-    num_groups: int
-    length: int
+    row_group: torch.Tensor
     weights: list[dict[str, LoRAWeights]]
-    stacks: dict[str, tuple[torch.Tensor, torch.Tensor] | None]
+    stacks: dict[str, tuple[torch.Tensor, torch.Tensor, tuple[int, ...]] | None]
+    masks: dict[tuple[int, ...], torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
 class LoRABatch:
     """The step's adapters: per adapter its layers' weights and the rows of its tokens (None:
-    every row of the step), or all of them padded into one grid. Set by the runner before the
+    every row of the step), or all of them stacked (DenseGroups). Set by the runner before the
     forward, read by every layer."""
 
     groups: list[tuple[dict[str, LoRAWeights], torch.Tensor | None]] = field(default_factory=list)
-    padded: PaddedGroups | None = None
+    dense: DenseGroups | None = None
 
 
 class LoRALayer:
@@ -66,17 +65,20 @@ class LoRALayer:
         self.name = name
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        padded = self.batch.padded
-        if padded is not None:
-            if self.name not in padded.stacks:
-                padded.stacks[self.name] = _stack(padded.weights, self.name)
-            stack = padded.stacks[self.name]
+        dense = self.batch.dense
+        if dense is not None:
+            if self.name not in dense.stacks:
+                dense.stacks[self.name] = _stack(dense.weights, self.name)
+            stack = dense.stacks[self.name]
             if stack is None:
                 return
-            a_t, b_t = stack
-            grid = x.index_select(0, padded.index).view(padded.num_groups, padded.length, -1)
-            delta = torch.bmm(torch.bmm(grid, a_t), b_t).view(-1, y.shape[1])
-            y.index_add_(0, padded.rows, delta.index_select(0, padded.valid))
+            a_t, b, ranks = stack
+            mask = dense.masks.get(ranks)
+            if mask is None:
+                cols = torch.repeat_interleave(torch.arange(len(ranks), device=x.device),
+                                               torch.tensor(ranks, device=x.device))
+                mask = dense.masks[ranks] = (dense.row_group[:, None] == cols[None, :]).to(x.dtype)
+            y.addmm_((x @ a_t).mul_(mask), b)
             return
         for weights, rows in self.batch.groups:
             w = weights.get(self.name)
@@ -89,19 +91,13 @@ class LoRALayer:
 
 
 def _stack(weights: list[dict[str, LoRAWeights]], name: str
-           ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Every group's A^T and B^T for one layer, ranks zero-padded (an adapter without this
-    layer contributes zeros); None when no adapter of the step has the layer."""
+           ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]] | None:
+    """Every adapter's A^T side by side and B stacked for one layer, with each one's rank (0 for
+    an adapter without this layer); None when no adapter of the step has the layer."""
     found = [w.get(name) for w in weights]
     present = [w for w in found if w is not None]
     if not present:
         return None
-    rank = max(w.a.shape[0] for w in present)
-    first = present[0]
-    a_t = first.a.new_zeros(len(found), first.a.shape[1], rank)
-    b_t = first.b.new_zeros(len(found), rank, first.b.shape[0])
-    for g, w in enumerate(found):
-        if w is not None:
-            a_t[g, :, :w.a.shape[0]] = w.a.t()
-            b_t[g, :w.a.shape[0], :] = w.b.t()
-    return a_t, b_t
+    a_t = torch.cat([w.a for w in present]).t().contiguous()
+    b = torch.cat([w.b.t() for w in present]).contiguous()
+    return a_t, b, tuple(0 if w is None else w.a.shape[0] for w in found)

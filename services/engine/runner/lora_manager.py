@@ -32,7 +32,7 @@ from torch import nn
 
 from shoal.services.engine.core.outputs import ScheduledSeq
 from shoal.services.engine.layers.linear import Linear, PackedLinear, RowParallelLinear
-from shoal.services.engine.layers.lora import LoRABatch, LoRALayer, LoRAWeights, PaddedGroups
+from shoal.services.engine.layers.lora import DenseGroups, LoRABatch, LoRALayer, LoRAWeights
 from shoal.services.engine.lora_request import LoRARequest
 from shoal.shared.errors import InvalidRequest
 
@@ -47,6 +47,9 @@ TARGETS: dict[str, tuple[str, str | None]] = {
 _KEY = re.compile(r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)"
                   r"\.lora_([AB])(?:\.default)?\.weight$")
 _OURS = {module for module, _ in TARGETS.values()}
+DENSE_MAX_ROWS = 256
+"""Steps of at most this many tokens with several adapters run every adapter over every row
+(DenseGroups: few dense ops); larger ones (prefill) gather each adapter's rows."""
 
 
 class LoRAManager:
@@ -72,7 +75,7 @@ class LoRAManager:
         self.slots: OrderedDict[LoRARequest, dict[str, LoRAWeights]] = OrderedDict()
         """Adapters on the device in the model's dtype (at most max_loras), least recent first."""
         self._stacks: tuple[tuple[LoRARequest, ...], dict[str, Any]] = ((), {})
-        """The padded grid's stacked weights per layer, for the step's adapters (in order)."""
+        """The stacked weights per layer (DenseGroups), for the step's adapters (in order)."""
 
     def add(self, lora: LoRARequest) -> None:
         """Load and check an adapter into host memory (no-op when it is there)."""
@@ -98,34 +101,27 @@ class LoRAManager:
             pos += n
         groups = []
         weights = [self._on_device(lora, spans) for lora in spans]
-        rows = [[i for r in ranges for i in r] for ranges in spans.values()]
-        length = max((len(r) for r in rows), default=0)
-        if len(rows) >= 2 and len(rows) * length <= 2 * sum(len(r) for r in rows):
-            self.batch.padded = self._padded(list(spans), weights, rows, length)
+        if len(spans) >= 2 and pos <= DENSE_MAX_ROWS:
+            row_group = [-1] * pos
+            for g, ranges in enumerate(spans.values()):
+                for r in ranges:
+                    row_group[r.start:r.stop] = [g] * len(r)
+            key = tuple(spans)
+            if self._stacks[0] != key:
+                self._stacks = (key, {})
+            self.batch.dense = DenseGroups(
+                torch.tensor(row_group, dtype=torch.int64, device=self.device), weights,
+                self._stacks[1])
             return
-        for w, r in zip(weights, rows, strict=True):
-            groups.append((w, None if len(r) == pos else  # every row: no gather
-                           torch.tensor(r, dtype=torch.int64, device=self.device)))
+        for w, ranges in zip(weights, spans.values(), strict=True):
+            rows = [i for r in ranges for i in r]
+            groups.append((w, None if len(rows) == pos else  # every row: no gather
+                           torch.tensor(rows, dtype=torch.int64, device=self.device)))
         self.batch.groups = groups
-
-    def _padded(self, loras: list[LoRARequest], weights: list[dict[str, LoRAWeights]],
-                rows: list[list[int]], length: int) -> PaddedGroups:
-        """Several adapters of similar row counts (decode steps): one grid, two bmm a layer."""
-        index: list[int] = []
-        valid: list[int] = []
-        for g, r in enumerate(rows):
-            index += r + [r[0]] * (length - len(r))
-            valid += range(g * length, g * length + len(r))
-        key = tuple(loras)
-        if self._stacks[0] != key:
-            self._stacks = (key, {})
-        tensor = lambda v: torch.tensor(v, dtype=torch.int64, device=self.device)  # noqa: E731
-        return PaddedGroups(tensor(index), tensor(valid), tensor([i for r in rows for i in r]),
-                            len(rows), length, weights, self._stacks[1])
 
     def clear_batch(self) -> None:
         self.batch.groups = []
-        self.batch.padded = None
+        self.batch.dense = None
 
     def _on_device(self, lora: LoRARequest, step: dict[LoRARequest, Any]
                    ) -> dict[str, LoRAWeights]:

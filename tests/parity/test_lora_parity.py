@@ -1,7 +1,8 @@
 """Batched multi-LoRA against PEFT: one engine batch mixing three random adapters and the base
 model ([A, B, base, A, C]) gives each prompt the greedy tokens PEFT gives with its adapter
 applied alone (and merged with merge_and_unload), logprobs to 1e-4; again with max_loras=1
-(the scheduler runs one adapter at a time, and no step ever holds more); again at TP=2."""
+(the scheduler runs one adapter at a time, and no step ever holds more); again at TP=2; and
+on SmolLM2 with two adapters and the base model."""
 
 from __future__ import annotations
 
@@ -100,3 +101,26 @@ def test_tensor_parallel_matches_one_rank(setup: tuple) -> None:
         assert weights["model.layers.0.self_attn.qkv_proj"].b.shape[0] == (64 + 2 * 32) // 2
         assert weights["model.layers.0.self_attn.o_proj"].a.shape[1] == 64 // 2
     _check(outputs, refs)
+
+
+def test_smollm2_mixed_batch_matches_peft(tmp_path: Path) -> None:
+    """The same on a real model's shapes (SmolLM2-135M: 30 layers, GQA 9:3, tied head)."""
+    from tests.tiny_models import smollm2_dir
+
+    base = smollm2_dir()
+    adapters = {"A": save_adapter(base, tmp_path / "A", targets=ALL_TARGETS, r=8, seed=4,
+                                  scale=0.3),
+                "B": save_adapter(base, tmp_path / "B", targets=["q_proj", "v_proj", "down_proj"],
+                                  r=4, seed=5)}
+    prompt = [1, 504, 3458, 282, 4649, 314]
+    names: list[str | None] = ["A", None, "B", "A"]
+    prompts = [prompt, prompt, prompt, [1, 18, 19, 20]]
+    hf_base = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    peft = {n: peft_model(base, path) for n, path in adapters.items()}
+    refs = [hf_greedy(hf_base if n is None else peft[n], p, 6) for p, n in zip(prompts, names)]
+    assert len({tuple(r.token_ids) for r in refs[:3]}) == 3  # the adapters change the answer
+    llm = LLM(str(base), device="cpu", dtype="float32", num_kv_blocks=64, enable_lora=True,
+              max_loras=2)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2)
+    _check(llm.generate(prompts, params, use_tqdm=False,
+                        lora_request=_requests(adapters, names)), refs)

@@ -7,8 +7,8 @@ out. `base_model_name` says which model (needed only when several models have en
 Loading then runs a one-token request with the adapter on an instance of the model, so the engine
 reads and checks it now: an adapter it refuses (rank, targets, shapes, a corrupt file) is taken
 out of the spec again and the engine's 400 with the reason is the answer; with no instance to ask
-(all busy starting, or gone) it is taken out too and the answer is that 503 (retry later). A model
-scaled to zero takes the adapter unchecked (its first request checks it). Both need an admin key
+(all busy starting, or gone, or the model scaled to zero) it is taken out too and the answer is
+that 503 (retry later): no adapter enters the spec unchecked. Both need an admin key
 (they change what the cluster serves; vLLM gates them behind VLLM_ALLOW_RUNTIME_LORA_UPDATING).
 """
 

@@ -7,7 +7,6 @@ Anthropic-shaped (errors.py asks `is_anthropic`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
 
 from aiohttp import web
 
@@ -19,8 +18,8 @@ from shoal.services.gateway.anthropic.protocol import CountTokensRequest, Messag
 from shoal.services.gateway.errors import ANTHROPIC_PREFIX, read_body
 from shoal.services.gateway.json_body import parse_body
 from shoal.services.gateway.openai.routes import chat_answer, run_answer
-from shoal.services.gateway.openai.serve import Answer, Entry
-from shoal.services.gateway.openai.streaming import SSE_HEADERS
+from shoal.services.gateway.openai.serve import Answer
+from shoal.services.gateway.openai.streaming import SSE_HEADERS, after_first
 from shoal.services.gateway.state import STATE
 from shoal.shared.errors import ShoalError
 from shoal.shared.schemas.infer import TokenizeReply, TokenizeRequest
@@ -61,7 +60,7 @@ async def _stream(request: web.Request, answer: Answer) -> web.StreamResponse:
         await response.prepare(request)
         await response.write(events.start(answer.prompt_tokens.get(0, 0)))
         try:
-            async for entries in _chain(first, replies):
+            async for entries in after_first(first, replies):
                 await response.write(events.feed(entries))
             state = builder.choices[0]
             await response.write(events.finish(state.finish_reason, state.stop_reason,
@@ -70,13 +69,6 @@ async def _stream(request: web.Request, answer: Answer) -> web.StreamResponse:
             await response.write(sse(error_body(exc.http_status, exc.message)))
         await response.write_eof()
         return response
-
-
-async def _chain(first: list[Entry], rest: AsyncIterator[list[Entry]]
-                 ) -> AsyncIterator[list[Entry]]:
-    yield first
-    async for item in rest:
-        yield item
 
 
 @routes.post(PREFIX + "/count_tokens")

@@ -5,7 +5,8 @@ closing `data: [DONE]`, as OpenAI and vLLM stream them.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
 
 from shoal.services.gateway.openai.objects import OpenAIObject
 from shoal.shared.errors import ShoalError
@@ -39,3 +40,14 @@ def parse_sse(raw: bytes) -> list[str]:
         if lines:
             events.append("\n".join(lines))
     return events
+
+
+T = TypeVar("T")
+
+
+async def after_first(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+    """`first` (read before the response began, to answer its errors with a status), then the
+    rest: the stream routes that translate chat's entries into their own events."""
+    yield first
+    async for item in rest:
+        yield item

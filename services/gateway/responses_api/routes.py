@@ -9,7 +9,6 @@ that it is done: a stored conversation outlives any gateway or registry restart.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
@@ -18,8 +17,8 @@ from shoal.services.gateway.auth.quota import API_KEY
 from shoal.services.gateway.errors import read_body
 from shoal.services.gateway.json_body import parse_body
 from shoal.services.gateway.openai.routes import chat_answer, run_answer
-from shoal.services.gateway.openai.serve import Answer, Entry
-from shoal.services.gateway.openai.streaming import SSE_HEADERS
+from shoal.services.gateway.openai.serve import Answer
+from shoal.services.gateway.openai.streaming import SSE_HEADERS, after_first
 from shoal.services.gateway.responses_api.answer import (
     Output, ResponseStream, new_item_id, response_id, response_object
 )
@@ -92,7 +91,7 @@ async def _stream(request: web.Request, answer: Answer, events: ResponseStream,
         await response.prepare(request)
         await response.write(events.start())
         try:
-            async for entries in _chain(first, replies):
+            async for entries in after_first(first, replies):
                 await response.write(events.feed(entries))  # type: ignore[arg-type]
             state = answer.builder.choices[0]
             closing, done = events.finish(state.finish_reason, answer.builder.usage,
@@ -104,13 +103,6 @@ async def _stream(request: web.Request, answer: Answer, events: ResponseStream,
             await response.write(events.error(exc.message, exc.code or exc.type, exc.param))
         await response.write_eof()
         return response
-
-
-async def _chain(first: list[Entry], rest: AsyncIterator[list[Entry]]
-                 ) -> AsyncIterator[list[Entry]]:
-    yield first
-    async for item in rest:
-        yield item
 
 
 @routes.get("/v1/responses/{id}")

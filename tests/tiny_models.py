@@ -148,3 +148,24 @@ def with_config(folder: Path, dest: Path, **overrides: object) -> Path:
     config.update(overrides)
     (dest / "config.json").write_text(json.dumps(config))
     return dest
+
+
+def save_tiny_cross_encoder(folder: Path, seed: int = 0) -> Path:
+    """A random BertForSequenceClassification with one label (a cross-encoder: /v1/score and
+    /v1/rerank) over all-MiniLM-L6-v2's tokenizer, initialised wide (0.3) so that scores spread over
+    (0, 1) and parity checks see differences."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from shoal.services.engine.model_prep import minilm_path
+
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=512, num_labels=1,
+        initializer_range=0.3))
+    model.save_pretrained(folder, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                 "special_tokens_map.json"):
+        if (minilm_path() / name).is_file():
+            shutil.copy(minilm_path() / name, folder / name)
+    return folder

@@ -163,6 +163,24 @@ class InputProcessor:
         ids = self.tokenizer(list(texts), add_special_tokens=True)["input_ids"]
         return [self.truncate(list(x), truncate) for x in ids]
 
+    def pair_inputs(self, text_1: Sequence[str], text_2: Sequence[str],
+                    truncate: int | None = None) -> list[tuple[list[int], list[int]]]:
+        """A cross-encoder's inputs: each (query, document) pair as one sequence ([CLS] a [SEP]
+        b [SEP]) with its token types (0 for a, 1 for b), as the tokenizer pairs them. With
+        `truncate` (-1: max_model_len) the longer text is cut first (the tokenizer's
+        'longest_first'); unset, a pair over the limit is a 400 when checked."""
+        if truncate is None:  # a truncated pair may be of any length
+            for a, b in zip(text_1, text_2):
+                self.check_size([a, b], "documents")
+        kwargs: dict[str, Any] = {}
+        if truncate is not None:
+            keep = self.max_model_len if truncate < 0 else min(truncate, self.max_model_len)
+            kwargs = {"truncation": "longest_first", "max_length": keep}
+        enc = self.tokenizer(list(text_1), list(text_2), add_special_tokens=True,
+                             return_token_type_ids=True, **kwargs)
+        return [(list(ids), list(types))
+                for ids, types in zip(enc["input_ids"], enc["token_type_ids"])]
+
     def truncate(self, ids: list[int], truncate: int | None) -> list[int]:
         if truncate is None:
             return ids

@@ -165,8 +165,25 @@ class EmbedReply(Wire):
     prompt_tokens: int
 
 
-InferRequest = Annotated[GenerateRequest | TokenizeRequest | DetokenizeRequest | EmbedRequest,
-                         Field(discriminator="op")]
+class ScoreRequest(Wire):
+    """Score text pairs (text_1[i], text_2[i]) on a cross-encoder's engine (/v1/score,
+    /v1/rerank); one ScoreReply. The engine tokenizes each pair as one sequence."""
+
+    op: Literal["score"] = "score"
+    model: str
+    text_1: list[str]
+    text_2: list[str]
+    truncate_prompt_tokens: int | None = None
+    """As EmbedRequest's, for each pair (the longer text is cut first)."""
+
+
+class ScoreReply(Wire):
+    scores: list[float]
+    prompt_tokens: int
+
+
+InferRequest = Annotated[GenerateRequest | TokenizeRequest | DetokenizeRequest | EmbedRequest
+                         | ScoreRequest, Field(discriminator="op")]
 
 
 class InferRequestEnvelope(Wire):

@@ -20,6 +20,7 @@ import torch
 
 from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.embedding.engine import EmbeddingEngine
+from shoal.shared.errors import InvalidRequest
 
 
 @dataclass(slots=True)
@@ -41,6 +42,8 @@ class _Job:
     dimensions: int | None
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[torch.Tensor]
+    token_types: Sequence[Sequence[int]] | None = None
+    """A cross-encoder's pairs (score, not embed): each sequence's token types."""
     size: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -61,10 +64,29 @@ class AsyncEmbeddingEngine:
     async def embed(self, token_ids: Sequence[Sequence[int]],
                     dimensions: int | None = None) -> torch.Tensor:
         """Checked inputs -> vectors (raises InvalidRequest before queueing a bad one)."""
+        if self.engine.score_head is not None:
+            raise InvalidRequest(f"model {self.engine.config.model} is a cross-encoder: it "
+                                 "serves /v1/score and /v1/rerank, not embeddings",
+                                 param="model", code="wrong_model_type")
         self.engine.inputs.check_embedding_inputs(token_ids)
         self.engine.check_dimensions(dimensions)
         loop = asyncio.get_running_loop()
         job = _Job(token_ids, dimensions, loop, loop.create_future())
+        with self._lock:
+            self.stats.num_waiting += job.size
+        self._jobs.put(job)
+        return await job.future
+
+    async def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]
+                    ) -> torch.Tensor:
+        """Checked (token ids, token types) pairs -> a cross-encoder's scores `[len(pairs)]`,
+        batched with whatever else is waiting, as embed's inputs are."""
+        if self.engine.score_head is None:
+            self.engine.score([])  # raises: an embedder has no scores
+        ids = [p[0] for p in pairs]
+        self.engine.inputs.check_embedding_inputs(ids, param="documents")
+        loop = asyncio.get_running_loop()
+        job = _Job(ids, None, loop, loop.create_future(), [p[1] for p in pairs])
         with self._lock:
             self.stats.num_waiting += job.size
         self._jobs.put(job)
@@ -106,15 +128,19 @@ class AsyncEmbeddingEngine:
         with self._lock:
             self.stats.num_waiting -= size
             self.stats.num_running = size
-        # one forward pass per dimensions value (the usual case: one group)
-        by_dims: dict[int | None, list[_Job]] = {}
+        # one forward pass per dimensions value, and one for scores (the usual case: one group)
+        by_dims: dict[tuple[bool, int | None], list[_Job]] = {}
         for job in jobs:
-            by_dims.setdefault(job.dimensions, []).append(job)
+            by_dims.setdefault((job.token_types is not None, job.dimensions), []).append(job)
         outcomes: list[tuple[_Job, torch.Tensor | BaseException]] = []
-        for dims, group in by_dims.items():
+        for (scores, dims), group in by_dims.items():
             flat = [ids for job in group for ids in job.token_ids]
             try:
-                vectors = self.engine.embed(flat, dims)
+                if scores:
+                    vectors = self.engine.score(list(zip(
+                        flat, [t for job in group for t in job.token_types or ()])))
+                else:
+                    vectors = self.engine.embed(flat, dims)
             except Exception as exc:  # noqa: BLE001 - every waiting request hears of it
                 outcomes += [(job, exc) for job in group]
                 continue

@@ -27,14 +27,15 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None
-                ) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
+                token_types: torch.Tensor | None = None) -> torch.Tensor:
         """`[batch, seq]` ids (positions 0..seq-1), or packed `[num_tokens]` ids with each
-        token's position in its sequence."""
+        token's position in its sequence; token types (a pair's segments) default to 0."""
         if positions is None:
             positions = torch.arange(input_ids.shape[-1], device=input_ids.device)
-        x = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
-             + self.token_type_embeddings.weight[0])  # one segment: token type 0
+        types = (self.token_type_embeddings.weight[0] if token_types is None
+                 else self.token_type_embeddings(token_types))
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions) + types
         return self.LayerNorm(x)
 
 
@@ -143,10 +144,27 @@ class BertModel(nn.Module):
         return x
 
     def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                       seq_lens: list[int]) -> torch.Tensor:
+                       seq_lens: list[int], token_types: torch.Tensor | None = None
+                       ) -> torch.Tensor:
         """Packed `[num_tokens]` ids, positions within each sequence, and the sequences' lengths
         -> last hidden states `[num_tokens, hidden]`."""
-        x = self.embeddings(input_ids, positions)
+        x = self.embeddings(input_ids, positions, token_types)
         for layer in self.encoder.layer:
             x = layer.forward_packed(x, seq_lens)
         return x
+
+
+class BertScoreHead(nn.Module):
+    """BertForSequenceClassification's head with one label (a cross-encoder): the pooler
+    (tanh(dense(CLS))) then `classifier` -> one logit per sequence. Names as transformers'
+    (`pooler.dense`, `classifier`) so the checkpoint loads as is."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.pooler = nn.Module()
+        self.pooler.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.classifier = nn.Linear(cfg.hidden_size, 1)
+
+    def forward(self, cls_hidden: torch.Tensor) -> torch.Tensor:
+        """`[n, hidden]` first-token states -> `[n]` logits."""
+        return self.classifier(torch.tanh(self.pooler.dense(cls_hidden))).squeeze(-1)

@@ -22,8 +22,8 @@ from safetensors.torch import load_file
 
 from shoal.services.engine.runner.cpu_threads import cpu_threads
 from shoal.services.engine.config import ENGINE_DEFAULTS, ConfigError, EngineConfig
-from shoal.services.engine.embedding.bert import BertModel
-from shoal.services.engine.embedding.pooling import read_pooling
+from shoal.services.engine.embedding.bert import BertModel, BertScoreHead
+from shoal.services.engine.embedding.pooling import is_cross_encoder, read_pooling, score_activation
 from shoal.services.engine.input_processor import InputProcessor
 from shoal.services.engine.model_limits import context_limit, resolve_max_model_len
 from shoal.shared.errors import InvalidRequest
@@ -31,24 +31,39 @@ from shoal.shared.errors import InvalidRequest
 log = logging.getLogger(__name__)
 
 
-def _load_bert(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tuple[BertModel, Any]:
+def _load_bert(model_dir: Path, dtype: torch.dtype, device: torch.device
+               ) -> tuple[BertModel, BertScoreHead | None, Any]:
+    """The encoder, and a cross-encoder's score head (pooler + one-label classifier)."""
+    raw = json.loads((model_dir / "config.json").read_text())
     cfg = SimpleNamespace(**{"type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu",
-                             **json.loads((model_dir / "config.json").read_text())})
+                             **raw})
     model = BertModel(cfg)
+    head = BertScoreHead(cfg) if is_cross_encoder(raw) else None
+    if head is not None and len(raw.get("id2label") or {"0": ""}) != 1:
+        raise ConfigError(f"{model_dir}: a cross-encoder must have one label (num_labels=1)")
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"{model_dir} has no *.safetensors files")
     state: dict[str, torch.Tensor] = {}
+    head_state: dict[str, torch.Tensor] = {}
     for file in files:
         for name, tensor in load_file(str(file)).items():
             name = name.removeprefix("bert.")
             if name.startswith(("embeddings.", "encoder.")) and not name.endswith("position_ids"):
                 state[name] = tensor
+            elif name.startswith(("pooler.", "classifier.")):
+                head_state[name] = tensor
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ConfigError(f"checkpoint in {model_dir} does not match BERT: missing "
                           f"{missing[:5]}, unexpected {unexpected[:5]}")
-    return model.to(device=device, dtype=dtype).eval(), cfg
+    if head is not None:
+        missing, unexpected = head.load_state_dict(head_state, strict=False)
+        if missing or unexpected:
+            raise ConfigError(f"checkpoint in {model_dir} has no one-label classifier: missing "
+                              f"{missing[:5]}, unexpected {unexpected[:5]}")
+        head = head.to(device=device, dtype=dtype).eval()
+    return model.to(device=device, dtype=dtype).eval(), head, cfg
 
 
 class EmbeddingEngine:
@@ -69,7 +84,9 @@ class EmbeddingEngine:
             torch.set_num_threads(cpu_threads(config.num_threads)[0])
         self.dtype = getattr(torch, ENGINE_DEFAULTS.dtype(config.dtype, self.device.type))
         self.pooling = read_pooling(self.model_dir)
-        self.model, hf = _load_bert(self.model_dir, self.dtype, self.device)
+        self.model, self.score_head, hf = _load_bert(self.model_dir, self.dtype, self.device)
+        self.activation = score_activation(vars(hf)) if self.score_head is not None else None
+        """A cross-encoder's: 'sigmoid' or 'identity' on its logit (None: an embedder)."""
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         limit = context_limit(vars(hf))  # the config.json fields (a SimpleNamespace)
         self.max_model_len: int = (
@@ -80,10 +97,10 @@ class EmbeddingEngine:
                                      vocab_size=self.vocab_size)
         """Texts and token ids as checked inputs (input_processor.py, every front end's)."""
         self.dimension = self.pooling.dimension
-        log.info("embedding engine: %s, %s pooling%s, %d dims, max %d tokens, %s %s",
-                 self.model_dir.name, self.pooling.mode,
-                 " + normalize" if self.pooling.normalize else "", self.dimension,
-                 self.max_model_len, self.device, self.dtype)
+        log.info("embedding engine: %s, %s, max %d tokens, %s %s", self.model_dir.name,
+                 f"cross-encoder ({self.activation})" if self.score_head is not None else
+                 f"{self.pooling.mode} pooling{' + normalize' if self.pooling.normalize else ''}"
+                 f", {self.dimension} dims", self.max_model_len, self.device, self.dtype)
 
     # ------------------------------------------------------------------ inputs
     def check_dimensions(self, dimensions: int | None) -> None:
@@ -132,12 +149,38 @@ class EmbeddingEngine:
             result = F.normalize(result, p=2, dim=1)
         return result
 
+    @torch.inference_mode()
+    def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> torch.Tensor:
+        """A cross-encoder's float32 scores `[len(pairs)]` (CPU) for (token ids, token types)
+        pairs: the [CLS] state through the pooler and classifier, then the activation."""
+        if self.score_head is None:
+            raise InvalidRequest(f"model {self.config.model} is an embedding model, not a "
+                                 "cross-encoder: it serves /v1/embeddings, not scores",
+                                 param="model", code="wrong_model_type")
+        result = torch.empty(len(pairs), dtype=torch.float32)
+        for group in self.batches([len(ids) for ids, _ in pairs]):
+            seq_lens = [len(pairs[i][0]) for i in group]
+            ids = torch.tensor([t for i in group for t in pairs[i][0]], dtype=torch.long)
+            types = torch.tensor([t for i in group for t in pairs[i][1]], dtype=torch.long)
+            positions = torch.cat([torch.arange(n) for n in seq_lens])
+            hidden = self.model.forward_packed(ids.to(self.device), positions.to(self.device),
+                                               seq_lens, types.to(self.device))
+            starts = torch.tensor([0] + seq_lens[:-1]).cumsum(0).to(hidden.device)
+            result[group] = self.score_head(hidden[starts]).float().cpu()
+        return torch.sigmoid(result) if self.activation == "sigmoid" else result
+
     def _pool(self, hidden: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
         """One vector per packed sequence: its first token (CLS) or the mean of its tokens."""
         if self.pooling.mode == "cls":
             starts = torch.tensor([0] + seq_lens[:-1]).cumsum(0).to(hidden.device)
             return hidden[starts]
         return torch.stack([part.mean(0) for part in hidden.split(seq_lens)])
+
+    def score_texts(self, text_1: Sequence[str], text_2: Sequence[str]) -> torch.Tensor:
+        """Text pairs -> scores (the offline shortcut: tokenize as pairs, check, score)."""
+        pairs = self.inputs.pair_inputs(text_1, text_2)
+        self.inputs.check_embedding_inputs([ids for ids, _ in pairs])
+        return self.score(pairs)
 
     def encode(self, texts: Sequence[str], dimensions: int | None = None) -> torch.Tensor:
         """Texts -> vectors (the offline shortcut: tokenize, check, embed)."""

@@ -16,6 +16,8 @@ from shoal.shared.errors import InvalidRequest
 
 EMBEDDING_ARCHITECTURES = frozenset({"BertModel", "BertForMaskedLM", "BertForPreTraining"})
 """BERT-family checkpoints served as embedding models (our encoder in bert.py)."""
+CROSS_ENCODER_ARCHITECTURES = frozenset({"BertForSequenceClassification"})
+"""BERT cross-encoders (one label): served by the embedding engine for /v1/score and /v1/rerank."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +38,29 @@ def _json(path: Path) -> dict[str, Any]:
 
 
 def is_embedding_model(model_dir: Path) -> bool:
-    """A BERT-family encoder (not a causal LM): served by the embedding engine."""
+    """A BERT-family encoder (not a causal LM), an embedder or a cross-encoder: served by the
+    embedding engine."""
     config = _json(model_dir / "config.json")
-    return bool(set(config.get("architectures") or []) & EMBEDDING_ARCHITECTURES)
+    return bool(set(config.get("architectures") or [])
+                & (EMBEDDING_ARCHITECTURES | CROSS_ENCODER_ARCHITECTURES))
+
+
+def is_cross_encoder(config: dict[str, Any]) -> bool:
+    """config.json's architectures name a sequence classifier: it scores pairs, not embeds."""
+    return bool(set(config.get("architectures") or []) & CROSS_ENCODER_ARCHITECTURES)
+
+
+def score_activation(config: dict[str, Any]) -> str:
+    """'sigmoid' or 'identity' for a one-label cross-encoder's logit, as sentence-transformers'
+    CrossEncoder decides: the activation saved in config.json (`sentence_transformers.
+    activation_fn`, or the older `sbert_ce_default_activation_function`), else Sigmoid."""
+    saved = ((config.get("sentence_transformers") or {}).get("activation_fn")
+             or config.get("sbert_ce_default_activation_function") or "Sigmoid")
+    name = str(saved).rsplit(".", 1)[-1]
+    if name not in ("Sigmoid", "Identity"):
+        raise InvalidRequest(f"cross-encoder activation {saved!r} is not supported "
+                             "(Sigmoid and Identity are)")
+    return name.lower()
 
 
 def read_pooling(model_dir: Path) -> PoolingConfig:

@@ -22,7 +22,7 @@ from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.schemas.common import ErrorBody
 from shoal.shared.schemas.infer import (
     EmbedReply, EmbedRequest, EngineLoad, GenerateRequest, InferError, InferReplyEnvelope,
-    InferRequestEnvelope, TokenizeReply, TokenizeRequest
+    InferRequestEnvelope, ScoreReply, ScoreRequest, TokenizeReply, TokenizeRequest
 )
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,9 @@ class EmbedHandlers(Intake):
                             **self.not_generative().to_dict())))))
                 return
             if isinstance(request, EmbedRequest):
-                reply: EmbedReply | TokenizeReply = await self.embed(request)
+                reply: EmbedReply | ScoreReply | TokenizeReply = await self.embed(request)
+            elif isinstance(request, ScoreRequest):
+                reply = await self.score(request)
             elif isinstance(request, TokenizeRequest):
                 reply = self.tokenize(request)
             else:
@@ -68,6 +70,10 @@ class EmbedHandlers(Intake):
         await msg.respond(encode(reply))
 
     async def embed(self, req: EmbedRequest) -> EmbedReply:
+        if self.engine.engine.score_head is not None:
+            raise InvalidRequest(f"model {self.model_name} is a cross-encoder: it serves "
+                                 "/v1/score and /v1/rerank, not /v1/embeddings", param="model",
+                                 code="wrong_model_type")
         ids = await asyncio.to_thread(self.engine.engine.inputs.embedding_inputs, req.texts,
                                       req.token_ids, req.truncate_prompt_tokens)
         vectors = await self.engine.embed(ids, req.dimensions)
@@ -75,9 +81,23 @@ class EmbedHandlers(Intake):
         return EmbedReply(data=base64.b64encode(data).decode(), num_inputs=vectors.shape[0],
                           dimensions=vectors.shape[1], prompt_tokens=sum(len(x) for x in ids))
 
+    async def score(self, req: ScoreRequest) -> ScoreReply:
+        if self.engine.engine.score_head is None:
+            raise InvalidRequest(f"model {self.model_name} is an embedding model, not a "
+                                 "cross-encoder: it serves /v1/embeddings, not /v1/score or "
+                                 "/v1/rerank", param="model", code="wrong_model_type")
+        if len(req.text_1) != len(req.text_2):
+            raise InvalidRequest("text_1 and text_2 must pair up", param="text_2")
+        pairs = await asyncio.to_thread(self.engine.engine.inputs.pair_inputs, req.text_1,
+                                        req.text_2, req.truncate_prompt_tokens)
+        scores = await self.engine.score(pairs)
+        return ScoreReply(scores=scores.tolist(), prompt_tokens=sum(len(p[0]) for p in pairs))
+
     def not_generative(self) -> InvalidRequest:
+        serves = ("/v1/score and /v1/rerank" if self.engine.engine.score_head is not None
+                  else "/v1/embeddings")
         return InvalidRequest(f"model {self.model_name} is an embedding model: it serves "
-                              "/v1/embeddings, not generation", param="model",
+                              f"{serves}, not generation", param="model",
                               code="wrong_model_type")
 
     def tokenize(self, req: TokenizeRequest) -> TokenizeReply:

@@ -28,7 +28,7 @@ from shoal.shared.schemas.common import ErrorBody
 from shoal.shared.schemas.infer import (
     AbortRequest, DetokenizeReply, DetokenizeRequest, EmbedRequest, EngineLoad, GenerateRequest,
     InferChunk, InferEnd, InferError, InferReplyEnvelope, InferRequestEnvelope, TokenizeReply,
-    TokenizeRequest
+    ScoreRequest, TokenizeRequest
 )
 
 log = logging.getLogger(__name__)
@@ -134,10 +134,12 @@ class StreamIntake(Intake):
         if isinstance(request, GenerateRequest):
             self.start_generate(request, msg)  # an abort cancels its task: the stream closes
             return
-        if isinstance(request, EmbedRequest):
+        if isinstance(request, EmbedRequest | ScoreRequest):
+            what = ("embeddings need an embedding model" if isinstance(request, EmbedRequest)
+                    else "scores and reranking need a cross-encoder")
             await self.bus.respond_error(msg, InvalidRequest(
-                f"model {self.model_name} generates text; embeddings need an embedding model",
-                param="model", code="wrong_model_type"))
+                f"model {self.model_name} generates text; {what}", param="model",
+                code="wrong_model_type"))
             return
         task = asyncio.create_task(self.look_up(request, msg))  # the next message is not held
         self.lookup_tasks.add(task)

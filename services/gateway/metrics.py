@@ -26,7 +26,8 @@ class GatewayMetrics:
         self.requests = ClientMetrics(self.registry)
         self.api_requests = Counter(
             "shoal:gateway_api_requests", "Inference requests admitted, by the API route they "
-            "came by (OpenAI's chat and completions, Anthropic's messages, OpenAI's responses).",
+            "came by (OpenAI's chat and completions, Anthropic's messages, OpenAI's responses, "
+            "vLLM's score and rerank).",
             ["api", "model_name"], registry=self.registry)
         self.registry.register(_InFlight(in_flight))
 

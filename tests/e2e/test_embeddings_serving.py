@@ -24,9 +24,11 @@ from shoal.shared.schemas.registry import (
 from tests.e2e.test_serving import running_instance
 from tests.integration.conftest import make_settings, running_services
 from tests.integration.test_gateway import running_gateway
+from tests.tiny_models import save_tiny_cross_encoder
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SentenceTransformer = pytest.importorskip("sentence_transformers").SentenceTransformer
+CrossEncoder = pytest.importorskip("sentence_transformers").CrossEncoder
 TEXTS = ["The capital of France is Paris.", "Paris is France's capital city.",
          "Bananas are yellow.", "word " * 100]
 
@@ -201,3 +203,73 @@ async def wait_for_usage(client: RegistryClient, key_id: str, tokens: int) -> No
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"usage of {key_id} never reached {tokens} tokens")
+
+
+@pytest.fixture(scope="module")
+async def reranker(stack, tmp_path_factory):
+    """A tiny random cross-encoder (tests/tiny_models.py) deployed beside MiniLM on the same
+    worker: its name and folder."""
+    url, name, _, client = stack
+    tag = name.removeprefix("minilm-")
+    folder = save_tiny_cross_encoder(tmp_path_factory.mktemp("cross-encoder"))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/api/v1/models", json={
+                "name": f"rerank-{tag}", "source": str(folder), "device": "cpu",
+                "worker_selector": {"stack": tag},
+                "engine_args": {"max_num_seqs": 32, "num_threads": 1}}) as r:
+            assert r.status == 201, await r.text()
+            model_id = (await r.json())["id"]
+    await running_instance(client, model_id)
+    return f"rerank-{tag}", folder
+
+
+async def test_rerank_and_score_match_cross_encoder(stack, reranker) -> None:
+    """/v1/rerank (and its aliases) and /v1/score through the gateway against sentence-
+    transformers' CrossEncoder; usage under a key; the metric; the refusals."""
+    url, name, settings, client = stack
+    model, folder = reranker
+    query = "What is the capital of France?"
+    docs = ["Paris is the capital of France.", "Bananas are yellow.", "France", "word " * 50]
+    ref = await asyncio.to_thread(lambda: CrossEncoder(str(folder), device="cpu").predict(
+        [(query, d) for d in docs]))
+    key = await client.create_key(ApiKeyCreate(name=f"rerank-{uuid.uuid4().hex[:6]}",
+                                               scope=ApiKeyScope.INFERENCE,
+                                               limits=[KeyLimit(model=model, token_budget=10**6)]))
+    locked = settings.model_copy(update={"require_api_key": True})
+    async with running_gateway(locked) as gw, aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {key.secret}"}) as http:
+        async with http.post(f"{gw}/v1/rerank", json={"model": model, "query": query,
+                                                       "documents": docs, "top_n": 3}) as r:
+            assert r.status == 200, await r.text()
+            out = await r.json()
+        order = sorted(range(len(docs)), key=lambda i: -ref[i])[:3]
+        assert [x["index"] for x in out["results"]] == order
+        assert all(abs(x["relevance_score"] - ref[x["index"]]) <= 1e-5 for x in out["results"])
+        assert out["results"][0]["document"] == {"text": docs[order[0]]}
+        assert out["model"] == model and out["usage"]["prompt_tokens"] > 50
+        for alias in ("/rerank", "/v2/rerank"):
+            async with http.post(f"{gw}{alias}", json={"model": model, "query": query,
+                                                        "documents": docs}) as r:
+                assert [x["index"] for x in (await r.json())["results"]][:3] == order
+        async with http.post(f"{gw}/v1/score", json={"model": model, "text_1": query,
+                                                      "text_2": docs}) as r:
+            scores = await r.json()
+        assert [d["index"] for d in scores["data"]] == [0, 1, 2, 3]
+        assert np.abs(np.array([d["score"] for d in scores["data"]]) - ref).max() <= 1e-5
+        async with http.post(f"{gw}/v1/rerank", json={"model": model, "query": query,
+                                                       "documents": []}) as r:
+            assert r.status == 400 and (await r.json())["error"]["param"] == "documents"
+        async with http.post(f"{gw}/v1/rerank", json={"model": name, "query": query,
+                                                       "documents": docs}) as r:
+            err = (await r.json())["error"]
+            assert r.status == 400 and err["code"] == "wrong_model_type" and name in err["message"]
+        async with http.post(f"{gw}/v1/embeddings", json={"model": model, "input": "x"}) as r:
+            err = (await r.json())["error"]
+            assert r.status == 400 and err["code"] == "wrong_model_type" and model in err["message"]
+        async with http.get(f"{gw}/metrics") as r:
+            metrics = await r.text()
+        counted = f'shoal:gateway_api_requests_total{{api="rerank",model_name="{model}"}} 3.0'
+        assert counted in metrics
+    await wait_for_usage(client, key.id, 4 * out["usage"]["prompt_tokens"])
+    rows = (await client.usage(UsageQuery(key_id=key.id))).rows
+    assert [(r.model, r.requests, r.output_tokens) for r in rows] == [(model, 4, 0)]

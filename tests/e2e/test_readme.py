@@ -247,6 +247,10 @@ ENTRIES: list[Entry] = [
     Run("MINILM=$(.venv/bin/python -c"),
     Run("client.embeddings.create("),
     Run("engine = EmbeddingEngine("),
+    Skip(".venv/bin/shoal models deploy reranker --source cross-encoder/ms-marco-MiniLM-L6-v2",
+         "a Hub download (no network here); tests/e2e/test_embeddings_serving.py::"
+         "test_rerank_and_score_match_cross_encoder sends these requests to a tiny cross-encoder "
+         "deployed the same way, against sentence-transformers' CrossEncoder"),
     Run("curl -s http://127.0.0.1:8000/metrics/targets"),
     Run("outs = llm.chat("),
     Run('"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '

@@ -373,6 +373,11 @@ async def test_cached_tokens_tokenize_and_refusals(stack) -> None:
         async with http.post(f"{url}/detokenize",
                              json={"model": model.name, "tokens": tok["tokens"]}) as r:
             assert "Hello world" in (await r.json())["prompt"]
+        async with http.post(f"{url}/v1/rerank", json={"model": model.name, "query": "q",
+                                                        "documents": ["a", "b"]}) as r:
+            err = (await r.json())["error"]  # a generation model does not rerank
+        assert r.status == 400 and err["code"] == "wrong_model_type"
+        assert model.name in err["message"] and "cross-encoder" in err["message"]
     assert await metric(url, "vllm:e2e_request_latency_seconds_count", model.name) > 0
     assert await metric(url, "vllm:prefix_cache_hits_total", model.name) > 0
 

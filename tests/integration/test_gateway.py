@@ -70,7 +70,7 @@ async def test_health_version_openapi_metrics(gateway: str, http: aiohttp.Client
     async with http.get(f"{gateway}/openapi.json") as r:
         doc = await r.json()
     paths = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/api/v1/models/{id}",
-             "/tokenize", "/v1/embeddings"}
+             "/tokenize", "/v1/embeddings", "/v1/score", "/v1/rerank"}
     assert doc["openapi"].startswith("3.") and paths <= set(doc["paths"])
     async with http.get(f"{gateway}/metrics") as r:
         text = await r.text()

@@ -16,6 +16,9 @@ from shoal.services.gateway.anthropic.objects import (
 from shoal.services.gateway.anthropic.protocol import CountTokensRequest, MessagesRequest
 from shoal.services.gateway.openai.lora_routes import LoadLoRABody, UnloadLoRABody
 from shoal.services.gateway.openai.embeddings import EmbeddingBody, EmbeddingList
+from shoal.services.gateway.openai.score import (
+    RerankBody, RerankResponse, ScoreBody, ScoreResponse
+)
 from shoal.services.gateway.responses_api.objects import (
     ResponseDeleted, ResponseObject, ResponseStreamEvent
 )
@@ -42,6 +45,10 @@ _OPS: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
      ChatCompletionRequest, "openai"),
     ("post", "/v1/embeddings", "Create embeddings (an embedding model's instances)",
      EmbeddingBody, "openai"),
+    ("post", "/v1/score", "Score text pairs with a cross-encoder (vLLM's score API; also "
+     "/score)", ScoreBody, "openai"),
+    ("post", "/v1/rerank", "Rerank documents against a query with a cross-encoder (Jina's and "
+     "Cohere's shape, as vLLM serves it; also /rerank, /v2/rerank)", RerankBody, "openai"),
     ("post", "/v1/messages", "Create a message, Anthropic's Messages API (stream: SSE; "
      "auth: x-api-key or Bearer)", MessagesRequest, "anthropic"),
     ("post", "/v1/messages/count_tokens", "Count a message's input tokens (Anthropic's API)",
@@ -111,6 +118,8 @@ _ANSWERS: dict[tuple[str, str], Answer] = {
     ("post", "/v1/completions"): Answer(Completion, CompletionChunk),
     ("post", "/v1/chat/completions"): Answer(ChatCompletion, ChatCompletionChunk),
     ("post", "/v1/embeddings"): Answer(EmbeddingList),
+    ("post", "/v1/score"): Answer(ScoreResponse),
+    ("post", "/v1/rerank"): Answer(RerankResponse),
     ("post", "/v1/messages"): Answer(
         Message, MessageStreamEvent, ending="each named by its `event:` line, in Anthropic's "
         "order, ending with message_stop"),

@@ -127,6 +127,7 @@ OPENAI_ROUTES = [("get", "/v1/models", "ModelList"), ("get", "/v1/models/{name}"
                  ("post", "/v1/completions", "Completion"),
                  ("post", "/v1/chat/completions", "ChatCompletion"),
                  ("post", "/v1/embeddings", "EmbeddingList"),
+                 ("post", "/v1/score", "ScoreResponse"), ("post", "/v1/rerank", "RerankResponse"),
                  ("post", "/tokenize", "TokenizeResponse"),
                  ("post", "/detokenize", "DetokenizeResponse")]
 

@@ -34,7 +34,7 @@ from shoal.shared.errors import InvalidRequest, ShoalError, Unavailable
 from shoal.shared.genai import response_attributes
 from shoal.shared.schemas.infer import (
     ChoiceDelta, DetokenizeReply, DetokenizeRequest, EmbedReply, EmbedRequest, EngineLoad,
-    GenerateRequest, InferRequestEnvelope, SamplingOptions,
+    GenerateRequest, InferRequestEnvelope, SamplingOptions, ScoreRequest,
     TokenizeReply, TokenizeRequest, TokenLogprobWire, TopLogprob, Usage
 )
 from shoal.shared.telemetry import inject_headers
@@ -155,6 +155,12 @@ class BackendHandlers(StreamIntake):
                 await Replies(self.bus.nc, msg.reply, request.request_id).error(InvalidRequest(
                     f"model {self.model_name} is an embedding model: it serves /v1/embeddings, "
                     "not generation", param="model", code="wrong_model_type"), 400)
+            return
+        if isinstance(request, ScoreRequest):  # forwarding to a backend's /v1/score: not yet
+            await self.bus.respond_error(msg, InvalidRequest(
+                f"model {self.model_name} is an embedding model served by a backend: it serves "
+                "/v1/embeddings, not /v1/score or /v1/rerank", param="model",
+                code="wrong_model_type"))
             return
         if not isinstance(request, EmbedRequest):
             await super().on_request(msg)  # /tokenize, /detokenize

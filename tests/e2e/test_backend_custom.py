@@ -65,6 +65,10 @@ async def test_embeddings_are_forwarded_to_the_backend(served: checks.Served) ->
         with pytest.raises(openai.BadRequestError) as err:
             await a.chat.completions.create(model=name, messages=FRANCE, max_tokens=4)
         assert err.value.code == "wrong_model_type"
+        with pytest.raises(openai.BadRequestError) as err:  # rerank is not forwarded (yet)
+            await a.post("/rerank", cast_to=object, body={"model": name, "query": "q",
+                                                          "documents": ["a"]})
+        assert err.value.code == "wrong_model_type" and "backend" in err.value.message
     finally:
         current = await served.client.get_model(id=model.id)
         await served.client.delete_model(DeleteRequest(id=model.id, version=current.version))

@@ -21,7 +21,7 @@ from shoal.services.gateway.management import routes as management_routes
 from shoal.services.gateway.management.openapi import openapi_document
 from shoal.services.gateway.management.ui import add_ui
 from shoal.services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from shoal.services.gateway.openai import lora_routes
+from shoal.services.gateway.openai import lora_routes, pooling_routes
 from shoal.services.gateway.openai import routes as openai_routes
 from shoal.services.gateway.responses_api import routes as responses_routes
 from shoal.services.gateway.routing.infer_client import InferClient
@@ -117,6 +117,7 @@ def make_app(settings: Settings) -> web.Application:
     app.on_response_prepare.append(add_ratelimit_headers)
     app.add_routes(ops)
     app.add_routes(openai_routes.routes)
+    app.add_routes(pooling_routes.routes)
     app.add_routes(anthropic_routes.routes)
     app.add_routes(lora_routes.routes)
     app.add_routes(responses_routes.routes)

@@ -1,11 +1,10 @@
-"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/embeddings,
-vLLM's /v1/score and /v1/rerank, /tokenize, /detokenize. Thin: parse and validate (protocol.py),
-admit, route, answer (serve.py).
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions, /tokenize,
+/detokenize (/v1/embeddings, /v1/score and /v1/rerank: pooling_routes.py). Thin: parse and
+validate (protocol.py), admit, route, answer (serve.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -16,15 +15,11 @@ from shoal.services.gateway.auth.reservation import (
 from shoal.services.gateway.errors import read_body
 from shoal.services.gateway.json_body import parse_body
 from shoal.services.gateway.openai.builders import ChatResponseBuilder, CompletionResponseBuilder
-from shoal.services.gateway.openai.embeddings import EmbeddingBody, embedding_response
 from shoal.services.gateway.openai.objects import (
     DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
 )
 from shoal.services.gateway.openai.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody
-)
-from shoal.services.gateway.openai.score import (
-    PairBody, RerankBody, ScoreBody, rerank_response, score_response
 )
 from shoal.services.gateway.openai.serve import Answer, Job
 from shoal.services.gateway.openai.structured import rename_param
@@ -37,8 +32,7 @@ from shoal.services.gateway.tracing import inference_span
 from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.logging import log_context
 from shoal.shared.schemas.infer import (
-    DetokenizeReply, DetokenizeRequest, EmbedReply, ScoreReply, TokenizeReply, TokenizeRequest,
-    Usage
+    DetokenizeReply, DetokenizeRequest, TokenizeReply, TokenizeRequest
 )
 
 routes = web.RouteTableDef()
@@ -193,72 +187,6 @@ async def run_answer(request: web.Request, answer: Answer, stream: bool,
                 quota.record(ticket, usage)
             else:
                 quota.release(ticket)
-
-
-@routes.post("/v1/embeddings")
-async def embeddings(request: web.Request) -> web.Response:
-    """Batches of the input go to the model's instances in parallel (embeddings.py)."""
-    st = request.app[STATE]
-    body = parse_body(await read_body(request), EmbeddingBody)
-    body.model = await st.names.resolve(body.model)  # an alias: the model's own name
-    batches = body.batches()  # each is one engine request in flight: what admission counts
-    with st.admission.slot(len(batches), param="input"), log_context(model=body.model):
-        ticket = await st.quota.admit(request, body.model,
-                                      lambda: sum(prompt_tokens(x) for x in body.inputs()))
-        timeout = st.settings.gateway_embed_timeout
-        try:
-            replies = await asyncio.gather(*(st.client.call(body.model, part, EmbedReply,
-                                                            timeout) for part in batches))
-        except BaseException:
-            st.quota.release(ticket)
-            raise
-        st.quota.record(ticket, Usage(prompt_tokens=sum(r.prompt_tokens for r in replies),
-                                      completion_tokens=0))
-        return web.json_response(
-            embedding_response(body.model, replies, body.encoding_format).body())
-
-
-async def _score_pairs(request: web.Request, body: PairBody, api: str, param: str
-                       ) -> list[ScoreReply]:
-    """A score or rerank body's pairs, in batches to the model's instances in parallel, under
-    the key's limits; the prompt tokens counted as usage."""
-    st = request.app[STATE]
-    body.model = await st.names.resolve(body.model)  # an alias: the model's own name
-    batches = body.batches()
-    with st.admission.slot(len(batches), param=param), log_context(model=body.model):
-        left, right = body.pairs()
-        ticket = await st.quota.admit(request, body.model, lambda: sum(
-            prompt_tokens(a) + prompt_tokens(b) for a, b in zip(left, right)))
-        timeout = st.settings.gateway_embed_timeout
-        try:
-            replies = await asyncio.gather(*(st.client.call(body.model, part, ScoreReply,
-                                                            timeout) for part in batches))
-        except BaseException:
-            st.quota.release(ticket)
-            raise
-        st.quota.record(ticket, Usage(prompt_tokens=sum(r.prompt_tokens for r in replies),
-                                      completion_tokens=0))
-        st.metrics.api_requests.labels(api, body.model).inc()
-        return replies
-
-
-@routes.post("/v1/score")
-@routes.post("/score")
-async def score(request: web.Request) -> web.Response:
-    """vLLM's score API: a cross-encoder's score of each (text_1, text_2) pair (score.py)."""
-    body = parse_body(await read_body(request), ScoreBody)
-    replies = await _score_pairs(request, body, "score", "text_2")
-    return web.json_response(score_response(body, replies).body())
-
-
-@routes.post("/v1/rerank")
-@routes.post("/rerank")
-@routes.post("/v2/rerank")
-async def rerank(request: web.Request) -> web.Response:
-    """Jina's and Cohere's rerank API as vLLM serves it: the documents, best first."""
-    body = parse_body(await read_body(request), RerankBody)
-    replies = await _score_pairs(request, body, "rerank", "documents")
-    return web.json_response(rerank_response(body, replies).body())
 
 
 @routes.post("/tokenize")

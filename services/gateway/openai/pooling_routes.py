@@ -7,6 +7,8 @@ prompt tokens as usage.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -22,6 +24,7 @@ from shoal.shared.logging import log_context
 from shoal.shared.schemas.infer import EmbedReply, ScoreReply, Usage
 
 routes = web.RouteTableDef()
+R = TypeVar("R", EmbedReply, ScoreReply)
 
 
 @routes.post("/v1/embeddings")
@@ -30,45 +33,42 @@ async def embeddings(request: web.Request) -> web.Response:
     st = request.app[STATE]
     body = parse_body(await read_body(request), EmbeddingBody)
     body.model = await st.names.resolve(body.model)  # an alias: the model's own name
-    batches = body.batches()  # each is one engine request in flight: what admission counts
-    with st.admission.slot(len(batches), param="input"), log_context(model=body.model):
-        ticket = await st.quota.admit(request, body.model,
-                                      lambda: sum(prompt_tokens(x) for x in body.inputs()))
-        timeout = st.settings.gateway_embed_timeout
-        try:
-            replies = await asyncio.gather(*(st.client.call(body.model, part, EmbedReply,
-                                                            timeout) for part in batches))
-        except BaseException:
-            st.quota.release(ticket)
-            raise
-        st.quota.record(ticket, Usage(prompt_tokens=sum(r.prompt_tokens for r in replies),
-                                      completion_tokens=0))
-        return web.json_response(
-            embedding_response(body.model, replies, body.encoding_format).body())
+    replies = await _pooled(request, body.model, body.batches(), EmbedReply, "input",
+                            lambda: sum(prompt_tokens(x) for x in body.inputs()))
+    return web.json_response(
+        embedding_response(body.model, replies, body.encoding_format).body())
 
 
 async def _score_pairs(request: web.Request, body: PairBody, api: str, param: str
                        ) -> list[ScoreReply]:
-    """A score or rerank body's pairs, in batches to the model's instances in parallel, under
-    the key's limits; the prompt tokens counted as usage."""
+    """A score or rerank body's pairs, answered by the model's instances (see _pooled)."""
     st = request.app[STATE]
     body.model = await st.names.resolve(body.model)  # an alias: the model's own name
-    batches = body.batches()
-    with st.admission.slot(len(batches), param=param), log_context(model=body.model):
-        left, right = body.pairs()
-        ticket = await st.quota.admit(request, body.model, lambda: sum(
-            prompt_tokens(a) + prompt_tokens(b) for a, b in zip(left, right)))
+    left, right = body.pairs()
+    replies = await _pooled(request, body.model, body.batches(), ScoreReply, param, lambda: sum(
+        prompt_tokens(a) + prompt_tokens(b) for a, b in zip(left, right)))
+    st.metrics.api_requests.labels(api, body.model).inc()
+    return replies
+
+
+async def _pooled(request: web.Request, model: str, batches: list[Any], reply: type[R],
+                  param: str, estimate: Callable[[], int]) -> list[R]:
+    """Each batch is one engine request in flight (what admission counts), all in parallel,
+    under the key's limits (`estimate`: the most they may spend, for a key with limits); the
+    replies' prompt tokens are the usage, and a failure releases the reservation."""
+    st = request.app[STATE]
+    with st.admission.slot(len(batches), param=param), log_context(model=model):
+        ticket = await st.quota.admit(request, model, estimate)
         timeout = st.settings.gateway_embed_timeout
         try:
-            replies = await asyncio.gather(*(st.client.call(body.model, part, ScoreReply,
-                                                            timeout) for part in batches))
+            replies = await asyncio.gather(*(st.client.call(model, part, reply, timeout)
+                                             for part in batches))
         except BaseException:
             st.quota.release(ticket)
             raise
         st.quota.record(ticket, Usage(prompt_tokens=sum(r.prompt_tokens for r in replies),
                                       completion_tokens=0))
-        st.metrics.api_requests.labels(api, body.model).inc()
-        return replies
+        return list(replies)
 
 
 @routes.post("/v1/score")

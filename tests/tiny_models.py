@@ -169,3 +169,28 @@ def save_tiny_cross_encoder(folder: Path, seed: int = 0) -> Path:
         if (minilm_path() / name).is_file():
             shutil.copy(minilm_path() / name, folder / name)
     return folder
+
+
+def save_tiny_decoder_embedder(folder: Path, seed: int = 0) -> Path:
+    """A tiny random Qwen3 saved as Qwen3-Embedding is: the causal LM's folder plus
+    sentence-transformers' modules.json (Transformer -> last-token Pooling -> Normalize), over
+    SmolLM2's whole vocabulary so that any text tokenizes to ids the model has."""
+    from transformers import AutoTokenizer
+
+    save_tiny_model("qwen3", folder, seed, vocab_size=49152)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    if tokenizer.pad_token is None:  # sentence-transformers pads its batches
+        tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.save_pretrained(str(folder))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": 64, "pooling_mode_cls_token": False,
+        "pooling_mode_mean_tokens": False, "pooling_mode_lasttoken": True}))
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling",
+         "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize",
+         "type": "sentence_transformers.models.Normalize"}]))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256}))
+    return folder

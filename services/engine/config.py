@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 
 from shoal.shared.errors import InvalidRequest
-from shoal.shared.schemas.engine_args import QUANTIZATIONS
+from shoal.shared.schemas.engine_args import QUANTIZATIONS, TASKS, check_pooler_config
 from shoal.shared.schemas.infer import REASONING_PARSERS, TOOL_CALL_PARSERS
 from shoal.shared.schemas.speculative import SpeculativeConfig, parse_speculative_config
 from shoal.shared.units import GIB, MIB
@@ -126,6 +126,13 @@ class EngineConfig:
     max_cpu_loras: int | None = None
     """Adapters kept loaded in host memory, least recently used evicted (vLLM's
     --max-cpu-loras); None = max_loras."""
+    task: str = "auto"
+    """vLLM's --task: "embed" serves a causal LM (Qwen3-Embedding) on the embedding engine,
+    pooled by its last token; "auto" does so when the folder has sentence-transformers' pooling
+    files; "generate" never (embedding/pooling.py)."""
+    override_pooler_config: dict | str | None = None
+    """vLLM's --override-pooler-config ({"pooling_type": "LAST" | "MEAN" | "CLS", "normalize":
+    bool}; JSON text is parsed): overrides the folder's pooling files."""
     distributed_init_method: str | None = None
     """torch.distributed rendezvous (tcp://host:port, rank 0's TCPStore) when the ranks are
     started by someone else (the worker agent); None: the executor spawns the ranks itself on a
@@ -142,6 +149,13 @@ class EngineConfig:
         def refuse(field: str, rule: str) -> None:
             raise ConfigError(f"{field} must be {rule}, got {getattr(self, field)!r}", param=field)
 
+        if self.task not in TASKS:
+            refuse("task", f"one of {', '.join(TASKS)}")
+        try:
+            object.__setattr__(self, "override_pooler_config",
+                               check_pooler_config(self.override_pooler_config))
+        except ValueError as exc:
+            raise ConfigError(str(exc), param="override_pooler_config") from None
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             refuse("block_size", "a positive power of two")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks",

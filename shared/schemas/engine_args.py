@@ -24,6 +24,37 @@ QUANTIZATIONS = ("int8", "int4", "gguf")
 checkpoint's weights at load, "gguf" runs a .gguf file's own Q4_1 blocks (vLLM's name for GGUF
 checkpoints); README's table says which is faster when."""
 
+TASKS = ("auto", "generate", "embed")
+"""vLLM's --task: "embed" serves a causal LM (Qwen3-Embedding) for /v1/embeddings; "auto" does
+so when its folder has sentence-transformers' pooling files (modules.json)."""
+POOLING_TYPES = ("LAST", "MEAN", "CLS")
+"""vLLM's pooler_config pooling_type values the embedding engine implements."""
+
+
+def check_pooler_config(value: Any) -> dict[str, Any] | None:
+    """vLLM's --override-pooler-config (a JSON object or its text): `pooling_type` and
+    `normalize`; ValueError naming what is wrong."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError("override_pooler_config must be a JSON object") from None
+    if not isinstance(value, dict):
+        raise ValueError("override_pooler_config must be a JSON object")
+    unknown = set(value) - {"pooling_type", "normalize"}
+    if unknown:
+        raise ValueError(f"override_pooler_config: {sorted(unknown)} not supported "
+                         "(pooling_type and normalize are)")
+    kind = value.get("pooling_type")
+    if kind is not None and str(kind).upper() not in POOLING_TYPES:
+        raise ValueError(f"override_pooler_config.pooling_type must be one of "
+                         f"{', '.join(POOLING_TYPES)}, got {kind!r}")
+    if not isinstance(value.get("normalize", True), bool):
+        raise ValueError("override_pooler_config.normalize must be true or false")
+    return {**value, **({"pooling_type": str(kind).upper()} if kind is not None else {})}
+
 
 class EngineArgs(Wire):
     block_size: int | None = Field(default=None, gt=0)
@@ -60,6 +91,22 @@ class EngineArgs(Wire):
     """Largest adapter rank accepted (vLLM's --max-lora-rank; default 16)."""
     max_cpu_loras: int | None = Field(default=None, ge=1)
     """Adapters kept in host memory (vLLM's --max-cpu-loras; default max_loras)."""
+    task: str | None = None
+    """vLLM's --task: auto, generate or embed (a causal LM as a last-token embedder)."""
+    override_pooler_config: dict[str, Any] | None = None
+    """vLLM's --override-pooler-config, e.g. {"pooling_type": "LAST", "normalize": true}."""
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, value: str | None) -> str | None:
+        if value is not None and value not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {value!r}")
+        return value
+
+    @field_validator("override_pooler_config", mode="before")
+    @classmethod
+    def _pooler_config(cls, value: Any) -> dict[str, Any] | None:
+        return check_pooler_config(value)
 
     @field_validator("block_size")
     @classmethod

@@ -28,7 +28,9 @@ BAD = [("block_size", 12), ("block_size", 0), ("max_num_seqs", 0), ("max_num_bat
        ("kv_cache_memory", 0), ("num_kv_blocks", 0), ("num_threads", 0),
        ("tool_call_parser", "nonsense"), ("reasoning_parser", "hermes"), ("quantization", "fp4"),
        ("speculative_config", {"method": "ngram", "num_speculative_tokens": 0}),
-       ("speculative_config", {"method": "medusa", "num_speculative_tokens": 2})]
+       ("speculative_config", {"method": "medusa", "num_speculative_tokens": 2}),
+       ("task", "classify"), ("override_pooler_config", {"pooling_type": "STEP"}),
+       ("override_pooler_config", {"softmax": True})]
 
 
 def test_every_engine_setting_travels_once() -> None:

@@ -23,7 +23,10 @@ from safetensors.torch import load_file
 from shoal.services.engine.runner.cpu_threads import cpu_threads
 from shoal.services.engine.config import ENGINE_DEFAULTS, ConfigError, EngineConfig
 from shoal.services.engine.embedding.bert import BertModel, BertScoreHead
-from shoal.services.engine.embedding.pooling import is_cross_encoder, read_pooling, score_activation
+from shoal.services.engine.embedding.decoder import DecoderEncoder
+from shoal.services.engine.embedding.pooling import (
+    is_cross_encoder, is_decoder, read_pooling, score_activation
+)
 from shoal.services.engine.input_processor import InputProcessor
 from shoal.services.engine.model_limits import context_limit, resolve_max_model_len
 from shoal.shared.errors import InvalidRequest
@@ -83,15 +86,23 @@ class EmbeddingEngine:
             # the generation engine's rule (model_runner.py)
             torch.set_num_threads(cpu_threads(config.num_threads)[0])
         self.dtype = getattr(torch, ENGINE_DEFAULTS.dtype(config.dtype, self.device.type))
-        self.pooling = read_pooling(self.model_dir)
-        self.model, self.score_head, hf = _load_bert(self.model_dir, self.dtype, self.device)
-        self.activation = score_activation(vars(hf)) if self.score_head is not None else None
-        """A cross-encoder's: 'sigmoid' or 'identity' on its logit (None: an embedder)."""
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
-        limit = context_limit(vars(hf))  # the config.json fields (a SimpleNamespace)
+        self.pooling = read_pooling(self.model_dir, config.override_pooler_config)
+        raw = json.loads((self.model_dir / "config.json").read_text())
+        limit = context_limit(raw)
         self.max_model_len: int = (
             resolve_max_model_len(config.max_model_len, limit) if config.max_model_len else
             min(self.pooling.max_seq_length or limit.max_model_len, limit.max_model_len))
+        self.model: BertModel | DecoderEncoder
+        self.score_head: BertScoreHead | None = None
+        if is_decoder(raw):  # a causal LM as an embedder: the generation engine's model code
+            self.model = DecoderEncoder(self.model_dir, self.max_model_len, self.dtype,
+                                        self.device, config.block_size)
+            hf = SimpleNamespace(**raw)
+        else:
+            self.model, self.score_head, hf = _load_bert(self.model_dir, self.dtype, self.device)
+        self.activation = score_activation(vars(hf)) if self.score_head is not None else None
+        """A cross-encoder's: 'sigmoid' or 'identity' on its logit (None: an embedder)."""
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self.vocab_size: int = hf.vocab_size
         self.inputs = InputProcessor(tokenizer=self.tokenizer, max_model_len=self.max_model_len,
                                      vocab_size=self.vocab_size)
@@ -170,10 +181,15 @@ class EmbeddingEngine:
         return torch.sigmoid(result) if self.activation == "sigmoid" else result
 
     def _pool(self, hidden: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
-        """One vector per packed sequence: its first token (CLS) or the mean of its tokens."""
+        """One vector per packed sequence: its first token (CLS), its last token (a causal LM's:
+        packed, nothing is padded, so left or right padding does not arise) or the mean of its
+        tokens."""
         if self.pooling.mode == "cls":
             starts = torch.tensor([0] + seq_lens[:-1]).cumsum(0).to(hidden.device)
             return hidden[starts]
+        if self.pooling.mode == "last":
+            ends = torch.tensor(seq_lens).cumsum(0).to(hidden.device) - 1
+            return hidden[ends]
         return torch.stack([part.mean(0) for part in hidden.split(seq_lens)])
 
     def score_texts(self, text_1: Sequence[str], text_2: Sequence[str]) -> torch.Tensor:

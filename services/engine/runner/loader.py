@@ -28,13 +28,17 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
     tied = bool(getattr(model, "tie_word_embeddings", False))
     skipped: tuple[str, ...] = getattr(model, "skipped_prefixes", ())
     route = getattr(model, "checkpoint_target", None)
+    # prefixed to names saved without it (a decoder embedder's trunk saved alone)
+    bare: str = getattr(model, "bare_checkpoint_prefix", "")
     renamed = {}
     if tied and "model.embed_tokens.weight" not in params and "lm_head.weight" in params:
         renamed["model.embed_tokens.weight"] = "lm_head.weight"  # a last stage's tied head
     loaded: set[str] = set()
     for file in files:
         with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
+            for key in f.keys():
+                name = (bare + key if bare and not key.startswith((bare, "lm_head."))
+                        else key)
                 if ("rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight")
                         or (name.startswith(skipped) and name not in renamed)):
                     continue
@@ -51,7 +55,7 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
                     raise ConfigError(f"checkpoint tensor {name!r} has no parameter in our model")
                 param = params[target]
                 loader = getattr(param, "weight_loader", default_weight_loader)
-                tensor = f.get_tensor(name)
+                tensor = f.get_tensor(key)
                 if shard_id is None:
                     loader(param, tensor)
                 else:

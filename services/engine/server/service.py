@@ -112,7 +112,8 @@ async def start_engine(settings: Settings, reporter: InstanceReporter, model: Mo
     if reporter.instance.state is not InstanceState.STARTING:
         await reporter.move(InstanceState.STARTING, "loading weights")
     config = engine_config(model, reporter.instance)
-    if is_embedding_model(model_dir):  # BERT-family encoder: the embedding engine (embedding/)
+    if is_embedding_model(model_dir, config.task):  # an encoder or a decoder embedder: the
+        # embedding engine (embedding/)
         if config.tensor_parallel_size * config.pipeline_parallel_size > 1:
             raise ShoalError("an embedding model runs as one rank: deploy it without tp / pp")
         return await asyncio.to_thread(AsyncEmbeddingEngine, config, model_dir)

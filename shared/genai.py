@@ -49,3 +49,22 @@ def response_attributes(usage: Usage | None, finish_reasons: Iterable[str],
     if model is not None:
         attrs[ga.GEN_AI_RESPONSE_MODEL] = model
     return attrs
+
+
+def pooling_attributes(operation: str, model: str, inputs: int,
+                       encoding_format: str | None = None,
+                       dimensions: int | None = None) -> Attributes:
+    """A pooling request's span (vLLM's name for models answering with vectors or scores):
+    `operation` is the conventions' "embeddings", or "rerank" / "score" (none is defined for a
+    cross-encoder's scores; the conventions allow a system's own). `inputs`: texts or pairs."""
+    attrs: Attributes = {ga.GEN_AI_OPERATION_NAME: operation, ga.GEN_AI_PROVIDER_NAME: PROVIDER,
+                         ga.GEN_AI_REQUEST_MODEL: model, "shoal.request.inputs": inputs}
+    if encoding_format is not None:
+        attrs[ga.GEN_AI_REQUEST_ENCODING_FORMATS] = [encoding_format]
+    if dimensions is not None:
+        attrs[ga.GEN_AI_EMBEDDINGS_DIMENSION_COUNT] = dimensions
+    return attrs
+
+
+def pooling_result_attributes(input_tokens: int, model: str) -> Attributes:
+    return {ga.GEN_AI_USAGE_INPUT_TOKENS: input_tokens, ga.GEN_AI_RESPONSE_MODEL: model}

@@ -7,7 +7,7 @@ to the engine in the NATS headers of the generate request.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -15,7 +15,10 @@ from opentelemetry import trace
 from opentelemetry.instrumentation.aiohttp_server import AioHttpServerInstrumentor
 
 from shoal.services.gateway.openai.responses import ResponseBuilder
-from shoal.shared.genai import operation_name, request_attributes, response_attributes
+from shoal.shared.genai import (
+    Attributes, operation_name, pooling_attributes, pooling_result_attributes, request_attributes,
+    response_attributes
+)
 from shoal.shared.schemas.infer import GenerateRequest
 from shoal.shared.telemetry import get_tracer
 
@@ -45,3 +48,14 @@ def inference_span(req: GenerateRequest, builder: ResponseBuilder[Any],
         yield span
         reasons = [c.finish_reason for _, c in sorted(builder.choices.items()) if c.finish_reason]
         span.set_attributes(response_attributes(builder.usage, reasons, builder.id, builder.model))
+
+
+@contextmanager
+def pooling_span(operation: str, model: str, inputs: int, **request: Any
+                 ) -> Iterator[Callable[[int], None]]:
+    """The span of one embeddings, score or rerank request ("{operation} {model}"), parent of
+    its batches' bus requests; yields `done(input_tokens)`, called when the replies are in."""
+    attrs: Attributes = pooling_attributes(operation, model, inputs, **request)
+    with get_tracer("shoal.gateway").start_as_current_span(
+            f"{operation} {model}", kind=trace.SpanKind.INTERNAL, attributes=attrs) as span:
+        yield lambda tokens: span.set_attributes(pooling_result_attributes(tokens, model))

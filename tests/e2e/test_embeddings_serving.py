@@ -1,11 +1,14 @@
 """Embeddings end to end: all-MiniLM-L6-v2 deployed through the management API (HTTP), placed by
 the scheduler on a real worker whose engine process serves it, and asked through the gateway
 with the `openai` SDK (base64, its default, and float; texts and token ids; a list longer than
-one bus batch), against sentence-transformers' own vectors; the refusals."""
+one bus batch), against sentence-transformers' own vectors; the refusals. A cross-encoder's
+/v1/rerank and /v1/score, a decoder embedder (a tiny Qwen3 saved as Qwen3-Embedding is: last-token
+pooling), and the GenAI spans and metrics of the three pooling routes."""
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 import uuid
 
@@ -21,10 +24,10 @@ from shoal.shared.embedded import free_port
 from shoal.shared.schemas.registry import (
     ApiKeyCreate, ApiKeyScope, KeyLimit, UsageQuery
 )
-from tests.e2e.test_serving import running_instance
+from tests.e2e.test_serving import gateway_traces, running_instance  # noqa: F401 - a fixture
 from tests.integration.conftest import make_settings, running_services
 from tests.integration.test_gateway import running_gateway
-from tests.tiny_models import save_tiny_cross_encoder
+from tests.tiny_models import save_tiny_cross_encoder, save_tiny_decoder_embedder
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SentenceTransformer = pytest.importorskip("sentence_transformers").SentenceTransformer
@@ -273,3 +276,80 @@ async def test_rerank_and_score_match_cross_encoder(stack, reranker) -> None:
     await wait_for_usage(client, key.id, 4 * out["usage"]["prompt_tokens"])
     rows = (await client.usage(UsageQuery(key_id=key.id))).rows
     assert [(r.model, r.requests, r.output_tokens) for r in rows] == [(model, 4, 0)]
+
+
+@pytest.fixture(scope="module")
+async def decoder_embedder(stack, tmp_path_factory):
+    """A tiny random Qwen3 with sentence-transformers' last-token pooling files (as
+    Qwen3-Embedding ships), deployed with no engine_args: the folder's modules.json makes it an
+    embedder (task "auto"). Its name and folder."""
+    url, name, _, client = stack
+    tag = name.removeprefix("minilm-")
+    folder = save_tiny_decoder_embedder(tmp_path_factory.mktemp("qwen3-embedder"))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/api/v1/models", json={
+                "name": f"qwen3-emb-{tag}", "source": str(folder), "device": "cpu",
+                "worker_selector": {"stack": tag}, "engine_args": {"num_threads": 1}}) as r:
+            assert r.status == 201, await r.text()
+            model_id = (await r.json())["id"]
+    await running_instance(client, model_id)
+    return f"qwen3-emb-{tag}", folder
+
+
+async def test_decoder_embedder_matches_sentence_transformers(stack, decoder_embedder) -> None:
+    """Last-token pooled, normalised vectors through the gateway with the openai SDK equal
+    sentence-transformers' (which pads the batch on the left); token ids as given; the model
+    does not generate."""
+    url, _, _, _ = stack
+    model, folder = decoder_embedder
+    api = async_api(url)
+
+    def encode() -> tuple[np.ndarray, list[int]]:
+        st = SentenceTransformer(str(folder), device="cpu")
+        st.tokenizer.padding_side = "left"
+        return st.encode(TEXTS), st.tokenizer(TEXTS[0])["input_ids"]
+    ref, ids = await asyncio.to_thread(encode)
+    out = await api.embeddings.create(model=model, input=TEXTS)
+    got = np.array([d.embedding for d in out.data])
+    assert got.shape == (4, 64) and np.abs(got - ref).max() <= 1e-5
+    assert np.abs(got[0] - got[2]).max() > 0.05  # the vectors differ: the check can fail
+    by_ids = await api.embeddings.create(model=model, input=ids, encoding_format="float")
+    assert np.abs(np.array(by_ids.data[0].embedding) - ref[0]).max() <= 1e-5
+    assert by_ids.usage.prompt_tokens == len(ids)
+    with pytest.raises(openai.BadRequestError) as err:
+        await api.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
+    assert err.value.body["code"] == "wrong_model_type"
+
+
+async def test_pooling_routes_are_traced_and_counted(stack, reranker,
+                                                     gateway_traces) -> None:  # noqa: F811
+    """/v1/embeddings, /v1/rerank and /v1/score each have a GenAI span ("{operation} {model}")
+    under the HTTP span the client's traceparent parents, with the usage, and are counted by
+    route in shoal:gateway_api_requests."""
+    url, name, _, _ = stack
+    model, _ = reranker
+    received, processor = gateway_traces
+    calls = [("/v1/embeddings", "embeddings", name, {"input": ["a b c", "d e"]}),
+             ("/v1/rerank", "rerank", model, {"query": "q", "documents": ["x", "y z"]}),
+             ("/v1/score", "score", model, {"text_1": "q", "text_2": ["x", "y z"]})]
+    async with aiohttp.ClientSession() as http:
+        for path, operation, target, body in calls:
+            trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
+            async with http.post(f"{url}{path}", json={"model": target, **body}, headers={
+                    "traceparent": f"00-{trace_id}-{client_span}-01"}) as r:
+                assert r.status == 200, await r.text()
+                usage = (await r.json())["usage"]
+            processor.force_flush()
+            spans = {s.name: s for s in await asyncio.to_thread(
+                received.wait_for, trace_id, {f"POST {path}", f"{operation} {target}"})}
+            outer, inner = spans[f"POST {path}"], spans[f"{operation} {target}"]
+            assert outer.parent_span_id == client_span and inner.parent_span_id == outer.span_id
+            attrs = inner.attributes
+            assert attrs["gen_ai.operation.name"] == operation
+            assert attrs["gen_ai.request.model"] == attrs["gen_ai.response.model"] == target
+            assert attrs["gen_ai.usage.input_tokens"] == usage["prompt_tokens"] > 0
+            assert attrs["shoal.request.inputs"] == 2
+        async with http.get(f"{url}/metrics") as r:
+            metrics = await r.text()
+    for api, target in (("embeddings", name), ("rerank", model), ("score", model)):
+        assert f'shoal:gateway_api_requests_total{{api="{api}",model_name="{target}"}}' in metrics

@@ -246,6 +246,11 @@ ENTRIES: list[Entry] = [
     Run('curl -H "Authorization: Bearer $ADMIN"'),
     Run("MINILM=$(.venv/bin/python -c"),
     Run("client.embeddings.create("),
+    Skip(".venv/bin/shoal models deploy qwen3-emb --source Qwen/Qwen3-Embedding-0.6B",
+         "a Hub download (no network here); tests/e2e/test_embeddings_serving.py::"
+         "test_decoder_embedder_matches_sentence_transformers deploys a tiny Qwen3 saved as "
+         "Qwen3-Embedding is, against sentence-transformers; task and override_pooler_config: "
+         "tests/unit/engine/test_decoder_embeddings.py"),
     Run("engine = EmbeddingEngine("),
     Skip(".venv/bin/shoal models deploy reranker --source cross-encoder/ms-marco-MiniLM-L6-v2",
          "a Hub download (no network here); tests/e2e/test_embeddings_serving.py::"

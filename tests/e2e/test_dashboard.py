@@ -1,10 +1,13 @@
 """The dashboard in a real browser (Debian's Chromium driven by Playwright; no browser is ever
 downloaded) against a real stack that requires API keys: the key prompt, a READY worker, the
 deploy form with its dry run, SmolLM2 RUNNING, a streamed chat and completion in the playground
-whose "view code" Python runs as shown, live metrics, a key created and revoked, the model
-deleted; at 1280 px and at phone width, and with the keyboard alone where a person would use it.
+whose "view code" Python runs as shown, a reasoning model's reasoning folded above its answer, a
+cross-encoder's ranking in the Rerank tab (its Python runs too), live metrics, a key created and
+revoked, the model deleted; at 1280 px and at phone width, and with the keyboard alone where a
+person would use it.
 
-One stack and one model load for the whole module; screenshots go to test-output/dashboard/.
+One stack for the whole module (the form's model, plus the reasoning and rerank ones by API);
+screenshots go to test-output/dashboard/.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from shoal.shared.embedded import free_port
 from shoal.shared.schemas.registry import ApiKeyCreate, ApiKeyScope
 from tests.integration.conftest import make_settings, running_services
 from tests.integration.sched_helpers import delete_models
+from tests.tiny_models import save_tiny_cross_encoder
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -132,10 +136,29 @@ async def no_sideways_scroll(page) -> None:
     assert width <= PHONE["width"] + 1, f"the page is {width}px wide at phone width"
 
 
-async def test_dashboard_end_to_end(stack, browser, shots: Path) -> None:
+async def deploy_by_api(url: str, admin_key: str, worker: str, name: str, source: str,
+                        engine_args: dict[str, object]) -> None:
+    """A model deployed beside the form's (the playground's reasoning and rerank models),
+    loading while the test goes on."""
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {admin_key}"}) as http:
+        async with http.post(f"{url}/api/v1/models", json={
+                "name": name, "source": source, "device": "cpu", "max_model_len": 512,
+                "worker_selector": {"ui": worker[3:]},
+                "engine_args": {"num_threads": 1, **engine_args}}) as r:
+            assert r.status == 201, await r.text()
+
+
+async def test_dashboard_end_to_end(stack, browser, shots: Path, tmp_path: Path) -> None:
     from playwright.async_api import expect
 
     url, admin_key, worker, client = stack
+    tag = worker[3:]
+    # SmolLM2 under DeepSeek-R1's parser: with no </think>, its whole answer is reasoning
+    await deploy_by_api(url, admin_key, worker, f"think-{tag}", str(smollm2_gguf_path()),
+                        {"reasoning_parser": "deepseek_r1", "max_num_seqs": 4,
+                         "kv_cache_memory": 32 * 2**20})
+    reranker = save_tiny_cross_encoder(tmp_path / "cross-encoder")
+    await deploy_by_api(url, admin_key, worker, f"rerank-{tag}", str(reranker), {})
     page = await browser.new_page()
     watch = Watch(page, url)
 
@@ -291,6 +314,62 @@ async def test_dashboard_end_to_end(stack, browser, shots: Path) -> None:
     await expect(page.locator("#panel-completions .stats")).to_contain_text(
         "6 completion tokens", timeout=ANSWER_TIMEOUT_MS)
     assert await page.locator("pre.completion .generated").count() >= 2
+
+    # a reasoning model's reasoning: folded (closed) above the answer, opened by a click
+    await page.get_by_role("tab", name="Chat").click()
+    await expect(view.locator(f"option[value='think-{tag}']")).to_have_count(
+        1, timeout=RUNNING_TIMEOUT_MS)
+    await view.get_by_label("Model", exact=True).select_option(f"think-{tag}")
+    await view.get_by_label("Max tokens").fill("8")
+    await message.fill("Think about France.")
+    await message.press("Enter")
+    answer = page.locator(".msg.assistant").last
+    await expect(answer.locator(".stats")).to_contain_text("completion tokens",
+                                                           timeout=ANSWER_TIMEOUT_MS)
+    folded = answer.locator("details.reasoning")
+    await expect(folded).to_have_count(1)
+    assert await folded.get_attribute("open") is None  # folded until a person opens it
+    thought = folded.locator("p.reasoning")
+    await expect(thought).to_be_hidden()
+    await folded.locator("summary").click()
+    await expect(thought).to_be_visible()
+    assert (await thought.inner_text()).strip()
+    await page.screenshot(path=shots / "playground-reasoning.png")
+
+    # rerank tab (the arrow keys go on past Completions): a cross-encoder's documents, ranked
+    await page.get_by_role("tab", name="Completions").focus()
+    await page.keyboard.press("ArrowRight")
+    await expect(page.get_by_role("tab", name="Rerank")).to_have_attribute(
+        "aria-selected", "true")
+    await expect(view.get_by_label("Temperature")).to_be_hidden()  # nothing sampled
+    await expect(view.locator(f"option[value='rerank-{tag}']")).to_have_count(
+        1, timeout=RUNNING_TIMEOUT_MS)
+    await view.get_by_label("Model", exact=True).select_option(f"rerank-{tag}")
+    docs = ["Paris is the capital of France.", "Bananas are yellow.", "France",
+            "The Eiffel Tower is in Paris."]
+    query = "What is the capital of France?"
+    await page.get_by_role("textbox", name="Query").fill(query)
+    await page.get_by_role("textbox", name="Documents").fill("\n".join(docs))
+    await page.get_by_role("button", name="Rerank", exact=True).click()
+    ranked = page.locator(".rerank-results .ranked")
+    await expect(ranked).to_have_count(4, timeout=ANSWER_TIMEOUT_MS)
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {admin_key}"}) as http:
+        async with http.post(f"{url}/v1/rerank", json={"model": f"rerank-{tag}", "query": query,
+                                                        "documents": docs}) as r:
+            expected = [x["index"] for x in (await r.json())["results"]]
+    assert [int(i) for i in await ranked.evaluate_all(
+        "els => els.map(e => e.dataset.index)")] == expected
+    await expect(page.locator("#panel-rerank .stats")).to_contain_text("prompt tokens")
+    await page.screenshot(path=shots / "playground-rerank.png")
+    view_code = page.get_by_role("button", name="View code")  # the visible panel's only
+    if await view_code.get_attribute("aria-expanded") != "true":  # (still open from the chat)
+        await view_code.click()
+    snippet = await page.locator("#code-panel").get_by_label("Python (httpx) code").inner_text()
+    ran = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", snippet],
+                                  capture_output=True, text=True, timeout=120,
+                                  env={**os.environ, "SHOAL_API_KEY": admin_key})
+    assert ran.returncode == 0, ran.stderr
+    assert [int(line.split()[0]) for line in ran.stdout.splitlines()] == expected
 
     # -- metrics, sampled in the background since the page loaded: the tokens generated above
     await page.wait_for_timeout(2500)  # one more sample after the last answer

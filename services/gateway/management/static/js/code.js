@@ -53,3 +53,22 @@ for chunk in stream:
         print("\\n", chunk.usage)
 `;
 }
+
+/** A rerank body as Python: httpx (the openai SDK's own HTTP client; the SDK has no rerank). */
+export function rerankPython(origin, body) {
+  return `import os
+
+import httpx
+
+key = os.environ.get("SHOAL_API_KEY", "unused")
+answer = httpx.post(
+    "${origin}/v1/rerank",
+    headers={"Authorization": f"Bearer {key}"},
+    json=${py(body)},
+    timeout=120,
+)
+answer.raise_for_status()
+for result in answer.json()["results"]:
+    print(result["index"], round(result["relevance_score"], 4), result["document"]["text"])
+`;
+}

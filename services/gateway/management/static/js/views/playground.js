@@ -1,9 +1,10 @@
 // Playground: chat or complete with any RUNNING model, streamed, with the sampling settings a
-// person tunes first; per answer the time to first token, decode speed and token usage; "View
-// code" shows the same request as curl and as openai Python.
+// person tunes first; per answer the time to first token, decode speed and token usage; a
+// reasoning model's reasoning folded above its answer. Rerank: a query and documents through a
+// cross-encoder, ranked by score. "View code" shows the same request as curl and as Python.
 
 import { api, apiKey, stream } from "../api.js";
-import { curl, python } from "../code.js";
+import { curl, python, rerankPython } from "../code.js";
 import { h, replace } from "../dom.js";
 import { copy, errorBox, showError } from "../widgets.js";
 
@@ -26,15 +27,21 @@ export function create() {
     h("label", { class: "field chat-only" }, "System prompt", system),
     tempField, topPField, maxField,
     h("label", { class: "field" }, "Stop sequences", stop));
+  for (const field of [tempField, topPField, maxField, stop.parentNode]) {
+    field.classList.add("generate-only");  // sampling: nothing a cross-encoder reads
+  }
   settings.addEventListener("submit", (e) => e.preventDefault());
 
   const error = errorBox();
   const chat = chatPanel();
   const completions = completionsPanel();
+  const rerank = rerankPanel();
   const codeBox = h("div", { class: "code-panel", id: "code-panel", hidden: true });
   let kind = "chat";
   let controller = null;
-  const tabs = [["chat", "Chat", chat], ["completions", "Completions", completions]].map(
+  const panels = { chat, completions, rerank };
+  const tabs = [["chat", "Chat", chat], ["completions", "Completions", completions],
+    ["rerank", "Rerank", rerank]].map(
     ([id, label, panel]) => {
       panel.root.id = `panel-${id}`;
       panel.root.setAttribute("role", "tabpanel");
@@ -47,7 +54,10 @@ export function create() {
   const tablist = h("div", { role: "tablist", "aria-label": "Mode" }, tabs);
   tablist.addEventListener("keydown", (e) => {
     if (e.key !== "ArrowLeft" && e.key !== "ArrowRight") return;
-    select(kind === "chat" ? "completions" : "chat");
+    const ids = Object.keys(panels);
+    const step = e.key === "ArrowRight" ? 1 : ids.length - 1;
+    const from = ids.indexOf(e.target.id.replace("tab-", ""));  // the focused tab's neighbour
+    select(ids[((from < 0 ? ids.indexOf(kind) : from) + step) % ids.length]);
     document.getElementById(`tab-${kind}`).focus();
   });
 
@@ -58,9 +68,9 @@ export function create() {
       tab.setAttribute("aria-selected", String(on));
       tab.tabIndex = on ? 0 : -1;
     }
-    chat.root.hidden = id !== "chat";
-    completions.root.hidden = id !== "completions";
+    for (const [name, panel] of Object.entries(panels)) panel.root.hidden = id !== name;
     settings.querySelector(".chat-only").hidden = id !== "chat";
+    for (const field of settings.querySelectorAll(".generate-only")) field.hidden = id === "rerank";
     if (!codeBox.hidden) showCode();
   }
 
@@ -75,6 +85,11 @@ export function create() {
   }
 
   function request() {
+    if (kind === "rerank") {
+      const body = { model: model.value, query: rerank.query.value, documents: rerank.documents() };
+      if (rerank.topN.value !== "") body.top_n = Number(rerank.topN.value);
+      return { path: "/v1/rerank", body };
+    }
     const common = { ...params(), stream: true, stream_options: { include_usage: true } };
     if (kind === "chat") {
       const typed = chat.input.value.trim() ? [{ role: "user", content: chat.input.value }] : [];
@@ -89,7 +104,8 @@ export function create() {
     const { path, body } = request();
     const origin = window.location.origin;
     const snippets = [["curl", curl(origin, path, body, Boolean(apiKey()))],
-      ["Python (openai)", python(origin, kind, body)]];
+      kind === "rerank" ? ["Python (httpx)", rerankPython(origin, body)]
+        : ["Python (openai)", python(origin, kind, body)]];
     replace(codeBox, snippets.map(([label, text]) => h("figure", {},
       h("figcaption", {}, label, h("button", { type: "button", class: "secondary small",
         onclick: () => copy(text) }, `Copy ${label}`)),
@@ -147,8 +163,30 @@ export function create() {
     if (!codeBox.hidden) showCode();
   }
 
-  for (const panel of [chat, completions]) {
-    panel.onSend = () => send(panel);
+  /** A rerank is one JSON answer, not a stream: the documents come back best first. */
+  async function sendRerank() {
+    if (!model.value) {
+      showError(error, { message: "No model is RUNNING yet: deploy a cross-encoder under Models." });
+      return;
+    }
+    showError(error, null);
+    const { path, body } = request();
+    controller = new AbortController();
+    rerank.busy(true);
+    const started = performance.now();
+    try {
+      rerank.show(await api("POST", path, body, controller.signal), performance.now() - started);
+    } catch (err) {
+      if (err.name !== "AbortError") showError(error, err);
+    } finally {
+      controller = null;
+      rerank.busy(false);
+    }
+    if (!codeBox.hidden) showCode();
+  }
+
+  for (const panel of [chat, completions, rerank]) {
+    panel.onSend = panel === rerank ? sendRerank : () => send(panel);
     panel.onStop = () => controller?.abort();
     panel.onCode = () => {
       const open = codeBox.hidden;
@@ -178,7 +216,8 @@ export function create() {
   const root = h("section", { "aria-labelledby": "playground-h" },
     h("h1", { id: "playground-h", tabindex: "-1" }, "Playground"),
     h("div", { class: "playground" }, settings,
-      h("div", { class: "pane" }, tablist, error, chat.root, completions.root, codeBox)));
+      h("div", { class: "pane" }, tablist, error, chat.root, completions.root, rerank.root,
+        codeBox)));
   for (const event of ["input", "change"]) {  // the code shown follows what is typed
     root.addEventListener(event, () => { if (!codeBox.hidden) showCode(); });
   }
@@ -299,4 +338,38 @@ function statsLine({ ttft, speed, usage, finish }) {
     finish ? `finish: ${finish}` : null,
   ].filter(Boolean);
   return h("p", { class: "stats" }, parts.join(" · "));
+}
+
+function rerankPanel() {
+  const panel = {};
+  panel.query = h("input", { type: "text", "aria-label": "Query", placeholder: "What is the capital of France?" });
+  const docs = h("textarea", { rows: 5, "aria-label": "Documents", spellcheck: "false",
+    placeholder: "one document per line" });
+  panel.documents = () => docs.value.split("\n").filter((d) => d.trim() !== "");
+  panel.topN = h("input", { type: "number", min: 1, step: 1, inputmode: "numeric" });
+  const results = h("ol", { class: "rerank-results", "aria-live": "polite", "aria-label": "Ranked documents" });
+  const form = h("form", { class: "compose" },
+    h("label", { class: "field" }, "Query", panel.query),
+    h("label", { class: "field" }, "Documents (one per line)", docs),
+    h("label", { class: "field" }, "Top n (optional)", panel.topN),
+    h("div", { class: "actions" }, controls(panel, "Rerank")));
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    if (!panel.query.value.trim() || !panel.documents().length || panel.sending) return;
+    panel.onSend();
+  });
+  let stats = null;
+  panel.show = (answer, ms) => {
+    replace(results, answer.results.map((r) => h("li", { class: "ranked", "data-index": String(r.index) },
+      h("meter", { min: 0, max: 1, value: Math.max(0, Math.min(1, r.relevance_score)),
+        "aria-label": `Score of document ${r.index + 1}` }),
+      h("span", { class: "score" }, r.relevance_score.toFixed(4)),
+      h("span", { class: "doc" }, `#${r.index + 1} ${r.document ? r.document.text : ""}`))));
+    stats?.remove();
+    stats = h("p", { class: "stats" },
+      `${Math.round(ms)} ms · ${answer.usage.prompt_tokens} prompt tokens`);
+    results.after(stats);
+  };
+  panel.root = h("div", { class: "panel", hidden: true }, form, results);
+  return panel;
 }

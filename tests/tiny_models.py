@@ -194,3 +194,39 @@ def save_tiny_decoder_embedder(folder: Path, seed: int = 0) -> Path:
          "type": "sentence_transformers.models.Normalize"}]))
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256}))
     return folder
+
+
+def save_tiny_xlm_roberta_cross_encoder(folder: Path, seed: int = 0) -> Path:
+    """A random XLMRobertaForSequenceClassification with one label (bge-reranker's architecture)
+    and a tokenizer laid out as XLM-RoBERTa's: <s>=0, <pad>=1, </s>=2, <unk>=3, pairs as
+    `<s> a </s></s> b </s>`, no token types (all-MiniLM-L6-v2's word pieces stand in for
+    XLM-R's SentencePiece vocabulary, which no offline package ships)."""
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
+    from transformers import (PreTrainedTokenizerFast, XLMRobertaConfig,
+                              XLMRobertaForSequenceClassification)
+
+    from shoal.services.engine.model_prep import minilm_path
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    words = [w for w in (minilm_path() / "vocab.txt").read_text().splitlines()
+             if w and not w.startswith("[")]
+    vocab = {w: i for i, w in enumerate([*specials, *words])}
+    tok = Tokenizer(WordPiece(vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", 0), ("</s>", 2)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   sep_token="</s>", cls_token="<s>", pad_token="<pad>",
+                                   unk_token="<unk>", mask_token="<mask>",
+                                   model_input_names=["input_ids", "attention_mask"])
+    fast.save_pretrained(str(folder))
+    torch.manual_seed(seed)
+    model = XLMRobertaForSequenceClassification(XLMRobertaConfig(
+        vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=130, type_vocab_size=1, pad_token_id=1,
+        bos_token_id=0, eos_token_id=2, num_labels=1, initializer_range=0.3))
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder

@@ -1,4 +1,6 @@
-"""A BERT encoder (BertModel: embeddings, post-norm layers, no pooler), our own code.
+"""A BERT encoder (BertModel: embeddings, post-norm layers, no pooler), our own code; RoBERTa and
+XLM-RoBERTa are the same encoder with positions counted from `pad_token_id + 1` (their
+embeddings' `position_offset`) and one token type.
 
 Module names are transformers' (`embeddings.word_embeddings`, `encoder.layer.N.attention.self.
 query`, ...) so a checkpoint's state dict loads as is. The engine runs a batch packed, as vLLM
@@ -19,6 +21,17 @@ ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, appr
                "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
 
 
+ROBERTA_TYPES = frozenset({"roberta", "xlm-roberta"})
+
+
+def position_offset(cfg: Any) -> int:
+    """Where a sequence's positions start in the position table: RoBERTa's count from
+    padding_idx + 1 (transformers' create_position_ids_from_input_ids), BERT's from 0."""
+    if getattr(cfg, "model_type", None) in ROBERTA_TYPES:
+        return int(getattr(cfg, "pad_token_id", 1)) + 1
+    return 0
+
+
 class BertEmbeddings(nn.Module):
     def __init__(self, cfg: Any) -> None:
         super().__init__()
@@ -26,6 +39,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.position_offset = position_offset(cfg)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
                 token_types: torch.Tensor | None = None) -> torch.Tensor:
@@ -35,6 +49,8 @@ class BertEmbeddings(nn.Module):
             positions = torch.arange(input_ids.shape[-1], device=input_ids.device)
         types = (self.token_type_embeddings.weight[0] if token_types is None
                  else self.token_type_embeddings(token_types))
+        if self.position_offset:
+            positions = positions + self.position_offset
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions) + types
         return self.LayerNorm(x)
 
@@ -168,3 +184,19 @@ class BertScoreHead(nn.Module):
     def forward(self, cls_hidden: torch.Tensor) -> torch.Tensor:
         """`[n, hidden]` first-token states -> `[n]` logits."""
         return self.classifier(torch.tanh(self.pooler.dense(cls_hidden))).squeeze(-1)
+
+
+class RobertaScoreHead(nn.Module):
+    """(XLM-)RobertaForSequenceClassification's head with one label: `classifier.dense`, tanh,
+    `classifier.out_proj` on the first token's (<s>) state; no pooler."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.classifier = nn.Module()
+        self.classifier.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.classifier.out_proj = nn.Linear(cfg.hidden_size, 1)
+
+    def forward(self, cls_hidden: torch.Tensor) -> torch.Tensor:
+        """`[n, hidden]` first-token states -> `[n]` logits."""
+        head = self.classifier
+        return head.out_proj(torch.tanh(head.dense(cls_hidden))).squeeze(-1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,7 +23,9 @@ from safetensors.torch import load_file
 
 from shoal.services.engine.runner.cpu_threads import cpu_threads
 from shoal.services.engine.config import ENGINE_DEFAULTS, ConfigError, EngineConfig
-from shoal.services.engine.embedding.bert import BertModel, BertScoreHead
+from shoal.services.engine.embedding.bert import (
+    BertModel, BertScoreHead, RobertaScoreHead, position_offset
+)
 from shoal.services.engine.embedding.decoder import DecoderEncoder
 from shoal.services.engine.embedding.pooling import (
     is_cross_encoder, is_decoder, read_pooling, score_activation
@@ -32,16 +35,21 @@ from shoal.services.engine.model_limits import context_limit, resolve_max_model_
 from shoal.shared.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
+ScoreHead = BertScoreHead | RobertaScoreHead
 
 
 def _load_bert(model_dir: Path, dtype: torch.dtype, device: torch.device
-               ) -> tuple[BertModel, BertScoreHead | None, Any]:
-    """The encoder, and a cross-encoder's score head (pooler + one-label classifier)."""
+               ) -> tuple[BertModel, ScoreHead | None, Any]:
+    """The encoder, and a cross-encoder's score head (BERT's pooler + one-label classifier,
+    or (XLM-)RoBERTa's classifier)."""
     raw = json.loads((model_dir / "config.json").read_text())
     cfg = SimpleNamespace(**{"type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu",
                              **raw})
     model = BertModel(cfg)
-    head = BertScoreHead(cfg) if is_cross_encoder(raw) else None
+    roberta = position_offset(cfg) > 0
+    head: ScoreHead | None = None
+    if is_cross_encoder(raw):
+        head = RobertaScoreHead(cfg) if roberta else BertScoreHead(cfg)
     if head is not None and len(raw.get("id2label") or {"0": ""}) != 1:
         raise ConfigError(f"{model_dir}: a cross-encoder must have one label (num_labels=1)")
     files = sorted(model_dir.glob("*.safetensors"))
@@ -51,7 +59,7 @@ def _load_bert(model_dir: Path, dtype: torch.dtype, device: torch.device
     head_state: dict[str, torch.Tensor] = {}
     for file in files:
         for name, tensor in load_file(str(file)).items():
-            name = name.removeprefix("bert.")
+            name = name.removeprefix("bert.").removeprefix("roberta.")
             if name.startswith(("embeddings.", "encoder.")) and not name.endswith("position_ids"):
                 state[name] = tensor
             elif name.startswith(("pooler.", "classifier.")):
@@ -89,17 +97,21 @@ class EmbeddingEngine:
         self.pooling = read_pooling(self.model_dir, config.override_pooler_config)
         raw = json.loads((self.model_dir / "config.json").read_text())
         limit = context_limit(raw)
+        if position_offset(SimpleNamespace(**raw)):  # RoBERTa: the first positions are unused
+            limit = replace(limit, max_model_len=limit.max_model_len
+                            - position_offset(SimpleNamespace(**raw)))
         self.max_model_len: int = (
             resolve_max_model_len(config.max_model_len, limit) if config.max_model_len else
             min(self.pooling.max_seq_length or limit.max_model_len, limit.max_model_len))
         self.model: BertModel | DecoderEncoder
-        self.score_head: BertScoreHead | None = None
+        self.score_head: ScoreHead | None = None
         if is_decoder(raw):  # a causal LM as an embedder: the generation engine's model code
             self.model = DecoderEncoder(self.model_dir, self.max_model_len, self.dtype,
                                         self.device, config.block_size)
             hf = SimpleNamespace(**raw)
         else:
             self.model, self.score_head, hf = _load_bert(self.model_dir, self.dtype, self.device)
+        self.one_type = getattr(hf, "type_vocab_size", 2) == 1
         self.activation = score_activation(vars(hf)) if self.score_head is not None else None
         """A cross-encoder's: 'sigmoid' or 'identity' on its logit (None: an embedder)."""
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
@@ -173,6 +185,8 @@ class EmbeddingEngine:
             seq_lens = [len(pairs[i][0]) for i in group]
             ids = torch.tensor([t for i in group for t in pairs[i][0]], dtype=torch.long)
             types = torch.tensor([t for i in group for t in pairs[i][1]], dtype=torch.long)
+            if self.one_type:  # (XLM-)RoBERTa: one token type, whatever the tokenizer says
+                types.zero_()
             positions = torch.cat([torch.arange(n) for n in seq_lens])
             hidden = self.model.forward_packed(ids.to(self.device), positions.to(self.device),
                                                seq_lens, types.to(self.device))

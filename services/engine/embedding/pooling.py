@@ -18,8 +18,11 @@ from shoal.shared.errors import InvalidRequest
 
 EMBEDDING_ARCHITECTURES = frozenset({"BertModel", "BertForMaskedLM", "BertForPreTraining"})
 """BERT-family checkpoints served as embedding models (our encoder in bert.py)."""
-CROSS_ENCODER_ARCHITECTURES = frozenset({"BertForSequenceClassification"})
-"""BERT cross-encoders (one label): served by the embedding engine for /v1/score and /v1/rerank."""
+CROSS_ENCODER_ARCHITECTURES = frozenset({"BertForSequenceClassification",
+                                         "XLMRobertaForSequenceClassification",
+                                         "RobertaForSequenceClassification"})
+"""BERT and (XLM-)RoBERTa cross-encoders (one label; bge-reranker is XLM-RoBERTa): served by the
+embedding engine for /v1/score and /v1/rerank."""
 
 
 @dataclass(frozen=True, slots=True)

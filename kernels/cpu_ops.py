@@ -94,18 +94,19 @@ at 512 SDPA is 1.5x faster; decodes and short chunks are 1.2-5x faster in C++)."
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float, window: int | None = None,
-                    workspace: object = None, *, softcap: float | None = None) -> torch.Tensor:
+                    workspace: object = None, *, softcap: float | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """paged_attention.paged_attention's signature; `workspace` is not needed (no gather)."""
     out = torch.ops.shoal_cpu.paged_attention(q, k_cache, v_cache, block_tables, seq_lens,
                                               query_start_loc, scale, window or 0,
-                                              LONG_CHUNK - 1, softcap or 0.0)
+                                              LONG_CHUNK - 1, softcap or 0.0, sinks)
     if q.shape[0] - seq_lens.shape[0] + 1 >= LONG_CHUNK:  # some chunk may be long
         starts, lens = query_start_loc.tolist(), seq_lens.tolist()
         for i, seq_len in enumerate(lens):
             q_len = starts[i + 1] - starts[i]
             if q_len >= LONG_CHUNK:
                 prefill_chunk(q, k_cache, v_cache, block_tables[i], seq_len, starts[i], q_len,
-                             scale, window, out, softcap)
+                             scale, window, out, softcap, sinks)
     return out
 
 

@@ -1,7 +1,9 @@
 """paged_attention over the paged KV cache, plain torch: the CPU path and the Triton reference.
 
 Varlen queries (decodes and prefill chunks mixed in one call), causal, grouped-query heads,
-optionally a sliding window and a logit soft-cap (Gemma 2). All one-token queries (decodes) run
+optionally a sliding window, a logit soft-cap (Gemma 2) and attention sinks (gpt-oss: a learned
+logit per head that joins each softmax's denominator and carries no value). All one-token
+queries (decodes) run
 as padded batches, so a step costs a handful of torch calls per layer rather than one per
 sequence; multi-token chunks run one sequence at a time. With a window only the blocks that
 hold visible keys are gathered.
@@ -55,12 +57,16 @@ def paged_attention(
     max_group_bytes: int = DECODE_GROUP_BYTES,
     *,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """`window` (None = full attention): a query at position p sees the keys at positions
     (p - window, p], transformers' sliding-window convention (Mistral, Qwen2).
     `softcap` (None = off): each scaled score s becomes softcap * tanh(s / softcap) before the
     mask and softmax (Gemma 2's attn_logit_softcapping); SDPA cannot, so those calls run the
     explicit matmul-softmax-matmul.
+    `sinks` (None = off): [num_heads] logits, one per query head (gpt-oss): each softmax runs
+    over the visible keys' scores plus the head's sink, whose weight is then dropped (the rows
+    sum to less than 1); explicit matmuls too.
     `workspace` (optional, CPU path only) lends scratch buffers that outlive the call;
     `max_group_bytes` caps the K/V gathered for one group of decodes (cache locality)."""
     check_window(window)
@@ -74,16 +80,17 @@ def paged_attention(
     spans = lens if window is None else [min(n, window) for n in lens]
     groups = _length_groups(decodes, spans, bytes_per_token, max_group_bytes)
     # block-diagonal query rows for every token at once (one op per layer, not one per group)
+    explicit = bool(softcap) or sinks is not None  # SDPA can do neither
     q_rows = _query_rows(q, num_kv_heads, scale) if (
-        groups and (num_kv_heads <= MAX_KV_HEADS_BLOCK_DIAGONAL or softcap)) else None
+        groups and (num_kv_heads <= MAX_KV_HEADS_BLOCK_DIAGONAL or explicit)) else None
     for group in groups:
         _decode_batch(q, q_rows, k_cache, v_cache, block_tables, seq_lens, starts, lens, group,
-                      scale, window, out, workspace or Workspace(), softcap)
+                      scale, window, out, workspace or Workspace(), softcap, sinks)
     for i in range(len(lens)):
         q_len = starts[i + 1] - starts[i]
         if q_len > 1:
             prefill_chunk(q, k_cache, v_cache, block_tables[i], lens[i], starts[i], q_len, scale,
-                         window, out, softcap)
+                         window, out, softcap, sinks)
     return out
 
 
@@ -92,6 +99,16 @@ def soft_cap(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
     if softcap:
         scores.div_(softcap).tanh_().mul_(softcap)
     return scores
+
+
+def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """softmax over the last dim of `scores` with one more logit per row, the row's sink (sinks
+    broadcast to scores[..., :1]), whose probability is dropped: exp(s) / (sum exp(s) +
+    exp(sink)), as transformers' gpt-oss. A masked (-inf) score still gets 0."""
+    if sinks is None:
+        return scores.softmax(dim=-1)
+    sink = sinks.to(scores.dtype).expand(*scores.shape[:-1], 1)
+    return torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
 
 
 def check_window(window: int | None) -> None:
@@ -125,7 +142,8 @@ def _decode_batch(q: torch.Tensor, q_rows: torch.Tensor | None, k_cache: torch.T
                   v_cache: torch.Tensor,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor, starts: list[int],
                   lens: list[int], decodes: list[int], scale: float, window: int | None,
-                  out: torch.Tensor, workspace: Workspace, softcap: float | None = None) -> None:
+                  out: torch.Tensor, workspace: Workspace, softcap: float | None = None,
+                  sinks: torch.Tensor | None = None) -> None:
     """One-token queries at once: gather each sequence's blocks (from the first one holding a
     key inside the window), pad to the longest, mask."""
     block_size, num_kv_heads, head_dim = k_cache.shape[1:]
@@ -166,7 +184,7 @@ def _decode_batch(q: torch.Tensor, q_rows: torch.Tensor | None, k_cache: torch.T
         mask &= key_pos >= ctx_lens[:, None] - window
     if q_rows is not None:
         o = _block_diagonal(q_d, k.view(n, max_len, -1), v.view(n, max_len, -1), mask,
-                            num_kv_heads, softcap)
+                            num_kv_heads, softcap, sinks)
     else:  # [n, num_kv_heads, max_len, head_dim] views: the layout SDPA wants
         k = k.view(n, max_len, num_kv_heads, head_dim).transpose(1, 2)
         v = v.view(n, max_len, num_kv_heads, head_dim).transpose(1, 2)
@@ -191,7 +209,8 @@ def _query_rows(q: torch.Tensor, num_kv_heads: int, scale: float) -> torch.Tenso
 
 
 def _block_diagonal(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                    num_kv_heads: int, softcap: float | None = None) -> torch.Tensor:
+                    num_kv_heads: int, softcap: float | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Decode attention as two plain batched matmuls over the gathered rows, no transposes.
 
     q_rows [n, num_heads, num_kv_heads * head_dim] from _query_rows; k, v [n, max_len,
@@ -204,14 +223,16 @@ def _block_diagonal(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
     group, head_dim = num_heads // num_kv_heads, width // num_kv_heads
     scores = soft_cap(torch.bmm(q_rows, k.transpose(1, 2)), softcap)  # [n, num_heads, max_len]
     scores.masked_fill_(~mask[:, None, :], float("-inf"))
-    o = torch.bmm(scores.softmax(dim=-1), v)  # [n, num_heads, num_kv_heads * head_dim]
+    probs = softmax_with_sinks(scores, None if sinks is None else sinks.view(1, num_heads, 1))
+    o = torch.bmm(probs, v)  # [n, num_heads, num_kv_heads * head_dim]
     o = o.view(n, num_kv_heads, group, num_kv_heads, head_dim)
     return torch.diagonal(o, dim1=1, dim2=3).permute(0, 3, 1, 2).reshape(n, num_heads, head_dim)
 
 
 def prefill_chunk(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_table: torch.Tensor, seq_len: int, start: int, q_len: int, scale: float,
-                 window: int | None, out: torch.Tensor, softcap: float | None = None) -> None:
+                 window: int | None, out: torch.Tensor, softcap: float | None = None,
+                 sinks: torch.Tensor | None = None) -> None:
     """One chunk of q_len new tokens whose first sits at position seq_len - q_len; only the
     blocks from the first key the chunk's first query can see are read."""
     block_size, num_kv_heads, head_dim = k_cache.shape[1:]
@@ -225,9 +246,9 @@ def prefill_chunk(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     k = k.transpose(0, 1)[None]  # [1, num_kv_heads, seq_len - base, head_dim]
     v = v.transpose(0, 1)[None]
     gqa = num_heads != num_kv_heads
-    if softcap:
-        out[start:start + q_len] = _capped_chunk(q_i[0], k[0], v[0], seq_len, base, scale, window,
-                                                 softcap)
+    if softcap or sinks is not None:
+        out[start:start + q_len] = _explicit_chunk(q_i[0], k[0], v[0], seq_len, base, scale,
+                                                   window, softcap, sinks)
         return
     if q_len == seq_len and (window is None or window >= seq_len):  # a whole prompt: causal
         o = F.scaled_dot_product_attention(q_i, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
@@ -241,10 +262,11 @@ def prefill_chunk(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     out[start:start + q_len] = o[0].transpose(0, 1)
 
 
-def _capped_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, base: int,
-                  scale: float, window: int | None, softcap: float) -> torch.Tensor:
-    """prefill_chunk with soft-capped scores: q [num_heads, q_len, D], k and v [num_kv_heads,
-    seq_len - base, D] -> [q_len, num_heads, D]."""
+def _explicit_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, base: int,
+                    scale: float, window: int | None, softcap: float | None,
+                    sinks: torch.Tensor | None) -> torch.Tensor:
+    """prefill_chunk with soft-capped scores and/or sinks: q [num_heads, q_len, D], k and v
+    [num_kv_heads, seq_len - base, D] -> [q_len, num_heads, D]."""
     num_heads, q_len, _ = q.shape
     group = num_heads // k.shape[0]
     if group > 1:
@@ -256,4 +278,5 @@ def _capped_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: in
     if window is not None:
         mask &= k_pos > q_pos - window
     scores.masked_fill_(~mask, float("-inf"))
-    return torch.matmul(scores.softmax(dim=-1), v).transpose(0, 1)
+    probs = softmax_with_sinks(scores, None if sinks is None else sinks.view(num_heads, 1, 1))
+    return torch.matmul(probs, v).transpose(0, 1)

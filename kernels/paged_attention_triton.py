@@ -1,12 +1,14 @@
 """paged_attention in Triton (the CUDA path): varlen queries over the paged cache, causal, GQA,
-optional sliding window, optional logit soft-cap (Gemma 2), fp16/bf16 inputs with fp32
-accumulation and an online softmax (base 2).
+optional sliding window, optional logit soft-cap (Gemma 2), optional attention sinks (gpt-oss),
+fp16/bf16 inputs with fp32 accumulation and an online softmax (base 2).
 
 One program per (block of query rows, KV head[, split]): the rows are BLOCK_Q tokens x the
 QPKV query heads sharing that KV head, so decodes fill a 16-row tile and K/V are read once per
 group. Sequences are found by binary search over `query_start_loc` (no host sync, graph-safe).
 With a window, key tiles wholly before the window of a program's first query are never loaded;
-the tiles that straddle a window edge are masked per row.
+the tiles that straddle a window edge are masked per row. A sink (one logit per query head,
+no value) starts the online softmax of a row's first split as if it were a key already seen:
+running max = the sink, running sum = 1, accumulator = 0; split-K's merge then counts it once.
 """
 
 from __future__ import annotations
@@ -40,13 +42,14 @@ def _find_seq(qsl_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _paged_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-        block_tables_ptr, seq_lens_ptr, qsl_ptr, qk_scale, softcap, num_seqs, window,
+        block_tables_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr, qk_scale, softcap, num_seqs, window,
         q_stride_t, q_stride_h, out_stride_t, out_stride_h, bt_stride,
         cache_stride_b, cache_stride_s, cache_stride_h,
         NUM_HEADS: tl.constexpr, QPKV: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
+        HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+        PRECISION: tl.constexpr):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -81,6 +84,10 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if HAS_SINKS:  # the sink as a key already seen (log2 units), in split 0 only
+        sink = tl.load(sinks_ptr + head, mask=row_mask, other=0.0).to(tl.float32)
+        m_i = tl.where(split == 0, sink * 1.4426950408889634, m_i)  # log2(e)
+        l_i = tl.where(split == 0, 1.0, l_i)
     offs_t = tl.arange(0, TILE)
     for t in range(tile_lo, tile_hi):
         pos = t * TILE + offs_t  # [TILE] key positions
@@ -138,11 +145,13 @@ def paged_attention_triton(
     num_splits: int | None = None,
     tile_size: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Same contract as the torch op (`window`: keys in (p - window, p], None = all).
     `workspace` and `max_group_bytes` (the CPU path's gather tuning) are accepted and unused:
     the kernel reads the paged cache in place. `softcap` (None = off): scores s -> softcap *
-    tanh(s / softcap) before the softmax, as the torch op. All-decode batches split the keys by
+    tanh(s / softcap) before the softmax, as the torch op; `sinks` ([num_heads], None = off): each
+    head's sink logit in its softmax's denominator, as the torch op. All-decode batches split the keys by
     `num_splits_for(num_seqs, max_keys)`, where max_keys is bounded by the block table's width
     and the window (no sync); `num_splits` forces it."""
     del workspace, max_group_bytes
@@ -158,6 +167,9 @@ def paged_attention_triton(
     assert query_start_loc.shape == (num_seqs + 1,) and query_start_loc.is_contiguous()
     assert q.dtype == k_cache.dtype, (q.dtype, k_cache.dtype)
     check_same_device(q, k_cache, block_tables, seq_lens, query_start_loc)
+    if sinks is not None:
+        assert sinks.shape == (num_heads,) and sinks.is_contiguous(), tuple(sinks.shape)
+        check_same_device(q, sinks)
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_tokens == 0 or num_seqs == 0:
         return out
@@ -182,13 +194,15 @@ def paged_attention_triton(
     grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_splits)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out, part_acc, part_ml, block_tables, seq_lens, query_start_loc,
-        scale if softcap else scale * LOG2E, softcap or 1.0, num_seqs, window or 0,
+        out if sinks is None else sinks, scale if softcap else scale * LOG2E, softcap or 1.0,
+        num_seqs, window or 0,
         q.stride(0), q.stride(1), out.stride(0),
         out.stride(1),
         block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, QPKV=qpkv, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, TILE=tile, BLOCK_M=block_m, BLOCK_Q=block_q,
         NUM_SPLITS=num_splits, HAS_WINDOW=window is not None, HAS_SOFTCAP=bool(softcap),
+        HAS_SINKS=sinks is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else None)
     if num_splits > 1:
         merge_splits_kernel[(num_tokens, num_heads)](

@@ -4,7 +4,9 @@
 // and cached; registered as torch.ops.shoal_cpu.*. Same contract as the torch reference in
 // paged_attention.py: varlen queries (decodes and prefill chunks in one call), causal, GQA,
 // optional sliding window (a query at position p sees keys (p - window, p]), optional logit
-// soft-cap (softcap > 0: a scaled score s becomes softcap * tanh(s / softcap), Gemma 2).
+// soft-cap (softcap > 0: a scaled score s becomes softcap * tanh(s / softcap), Gemma 2), optional
+// attention sinks (gpt-oss: one logit per query head in the softmax's denominator, no value;
+// folded in once after the keys, as one more term of the online softmax).
 //
 // One task = up to kTile consecutive query tokens of one sequence x one KV head: the rows of
 // that task (tokens x the query heads sharing the KV head) walk the sequence's blocks once, in
@@ -19,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 namespace {
@@ -33,7 +36,8 @@ template <typename scalar_t>
 void attend(const Task& task, const scalar_t* q, int64_t q_stride_t, int64_t q_stride_h,
             const scalar_t* k_cache, const scalar_t* v_cache, const int32_t* table,
             int64_t first_pos, int64_t block_size, int64_t num_kv_heads, int64_t head_dim,
-            int64_t group, int64_t window, float scale, float softcap, scalar_t* out,
+            int64_t group, int64_t window, float scale, float softcap, const float* sinks,
+            scalar_t* out,
             int64_t out_stride_t, std::vector<float>& buf) {
   const int64_t rows = task.num_tokens * group;
   const int64_t D = head_dim;
@@ -100,7 +104,13 @@ void attend(const Task& task, const scalar_t* q, int64_t q_stride_t, int64_t q_s
   for (int64_t i = 0; i < task.num_tokens; ++i) {
     for (int64_t g = 0; g < group; ++g) {
       const int64_t r = i * group + g;
-      const float inv = 1.f / run_sum[r];
+      float inv = 1.f / run_sum[r];
+      if (sinks != nullptr) {  // exp(s) / (sum + exp(sink)), both rescaled to the larger max
+        const float sink = sinks[task.kv_head * group + g];
+        const float m = std::max(run_max[r], sink);
+        const float keep = std::exp(run_max[r] - m);
+        inv = keep / (run_sum[r] * keep + std::exp(sink - m));
+      }
       scalar_t* dst = out + (task.token + i) * out_stride_t + (task.kv_head * group + g) * D;
       for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(acc[r * D + d] * inv);
     }
@@ -110,7 +120,8 @@ void attend(const Task& task, const scalar_t* q, int64_t q_stride_t, int64_t q_s
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& block_tables,
                            const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
-                           double scale, int64_t window, int64_t max_q_len, double softcap) {
+                           double scale, int64_t window, int64_t max_q_len, double softcap,
+                           const std::optional<at::Tensor>& sinks) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
               "q must be [tokens, heads, head_dim] with dense heads");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
@@ -127,6 +138,12 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   TORCH_CHECK(k_cache.size(3) == head_dim && num_heads % num_kv_heads == 0);
   const int64_t group = num_heads / num_kv_heads;
+  at::Tensor sinks_f;  // [num_heads] float32, or undefined
+  if (sinks.has_value() && sinks->defined()) {
+    TORCH_CHECK(sinks->dim() == 1 && sinks->size(0) == num_heads, "sinks must be [num_heads]");
+    sinks_f = sinks->to(at::kFloat).contiguous();
+  }
+  const float* sinks_p = sinks_f.defined() ? sinks_f.data_ptr<float>() : nullptr;
   const int64_t num_seqs = lens.size(0);
   const int32_t* lens_p = lens.data_ptr<int32_t>();
   const int32_t* starts_p = starts.data_ptr<int32_t>();
@@ -158,7 +175,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
         attend<scalar_t>(task, q_p, q.stride(0), q.stride(1), k_p, v_p,
                          table_p + task.seq * table_stride, first_pos[i], block_size,
                          num_kv_heads, head_dim, group, window, static_cast<float>(scale),
-                         static_cast<float>(softcap), out_p,
+                         static_cast<float>(softcap), sinks_p, out_p,
                          num_heads * head_dim, buf);
       }
     });
@@ -195,7 +212,7 @@ void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_c
 TORCH_LIBRARY(shoal_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor seq_lens, Tensor query_start_loc, float scale, int window, int max_q_len, "
-        "float softcap) -> Tensor");
+        "float softcap, Tensor? sinks) -> Tensor");
   m.def("reshape_and_cache(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
         "Tensor slot_mapping) -> ()");
 }

@@ -1,5 +1,6 @@
 """paged_attention against dense attention with an explicit causal (and sliding-window) mask,
-per sequence in float64: the plain-torch op and the C++ op that reads the cache in place."""
+per sequence in float64: the plain-torch op and the C++ op that reads the cache in place; with
+soft-capped scores and with attention sinks (gpt-oss) too."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ def op(request: pytest.FixtureRequest):  # noqa: ANN201
 
 
 def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-               window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+               window: int | None = None, softcap: float | None = None,
+               sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [q_len, H, D], k/v [seq_len, KVH, D]: the last q_len positions attend causally; with a
-    window, position p sees keys p - window + 1 .. p (transformers: kv_idx > q_idx - window)."""
+    window, position p sees keys p - window + 1 .. p (transformers: kv_idx > q_idx - window);
+    with sinks [H], head h's softmax has one more logit, sinks[h], with no value."""
     q_len, num_heads, _ = q.shape
     seq_len, num_kv_heads, _ = k.shape
     group = num_heads // num_kv_heads
@@ -40,13 +43,19 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
             row[pos + 1:] = float("-inf")
             if window is not None:
                 row[:max(0, pos - window + 1)] = float("-inf")
-            out[i, h] = torch.softmax(row, dim=0) @ vh
+            if sinks is None:
+                out[i, h] = torch.softmax(row, dim=0) @ vh
+            else:  # exp(s) / (sum exp(s) + exp(sink)), written out
+                weights = torch.exp(row - row.max())
+                denom = weights.sum() + torch.exp(sinks[h].double() - row.max())
+                out[i, h] = (weights / denom) @ vh
     return out
 
 
 def _run_case(op, q_lens: list[int], ctx_lens: list[int], num_heads: int, num_kv_heads: int,
               head_dim: int, block_size: int, gen: torch.Generator,
-              window: int | None = None, softcap: float | None = None) -> None:
+              window: int | None = None, softcap: float | None = None,
+              sinks: torch.Tensor | None = None) -> None:
     """With a window, the blocks before it hold NaN: the op must skip them, not mask them."""
     num_seqs = len(q_lens)
     seq_lens = [c + n for c, n in zip(ctx_lens, q_lens, strict=True)]
@@ -69,13 +78,15 @@ def _run_case(op, q_lens: list[int], ctx_lens: list[int], num_heads: int, num_kv
     q = torch.randn(sum(q_lens), num_heads, head_dim, generator=gen)
     qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
     scale = 1.0 / math.sqrt(head_dim)
-    capped = {"softcap": softcap} if softcap else {}
+    capped: dict = {"softcap": softcap} if softcap else {}
+    if sinks is not None:
+        capped["sinks"] = sinks
     out = op(q, k_cache, v_cache, block_tables, torch.tensor(seq_lens, dtype=torch.int32), qsl,
              scale, window, **capped)
     assert out.shape == q.shape
     for i in range(num_seqs):
         a, b = int(qsl[i]), int(qsl[i + 1])
-        ref = _reference(q[a:b], dense_k[i], dense_v[i], scale, window, softcap)
+        ref = _reference(q[a:b], dense_k[i], dense_v[i], scale, window, softcap, sinks)
         torch.testing.assert_close(out[a:b].double(), ref, atol=2e-5, rtol=2e-5)
 
 
@@ -174,3 +185,23 @@ def test_soft_capped_scores(op, window: int | None, num_heads: int, num_kv_heads
     args = (q, k_cache, k_cache.clone(), torch.tensor([[0, 1]], dtype=torch.int32),
             torch.tensor([7], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32), 1.0)
     assert not torch.allclose(op(*args, softcap=0.5), op(*args))
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 2), (12, 12), (6, 1)])
+def test_attention_sinks(op, window: int | None, num_heads: int, num_kv_heads: int) -> None:
+    """gpt-oss's sinks: decodes, short chunks and a long chunk (the C++ op set's torch path),
+    against the written-out reference; sinks from -2 to 4 on unit-scale scores move every row
+    (one far above the scores takes most of the weight), so an op that ignores them fails."""
+    gen = fresh_generator()
+    sinks = torch.linspace(-2.0, 4.0, num_heads)
+    long = cpu_ops.LONG_CHUNK
+    _run_case(op, [1, 5, long, 1, 3], [20, 9, 4, 7, 0], num_heads, num_kv_heads, 16, 4, gen,
+              window, sinks=sinks)
+    _run_case(op, [1, 1, 1], [40, 3, 17], num_heads, num_kv_heads, 8, 16, gen, window,
+              softcap=0.5, sinks=sinks)  # capped scores, uncapped sinks (each its own way)
+    q = torch.randn(1, 2, 8, generator=gen)
+    k_cache = torch.randn(2, 4, 2, 8, generator=gen)
+    args = (q, k_cache, k_cache.clone(), torch.tensor([[0, 1]], dtype=torch.int32),
+            torch.tensor([7], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32), 1.0)
+    assert not torch.allclose(op(*args, sinks=torch.tensor([0.0, 3.0])), op(*args))

@@ -1,7 +1,8 @@
 """Triton paged_attention against the torch reference (itself checked against float64 dense
 attention): mixed prefill chunks and decodes, block boundaries, odd lengths, GQA ratios,
 head dims that are not powers of two, forced split-K, padded CUDA-graph lanes, the split rule,
-sliding windows (and that key tiles before a window are never read)."""
+sliding windows (and that key tiles before a window are never read), soft-capped scores and
+attention sinks (gpt-oss)."""
 
 from __future__ import annotations
 
@@ -19,15 +20,16 @@ from shoal.kernels.paged_attention_triton import paged_attention_triton
 
 def _check(case: PagedCase, dtype: torch.dtype, window: int | None = None,
            run_on: PagedCase | None = None, softcap: float | None = None,
-           **kwargs: int) -> None:
+           sinks: torch.Tensor | None = None, **kwargs: int) -> None:
     """Triton on `run_on` (default `case`) against the torch op on `case`."""
     run = run_on or case
     out = paged_attention_triton(run.q, run.k_cache, run.v_cache, run.block_tables,
                                  run.seq_lens, run.query_start_loc, run.scale, window,
-                                 softcap=softcap, **kwargs)
+                                 softcap=softcap, sinks=sinks, **kwargs)
     ref = paged_attention(case.q.float().cpu(), case.k_cache.float().cpu(),
                           case.v_cache.float().cpu(), case.block_tables.cpu(), case.seq_lens.cpu(),
-                          case.query_start_loc.cpu(), case.scale, window, softcap=softcap)
+                          case.query_start_loc.cpu(), case.scale, window, softcap=softcap,
+                          sinks=None if sinks is None else sinks.float().cpu())
     assert out.dtype == dtype and out.shape == case.q.shape
     torch.testing.assert_close(out.float().cpu(), ref, **tolerance(dtype))
 
@@ -172,3 +174,24 @@ def test_soft_capped_scores(num_splits: int, window: int | None) -> None:
                                     case.seq_lens, case.query_start_loc, case.scale, window,
                                     softcap=0.5)
     assert not torch.allclose(capped, uncapped, atol=1e-3)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("window", [None, 5])
+def test_attention_sinks(num_splits: int, window: int | None) -> None:
+    """gpt-oss's sinks (-2 to 4: far from absent on unit-scale scores), prefill chunks and
+    decodes, split-K too (the sink counted once, in split 0), with a soft-cap as well, against
+    the torch op's sink path (itself checked against a written-out float64 softmax)."""
+    gen = fresh_generator()
+    case = paged_case([7, 1, 1, 5, 1], [0, 3, 40, 9, 21], 8, 2, 32, 4, torch.float32, gen)
+    sinks = torch.linspace(-2.0, 4.0, 8, device=DEVICE)
+    _check(case, torch.float32, window, sinks=sinks)
+    _check(case, torch.float32, window, softcap=0.5, sinks=sinks)
+    decodes = paged_case([1, 1, 1], [2, 30, 64], 4, 1, 16, 8, torch.float16, gen)
+    _check(decodes, torch.float16, window, sinks=sinks[:4].half(), num_splits=num_splits)
+    plain = paged_attention_triton(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                   case.seq_lens, case.query_start_loc, case.scale, window)
+    sunk = paged_attention_triton(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                  case.seq_lens, case.query_start_loc, case.scale, window,
+                                  sinks=sinks)
+    assert not torch.allclose(sunk, plain, atol=1e-3)

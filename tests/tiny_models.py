@@ -1,6 +1,7 @@
 """Tiny random-weight Llama / Mistral / Qwen2 / Qwen3 checkpoints for fast parity tests, the
-mixture-of-experts families (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE) and the dense families with
-their own twists (Gemma 2, Gemma 3, Phi-3, Granite) at the same width.
+mixture-of-experts families (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, gpt-oss) and the dense
+families with their own twists (Gemma 2, Gemma 3, Phi-3, Granite) at the same width; gpt-oss's
+MXFP4 layout written from a tiny model (`save_gpt_oss_mxfp4`).
 
 Each is saved with save_pretrained (fp32 safetensors) plus SmolLM2's tokenizer files (the tiny
 vocabulary is a prefix of it), so the engine loads it exactly as it loads a real model.
@@ -14,12 +15,12 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, GraniteConfig,
-                          LlamaConfig, MistralConfig, MixtralConfig, OlmoeConfig, Phi3Config,
-                          PretrainedConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config,
+from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, GptOssConfig,
+                          GraniteConfig, LlamaConfig, MistralConfig, MixtralConfig, OlmoeConfig,
+                          Phi3Config, PretrainedConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config,
                           Qwen3MoeConfig)
 
-MOE_ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
+MOE_ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss"]
 DENSE_EXTRA_ARCHS = ["gemma2", "gemma3", "phi3", "granite"]
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", *MOE_ARCHS, *DENSE_EXTRA_ARCHS]
 VOCAB = 512
@@ -74,6 +75,17 @@ def tiny_config(arch: str) -> PretrainedConfig:
         return OlmoeConfig(**{**_COMMON, "intermediate_size": 64}, num_attention_heads=4,
                            num_key_value_heads=2, tie_word_embeddings=False, num_experts=4,
                            num_experts_per_tok=2, norm_topk_prob=False)
+    if arch == "gpt_oss":  # sinks, window 16 on layer 0, YaRN, a SwiGLU limit low enough to bite
+        return GptOssConfig(**{**_COMMON, "intermediate_size": 64, "max_position_embeddings": 256},
+                            num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
+                            num_local_experts=4, num_experts_per_tok=2, sliding_window=16,
+                            swiglu_limit=2.0, attention_bias=True,
+                            layer_types=["sliding_attention", "full_attention"],
+                            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                             "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                             "truncate": False,
+                                             "original_max_position_embeddings": 64})
     if arch == "gemma2":  # soft-caps small enough to bite, window 16 on even layers, tied
         return Gemma2Config(**_COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                             query_pre_attn_scalar=24, sliding_window=16,
@@ -132,6 +144,12 @@ def save_tiny_model(arch: str, folder: Path, seed: int = 0, **config: object) ->
                 param.uniform_(0.5, 1.5)
         if arch.startswith("gemma"):  # x sqrt(hidden) would drown the layers: greedy repeats
             model.get_input_embeddings().weight.mul_(0.2)
+        if arch == "gpt_oss":  # biases and sinks start at zero: make them count
+            for name, param in model.named_parameters():
+                if name.endswith("bias"):
+                    param.normal_(0.0, 0.5)
+                elif name.endswith("sinks"):
+                    param.uniform_(-1.0, 3.0)
     model.save_pretrained(folder)
     source = tokenizer_dir()
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
@@ -148,6 +166,54 @@ def with_config(folder: Path, dest: Path, **overrides: object) -> Path:
     config.update(overrides)
     (dest / "config.json").write_text(json.dumps(config))
     return dest
+
+
+def mxfp4_quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., rows, cols] -> (blocks [..., rows, cols / 32, 16] uint8, scales [..., rows, cols /
+    32] uint8), as OpenAI's gpt-oss checkpoints store them: the nearest E2M1 code of each value
+    under its block's power-of-two scale (the block's largest magnitude brought to <= 6), two
+    codes a byte, the low nibble first; the scale's exponent biased by 127."""
+    from shoal.services.engine.layers.mxfp4 import FP4_E2M1
+
+    *lead, cols = weight.shape
+    groups = weight.float().reshape(*lead, cols // 32, 32)
+    amax = groups.abs().amax(-1).clamp(min=2.0 ** -100)
+    exponents = torch.ceil(torch.log2(amax / 6.0))
+    scaled = groups / torch.exp2(exponents).unsqueeze(-1)
+    codes = (scaled.unsqueeze(-1) - torch.tensor(FP4_E2M1)).abs().argmin(-1).to(torch.uint8)
+    pairs = codes.reshape(*lead, cols // 32, 16, 2)
+    blocks = pairs[..., 0] | (pairs[..., 1] << 4)
+    return blocks.contiguous(), (exponents + 127).to(torch.uint8).contiguous()
+
+
+def save_gpt_oss_mxfp4(folder: Path, dense: Path, packed: Path) -> tuple[Path, Path]:
+    """From a saved tiny gpt-oss: `dense`, its experts rounded to MXFP4 values (the bf16
+    layout), and `packed`, the same experts as MXFP4 `_blocks` / `_scales` with the config's
+    quantization_config, as OpenAI ships gpt-oss: the two hold the same model."""
+    from safetensors.torch import load_file, save_file
+
+    from shoal.services.engine.layers.mxfp4 import dequantize
+
+    shutil.copytree(folder, dense)
+    shutil.copytree(folder, packed)
+    tensors = load_file(folder / "model.safetensors")
+    rounded, blocks_and_scales = dict(tensors), {}
+    for name, tensor in tensors.items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):  # [E, in, out]
+            blocks, scales = mxfp4_quantize(tensor.transpose(1, 2))  # rows = outputs
+            rounded[name] = dequantize(blocks, scales).transpose(1, 2).contiguous()
+            blocks_and_scales[f"{name}_blocks"], blocks_and_scales[f"{name}_scales"] = (
+                blocks, scales)
+        else:
+            blocks_and_scales[name] = tensor
+    save_file(rounded, dense / "model.safetensors", metadata={"format": "pt"})
+    save_file(blocks_and_scales, packed / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((packed / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+        "lm_head"]}
+    (packed / "config.json").write_text(json.dumps(config))
+    return dense, packed
 
 
 def save_tiny_cross_encoder(folder: Path, seed: int = 0) -> Path:

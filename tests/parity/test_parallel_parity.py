@@ -58,7 +58,8 @@ def _assert_same(ours: list[RequestOutput], ref: list[RequestOutput]) -> None:
 @pytest.mark.parametrize("arch, tp, pp", [("llama", 2, 1), ("mistral", 2, 1), ("qwen2", 1, 2),
                                           ("qwen3", 2, 2), ("qwen3_moe", 2, 1),
                                           ("qwen2_moe", 2, 1), ("mixtral", 1, 2),
-                                          ("olmoe", 2, 1), ("gemma2", 2, 2), ("gemma3", 2, 1),
+                                          ("olmoe", 2, 1), ("gpt_oss", 2, 1), ("gpt_oss", 1, 2),
+                                          ("gemma2", 2, 2), ("gemma3", 2, 1),
                                           ("phi3", 2, 1), ("granite", 1, 2)])
 def test_parallel_matches_one_rank(arch: str, tp: int, pp: int,
                                    tmp_path_factory: pytest.TempPathFactory) -> None:

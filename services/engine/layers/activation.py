@@ -43,3 +43,17 @@ def gated_activation(cfg: Any) -> nn.Module:
         return GeluAndMul()
     raise ConfigError(f"hidden activation {name!r} is not supported (silu, gelu, "
                       f"{', '.join(GELU_TANH)})")
+
+
+class ClampedSwiGLU:
+    """gpt-oss's expert activation: gate clamped to <= limit, up to [-limit, limit], then
+    (up + 1) * gate * sigmoid(alpha * gate) (transformers' GptOssExperts; alpha 1.702, limit 7:
+    the sigmoid approximation of GELU, bounded so that bf16/MXFP4 activations stay finite)."""
+
+    def __init__(self, alpha: float = 1.702, limit: float = 7.0) -> None:
+        self.alpha, self.limit = alpha, limit
+
+    def __call__(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))

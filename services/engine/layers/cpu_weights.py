@@ -268,7 +268,9 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
         elif isinstance(module, LMHead):  # tied: the embedding keeps the dense weight
             module.kernel = head(module.weight, None)
         elif isinstance(module, StackedExperts):  # each expert's two matmuls, as a Linear's
-            module.kernels = [(make(module.w13[e], None), make(module.w2[e], None))
+            b13, b2 = module.w13_bias, module.w2_bias  # (gpt-oss's biases: None elsewhere)
+            module.kernels = [(make(module.w13[e], None if b13 is None else b13[e]),
+                               make(module.w2[e], None if b2 is None else b2[e]))
                               for e in range(module.num_experts)]
             for param in (module.w13, module.w2):  # (a GEMV's plain weights: views of them)
                 param.data = torch.empty(0, dtype=param.dtype)

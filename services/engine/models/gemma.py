@@ -28,6 +28,7 @@ from shoal.kernels import Ops
 from shoal.services.engine.layers.attention import AttentionMetadata
 from shoal.services.engine.layers.layernorm import RMSNorm
 from shoal.services.engine.layers.rotary import rope_parameters
+from shoal.services.engine.models import sliding_window
 from shoal.services.engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 
@@ -63,31 +64,17 @@ class GemmaDecoderLayer(LlamaDecoderLayer):
         return self.post_feedforward_layernorm(self.mlp(hidden)), residual
 
 
-def _layer_type(cfg: Any, layer: int) -> str:
-    types = getattr(cfg, "layer_types", None)
-    if types:
-        return str(types[layer])
-    return "sliding_attention" if layer % 2 == 0 else "full_attention"  # (Gemma 2's default)
-
-
 def gemma_options(cfg: Any, layer: int) -> dict[str, Any]:
     return {"scale": float(cfg.query_pre_attn_scalar) ** -0.5,
             "softcap": getattr(cfg, "attn_logit_softcapping", None),
-            "rope": rope_parameters(cfg, _layer_type(cfg, layer))}
-
-
-def gemma_windows(cfg: Any) -> list[int | None]:
-    """The window on the "sliding_attention" layers (transformers' Gemma: kv > q - window)."""
-    window = getattr(cfg, "sliding_window", None)
-    return [int(window) if window and _layer_type(cfg, i) == "sliding_attention" else None
-            for i in range(cfg.num_hidden_layers)]
+            "rope": rope_parameters(cfg, sliding_window.layer_type(cfg, layer))}
 
 
 class Gemma2ForCausalLM(LlamaForCausalLM):
     decoder_layer = GemmaDecoderLayer
     norm_class = GemmaRMSNorm
     layer_options = staticmethod(gemma_options)
-    sliding_windows = staticmethod(gemma_windows)
+    sliding_windows = staticmethod(sliding_window.alternating)
 
     def __init__(self, cfg: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(cfg, *args, **kwargs)

@@ -41,10 +41,13 @@ class LlamaAttention(nn.Module):
     def __init__(self, cfg: Any, max_model_len: int, ops: Ops, qkv_bias: bool, o_bias: bool,
                  qk_norm: bool, window: int | None, parallel: ParallelContext, *,
                  scale: float | None = None, softcap: float | None = None,
-                 rope: dict[str, Any] | None = None, norm_class: type[RMSNorm] = RMSNorm) -> None:
-        """`scale` (default head_dim ** -0.5), `softcap` (the attention logits' soft-cap) and
-        `rope` (default: the config's) are what a family sets per layer (`layer_options`)."""
+                 rope: dict[str, Any] | None = None, norm_class: type[RMSNorm] = RMSNorm,
+                 sinks: bool = False) -> None:
+        """`scale` (default head_dim ** -0.5), `softcap` (the attention logits' soft-cap),
+        `rope` (default: the config's) and `sinks` (gpt-oss's per-head sink logits, held by
+        `attn`) are what a family sets per layer (`layer_options`)."""
         super().__init__()
+        self.parallel = parallel
         total_heads = cfg.num_attention_heads
         total_kv_heads = getattr(cfg, "num_key_value_heads", None) or total_heads
         self.num_heads = total_heads // parallel.tp_size  # this rank's heads
@@ -58,9 +61,18 @@ class LlamaAttention(nn.Module):
         self.k_norm = norm_class(self.head_dim, cfg.rms_norm_eps, ops) if qk_norm else None
         self.rotary_emb = RotaryEmbedding(rope or rope_parameters(cfg), self.head_dim,
                                           cfg.max_position_embeddings, max_model_len, ops)
+        sink_logits = None
+        if sinks:
+            sink_logits = nn.Parameter(torch.zeros(self.num_heads), requires_grad=False)
+            sink_logits.weight_loader = self._load_sinks  # type: ignore[attr-defined]
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim,
                               self.head_dim ** -0.5 if scale is None else scale, ops, window,
-                              softcap)
+                              softcap, sink_logits)
+
+    def _load_sinks(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        """This rank's heads' sinks out of all of them."""
+        assert loaded.shape == (self.num_heads * self.parallel.tp_size,), tuple(loaded.shape)
+        param.data.copy_(loaded.narrow(0, self.parallel.tp_rank * self.num_heads, self.num_heads))
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:

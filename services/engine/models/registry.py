@@ -6,6 +6,7 @@ from typing import Any
 
 from shoal.services.engine.config import ConfigError
 from shoal.services.engine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from shoal.services.engine.models.gpt_oss import GptOssForCausalLM
 from shoal.services.engine.models.granite import GraniteForCausalLM
 from shoal.services.engine.models.llama import (
     LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
@@ -26,6 +27,7 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,

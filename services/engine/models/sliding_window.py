@@ -35,6 +35,23 @@ def by_layer_types(cfg: Any) -> list[int | None]:
     return [window if kind == "sliding_attention" else None for kind in layer_types]
 
 
+def layer_type(cfg: Any, layer: int) -> str:
+    """The layer's `layer_types` entry; without them, sliding on the even layers (the default
+    of Gemma 2's and gpt-oss's configs)."""
+    types = getattr(cfg, "layer_types", None)
+    if types:
+        return str(types[layer])
+    return "sliding_attention" if layer % 2 == 0 else "full_attention"
+
+
+def alternating(cfg: Any) -> list[int | None]:
+    """Gemma 2 / 3 and gpt-oss: the window on the "sliding_attention" layers (transformers:
+    kv > q - window), whether or not the config says `use_sliding_window`."""
+    window = _window(cfg)
+    return [window if window and layer_type(cfg, i) == "sliding_attention" else None
+            for i in range(cfg.num_hidden_layers)]
+
+
 def _window(cfg: Any) -> int | None:
     window = getattr(cfg, "sliding_window", None)
     return int(window) if window else None

@@ -19,7 +19,7 @@ from shoal.shared.errors import InvalidRequest
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 _TORCH_DTYPE_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
-                      "I8": "int8", "U8": "uint8", "I32": "int32", "I64": "int64",
+                      "MXFP4": "mxfp4", "I8": "int8", "U8": "uint8", "I32": "int32", "I64": "int64",
                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 _DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16": 2, "I32": 4,
                 "I64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -148,15 +148,20 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
 
 
 def _tensors(path: Path) -> list[tuple[str, int, int]]:
-    """(dtype, element count, bytes) of each tensor a safetensors header lists."""
+    """(dtype, parameter count, bytes) of each tensor a safetensors header lists. MXFP4 weights
+    (gpt-oss as OpenAI ships it: `<name>_blocks` uint8, two 4-bit values a byte, beside
+    `<name>_scales`, one exponent per 32 of them) count as the parameters they pack, under dtype
+    "MXFP4": the engine dequantises them at load, so the claim is the unpacked size."""
     out = []
     for name, info in read_safetensors_header(path).items():
         if name == "__metadata__":
             continue
         try:
             start, end = info["data_offsets"]
-            out.append((str(info["dtype"]), math.prod(int(d) for d in info["shape"]),
-                        int(end) - int(start)))
+            dtype, count = str(info["dtype"]), math.prod(int(d) for d in info["shape"])
+            if dtype == "U8" and name.endswith(("_blocks", "_scales")):
+                dtype, count = "MXFP4", 2 * count if name.endswith("_blocks") else 0
+            out.append((dtype, count, int(end) - int(start)))
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidRequest(f"{path}: malformed safetensors header entry {name!r}: "
                                  f"{type(exc).__name__} {exc}", param="source") from None

@@ -43,9 +43,10 @@ def test_same_call_signature_as_torch(op: str, op_set: str) -> None:
                 if (op_set == "triton" or p.name != "max_group_bytes")
                 and p.kind != p.KEYWORD_ONLY]
     assert [(p.name, p.default) for p in positional] == [(p.name, p.default) for p in expected]
-    if op == "paged_attention":  # Gemma 2's soft-cap, by keyword, in every op set
-        assert ours.parameters["softcap"].kind == ours.parameters["softcap"].KEYWORD_ONLY
-        assert ref.parameters["softcap"].default is None
+    if op == "paged_attention":  # Gemma 2's soft-cap, gpt-oss's sinks: by keyword, every set
+        for name in ("softcap", "sinks"):
+            assert ours.parameters[name].kind == ours.parameters[name].KEYWORD_ONLY
+            assert ref.parameters[name].default is None
 
 
 def _runner(folder: Path, ops: Ops, monkeypatch: pytest.MonkeyPatch) -> ModelRunner:
@@ -63,15 +64,16 @@ def _blocks(i: int) -> list[int]:
 # llama, qwen3: the rope variants and q/k norms; mistral with a 6-token sliding window (every
 # layer), which the prompts and decodes pass; qwen2 adds nothing the kernel tests do not cover;
 # gemma2: soft-capped attention in the Triton op, beside a 6-token window on its first layer;
-# phi3: a partial rotary (the rotated part handed to the op as a whole head)
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "gemma2", "phi3"])
+# phi3: a partial rotary (the rotated part handed to the op as a whole head); gpt_oss: attention
+# sinks in the Triton op, beside a 6-token window on its first layer
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "gemma2", "phi3", "gpt_oss"])
 def test_tiny_model_greedy_parity(arch: str, tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Same greedy tokens and close logits: a chunked prompt next to a whole one, then decodes;
     every step under tensors_beside_inputs, so a tensor either op set makes on the wrong device
     fails here on the CPU as it would on a GPU."""
     folder = save_tiny_model(arch, tmp_path / arch)
-    if arch in ("mistral", "gemma2"):
+    if arch in ("mistral", "gemma2", "gpt_oss"):
         folder = with_config(folder, tmp_path / "windowed", sliding_window=6)
     runners = [_runner(folder, TORCH_OPS, monkeypatch),
                _runner(folder, select_ops(DEVICE, force="triton"), monkeypatch)]

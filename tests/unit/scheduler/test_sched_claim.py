@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-from tests.model_shapes import QWEN3_30B_A3B
+from tests.model_shapes import GPT_OSS_20B, QWEN3_30B_A3B
 from tests.unit.scheduler.sched_fleet import GIB, profile, spec
 
 from shoal.services.scheduler.claim import compute_claim, read_profile
@@ -56,7 +56,7 @@ def test_gguf_claim_counts_what_the_engine_holds(smollm2) -> None:
 
 def _write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]],
                        write_data: bool) -> int:
-    sizes = {"BF16": 2, "F32": 4, "F16": 2}
+    sizes = {"BF16": 2, "F32": 4, "F16": 2, "U8": 1}
     header, offset = {}, 0
     for name, (dtype, shape) in tensors.items():
         n = sizes[dtype]
@@ -128,6 +128,31 @@ def test_an_moe_claims_all_of_its_experts_not_the_active_ones(tmp_path: Path) ->
     odd.mkdir()
     _config(odd, **{**QWEN3_30B_A3B, "moe_intermediate_size": 765})
     assert not compute_claim(read_profile(odd), spec(), "cpu").valid_tp(2)
+
+
+def test_gpt_oss_claims_every_expert_and_its_mxfp4_weights_unpacked(tmp_path: Path) -> None:
+    # gpt-oss-20b: 20.9B parameters in all (3.6B active: 4 of 32 experts), biases included
+    _config(tmp_path, **GPT_OSS_20B)
+    p = read_profile(tmp_path)
+    assert (p.shape.num_experts, p.shape.expert_intermediate_size) == (32, 2880)
+    assert abs(p.num_params - 20.9e9) / 20.9e9 < 0.01
+    assert compute_claim(p, spec(dtype="bfloat16"), "cpu").weights == p.num_params * 2
+    # one layer's experts as OpenAI ships them: the engine dequantises the MXFP4 blocks at load,
+    # so they count as the values they pack (two a byte), the scales as none
+    packed = tmp_path / "mxfp4"
+    packed.mkdir()
+    _config(packed, **GPT_OSS_20B)
+    experts = "model.layers.0.mlp.experts."
+    _write_safetensors(packed / "model.safetensors", {
+        experts + "gate_up_proj_blocks": ("U8", [32, 5760, 90, 16]),
+        experts + "gate_up_proj_scales": ("U8", [32, 5760, 90]),
+        experts + "down_proj_blocks": ("U8", [32, 2880, 90, 16]),
+        experts + "down_proj_scales": ("U8", [32, 2880, 90]),
+        experts + "down_proj_bias": ("BF16", [32, 2880])}, write_data=False)
+    q = read_profile(packed)
+    assert q.num_params == 32 * (5760 + 2880) * 2880 + 32 * 2880
+    assert q.checkpoint_dtype == "mxfp4"
+    assert compute_claim(q, spec(dtype="bfloat16"), "cpu").weights == q.num_params * 2
 
 
 def test_encoder_has_no_kv_cache_and_no_gpu_fraction() -> None:

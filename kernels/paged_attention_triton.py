@@ -150,10 +150,10 @@ def paged_attention_triton(
     """Same contract as the torch op (`window`: keys in (p - window, p], None = all).
     `workspace` and `max_group_bytes` (the CPU path's gather tuning) are accepted and unused:
     the kernel reads the paged cache in place. `softcap` (None = off): scores s -> softcap *
-    tanh(s / softcap) before the softmax, as the torch op; `sinks` ([num_heads], None = off): each
-    head's sink logit in its softmax's denominator, as the torch op. All-decode batches split the keys by
-    `num_splits_for(num_seqs, max_keys)`, where max_keys is bounded by the block table's width
-    and the window (no sync); `num_splits` forces it."""
+    tanh(s / softcap) before the softmax, as the torch op; `sinks` ([num_heads], None = off):
+    each head's sink logit in its softmax's denominator, as the torch op. All-decode batches
+    split the keys by `num_splits_for(num_seqs, max_keys)`, where max_keys is bounded by the
+    block table's width and the window (no sync); `num_splits` forces it."""
     del workspace, max_group_bytes
     check_window(window)
     block_size, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)

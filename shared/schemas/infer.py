@@ -103,6 +103,20 @@ class ChatMessage(Wire):
     """A tool turn: the call it answers."""
 
 
+class UsageTag(Wire):
+    """Whose usage a generate request is, for the engine to record should its gateway vanish
+    mid-stream (services/engine/server/requesters.py): the key, the admission's reservation
+    and a record id the registry counts once."""
+
+    key_id: str
+    model: str
+    """The name the usage is kept under (the gateway's: an adapter's name for a LoRA request)."""
+    reservation_id: str | None = Field(default=None, min_length=1, max_length=32)
+    record_id: str = Field(min_length=1, max_length=32)
+    requests: int = Field(default=1, ge=0, le=1)
+    """1 for the first (or only) generate request of an OpenAI request, 0 for its others."""
+
+
 class GenerateRequest(Wire):
     op: Literal["generate"] = "generate"
     request_id: str = Field(min_length=1, max_length=128)
@@ -123,6 +137,8 @@ class GenerateRequest(Wire):
     tool_call_parser, named in seq 0; an engine without one refuses (400, param tool_choice)."""
     chat_template_kwargs: dict[str, Any] | None = None
     """Chat: more variables for the chat template, e.g. {"enable_thinking": false} (vLLM's)."""
+    usage: UsageTag | None = None
+    """Set for a key's request: what the engine records if the requester vanishes."""
 
 
 class TokenizeRequest(Wire):

@@ -104,6 +104,7 @@ class EngineHandlers(StreamIntake):
             child_tokens: dict[int, int] = {}
             async for out in outputs:
                 last = out
+                replies.cached_tokens = out.num_cached_tokens
                 for c in out.outputs:
                     child_tokens[c.index] = child_tokens.get(c.index, 0) + len(c.token_ids)
                 finish_reasons.update({c.index: c.finish_reason for c in out.outputs

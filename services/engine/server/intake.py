@@ -6,6 +6,7 @@ and router treat both kinds alike. Subclasses answer the requests and say their 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,12 +24,13 @@ from shoal.shared.errors import InvalidRequest, ShoalError
 from shoal.shared.loops import run_every
 from shoal.services.engine.input_processor import InputProcessor
 from shoal.services.engine.server.heap import trim_after
+from shoal.services.engine.server.requesters import Requesters
 from shoal.services.engine.server.tracing import generate_span
 from shoal.shared.schemas.common import ErrorBody
 from shoal.shared.schemas.infer import (
     AbortRequest, DetokenizeReply, DetokenizeRequest, EmbedRequest, EngineLoad, GenerateRequest,
     InferChunk, InferEnd, InferError, InferReplyEnvelope, InferRequestEnvelope, TokenizeReply,
-    ScoreRequest, TokenizeRequest
+    ScoreRequest, TokenizeRequest, Usage
 )
 
 log = logging.getLogger(__name__)
@@ -85,14 +87,23 @@ class Intake:
 class Replies:
     """One generate request's replies on its inbox, numbered from 0 (the accepting chunk): every
     reply counts, so a gap is visible to the gateway. An answer too large for the NATS server
-    raises a 413 (too_large), which the caller sends as a small error reply, never a hang."""
+    raises a 413 (too_large), which the caller sends as a small error reply, never a hang.
+    With `status_to` set, each reply goes out with the reply subject `<status_to>.<seq>`, where
+    NATS says "no responders" once the requester's inbox is gone (requesters.py); the tokens of
+    each reply are kept, to say what was delivered before the one it lost."""
 
     def __init__(self, nc: NATS, inbox: str, request_id: str) -> None:
         self.nc, self.inbox, self.request_id = nc, inbox, request_id
         self.seq = 0
+        self.status_to: str | None = None
+        self.sent_tokens: list[int] = []
+        self.prompt_tokens = self.cached_tokens = 0
 
     async def chunk(self, **fields: Any) -> None:
-        await self._send(InferChunk(request_id=self.request_id, seq=self.seq, **fields))
+        reply = InferChunk(request_id=self.request_id, seq=self.seq, **fields)
+        if reply.prompt_token_ids is not None:
+            self.prompt_tokens = len(reply.prompt_token_ids)
+        await self._send(reply, sum(len(c.token_ids) for c in reply.choices))
 
     async def end(self, **fields: Any) -> None:
         await self._send(InferEnd(request_id=self.request_id, seq=self.seq, **fields))
@@ -101,13 +112,23 @@ class Replies:
         await self._send(InferError(request_id=self.request_id, seq=self.seq,
                                     error=ErrorBody(**exc.to_dict()), status=status))
 
-    async def _send(self, reply: InferChunk | InferEnd | InferError) -> None:
+    async def _send(self, reply: InferChunk | InferEnd | InferError, tokens: int = 0) -> None:
         data = encode(InferReplyEnvelope(reply=reply))
         try:
-            await self.nc.publish(self.inbox, data)
+            if self.status_to is None:
+                await self.nc.publish(self.inbox, data)
+            else:
+                await self.nc.publish(self.inbox, data, reply=f"{self.status_to}.{self.seq}")
         except MaxPayloadError:
             raise too_large(self.nc, data, "the answer") from None
+        self.sent_tokens.append(tokens)
         self.seq += 1
+
+    def delivered(self, lost_seq: int) -> Usage:
+        """The usage of the replies before `lost_seq` (the prompt counts once seq 0 arrived)."""
+        return Usage(prompt_tokens=self.prompt_tokens if lost_seq > 0 else 0,
+                     completion_tokens=sum(self.sent_tokens[:lost_seq]),
+                     cached_tokens=self.cached_tokens if lost_seq > 0 else 0)
 
 
 @dataclass(kw_only=True)
@@ -124,6 +145,8 @@ class StreamIntake(Intake):
     lookups: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenize-api"))
     lookup_tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    requesters: Requesters | None = None
+    """Stops the requests whose requester vanished (requesters.py); set at start."""
 
     async def on_request(self, msg: Msg) -> None:
         try:
@@ -168,14 +191,19 @@ class StreamIntake(Intake):
 
     async def subscribe_more(self) -> None:
         # Aborts stay subscribed while draining: in-flight requests may still be cancelled.
+        self.requesters = Requesters(self.bus)
+        await self.requesters.start()
         await self.bus.nc.subscribe(self.bus.subjects.abort(self.instance_id), cb=self.on_abort)
 
     async def generate(self, req: GenerateRequest, inbox: str,
                        headers: dict[str, str] | None = None) -> None:
         """Serve one request inside its span, in the trace its NATS headers carry."""
         subject = self.bus.subjects.infer(self.instance_id)
-        with generate_span(req, headers, subject, self.instance_id) as span:
-            await self.serve(req, Replies(self.bus.nc, inbox, req.request_id), span)
+        replies = Replies(self.bus.nc, inbox, req.request_id)
+        with generate_span(req, headers, subject, self.instance_id) as span, (
+                self.requesters.watching(req, replies) if self.requesters is not None
+                else contextlib.nullcontext()):
+            await self.serve(req, replies, span)
 
     async def serve(self, req: GenerateRequest, replies: Replies, span: Span) -> None:
         """Answer `req` on `replies`: a first chunk with the prompt's token ids, the deltas,
@@ -216,6 +244,8 @@ class StreamIntake(Intake):
             request_id = decode(msg.data, AbortRequest).request_id
         except InvalidRequest:
             return
+        if self.requesters is not None:
+            self.requesters.aborted(request_id)  # its gateway is alive and records its usage
         task = self.tasks.get(request_id)
         if task is not None:
             task.cancel()  # the request's own cleanup aborts it where it runs
@@ -230,6 +260,8 @@ class StreamIntake(Intake):
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
+        if self.requesters is not None:
+            await self.requesters.drain(timeout)
 
     def prompt_token_ids(self, req: GenerateRequest | TokenizeRequest,
                          inputs: InputProcessor | None = None) -> list[int]:

@@ -27,7 +27,7 @@ from aiohttp import web
 from shoal.services.gateway.auth.ratelimit import ratelimit_headers, refusal
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.errors import ShoalError, Unavailable
-from shoal.shared.schemas.infer import Usage
+from shoal.shared.schemas.infer import Usage, UsageTag
 from shoal.shared.schemas.registry import MAX_LIMIT, ApiKeyVerified, QuotaAcquire, UsageRecord
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,17 @@ class Ticket:
     has_limits: bool = False
     reservation_id: str | None = None
     """Tokens the registry holds for this request until its record settles them."""
+
+
+def usage_tag(ticket: Ticket | None, index: int = 0) -> UsageTag | None:
+    """What the engine of a request's generate job `index` records should this gateway vanish
+    mid-stream (the engine's server/requesters.py): the ticket's key and reservation, a record
+    id of its own, and the request counted by its first job only."""
+    if ticket is None:
+        return None
+    return UsageTag(key_id=ticket.key_id, model=ticket.model,
+                    reservation_id=ticket.reservation_id, record_id=uuid.uuid4().hex,
+                    requests=1 if index == 0 else 0)
 
 
 class UsageBatch:
@@ -115,16 +126,19 @@ class Quota:
             self._send_soon([UsageRecord(key_id=ticket.key_id, model=ticket.model, requests=0,
                                          reservation_id=ticket.reservation_id)])
 
-    def record(self, ticket: Ticket | None, usage: Usage | None) -> None:
-        """Record the request's tokens in the background (the answer does not wait for it)."""
+    def record(self, ticket: Ticket | None, usage: Usage | None,
+               record_id: str | None = None) -> None:
+        """Record the request's tokens in the background (the answer does not wait for it).
+        With `record_id` (a stream cut short: its engine may have recorded it too, under that
+        id, see usage_tag) the record goes alone under that id, counted once whoever is first."""
         if ticket is None:
             return
         usage = usage or Usage(prompt_tokens=0, completion_tokens=0)
         record = UsageRecord(key_id=ticket.key_id, model=ticket.model,
                              prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
                              output_tokens=usage.completion_tokens,
-                             reservation_id=ticket.reservation_id)
-        if ticket.has_limits:
+                             reservation_id=ticket.reservation_id, batch_id=record_id)
+        if ticket.has_limits or record_id is not None:
             self._send_soon([record])
             return
         self._batch.add(record)
@@ -149,7 +163,7 @@ class Quota:
         """Each record gets its batch id here, once: its retries carry the same id, so a retry
         after a reply that timed out (the registry had committed) is not counted twice."""
         for record in records:
-            record = record.model_copy(update={"batch_id": uuid.uuid4().hex})
+            record = record.model_copy(update={"batch_id": record.batch_id or uuid.uuid4().hex})
             task = asyncio.create_task(self._send(record))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from shoal.services.gateway.auth.quota import usage_tag
 from shoal.services.gateway.auth.reservation import (
     chat_tokens, prompt_tokens, reservation
 )
@@ -167,6 +168,8 @@ async def run_answer(request: web.Request, answer: Answer, stream: bool,
     quota = st.quota
     answer.spec_source = spec_source
     ticket = await quota.admit(request, answer.builder.model, tokens)
+    for k, job in enumerate(answer.jobs):  # for the engines, should this gateway die mid-stream
+        job.request.usage = usage_tag(ticket, k)
     resource = request.match_info.route.resource
     api = resource.canonical if resource is not None else request.path
     st.metrics.api_requests.labels(api, answer.builder.model).inc()
@@ -174,17 +177,21 @@ async def run_answer(request: web.Request, answer: Answer, stream: bool,
         respond = (lambda: answer.stream(request)) if stream else answer.whole
     with log_context(request_id=answer.builder.id, model=answer.builder.model), \
             inference_span(answer.jobs[0].request, answer.builder, stream):
-        answered = False
+        answered = failed = False
         try:
             response = await respond()
             answered = True
             return response
         except InvalidRequest as exc:
+            failed = True
             raise rename_param(exc, spec_source) from None
+        except BaseException:
+            failed = True
+            raise
         finally:  # what was generated counts, also for a failed or abandoned answer
             usage = answer.builder.usage or answer.usage_so_far()
             if answered or usage.total_tokens:  # a refusal before any token is not usage
-                quota.record(ticket, usage)
+                quota.record(ticket, usage, answer.cut_record_id(failed))
             else:
                 quota.release(ticket)
 

@@ -86,9 +86,20 @@ class Answer:
         self.include_usage = include_usage
         self.continuous_usage = continuous_usage
         self.prompt_tokens: dict[int, int] = {}  # job index -> its prompt's length (seq 0)
+        self.failed = False
+        """The stream ended with an error event (cut_record_id)."""
         self.spec_source: str | None = None
         """The request field its output constraint came from: an engine 400 about the
         constraint names it, in a streamed error event too (structured.rename_param)."""
+
+    def cut_record_id(self, failed: bool) -> str | None:
+        """For a one-job answer cut short, the record id its engine would record under: an
+        engine records a stream whose inbox vanished before an abort came (this gateway's bus
+        connection dropped, say), so the gateway's record goes under the same id, once."""
+        tag = self.jobs[0].request.usage
+        if (failed or self.failed) and len(self.jobs) == 1 and tag is not None:
+            return tag.record_id
+        return None
 
     def usage_so_far(self) -> Usage:
         """Prompt tokens of the jobs accepted so far and every token streamed until now."""
@@ -161,6 +172,7 @@ class Answer:
                     await response.write(sse_event(self.builder.chunk([], self.builder.usage,
                                                                       True)))
             except ShoalError as exc:
+                self.failed = True
                 if isinstance(exc, InvalidRequest):
                     exc = rename_param(exc, self.spec_source)
                 await response.write(sse_error(exc))

@@ -129,33 +129,41 @@ class InferClient:
             async with self.bus.streamed_request(
                     self.bus.subjects.infer(instance_id), InferRequestEnvelope(request=req),
                     headers={"request_id": req.request_id}, queue=queue):
-                expected = 0
-                while True:
-                    timeout = (self.settings.gateway_stream_idle_timeout if started
-                               else self.settings.gateway_accept_timeout)
-                    reply = self._decode(await self._next(queue, timeout, started, inst))
-                    self.table.heard(inst)  # a reply is a sign of life, as a load message is
-                    if isinstance(reply, InferError):
+                try:
+                    expected = 0
+                    while True:
+                        timeout = (self.settings.gateway_stream_idle_timeout if started
+                                   else self.settings.gateway_accept_timeout)
+                        reply = self._decode(await self._next(queue, timeout, started, inst))
+                        self.table.heard(inst)  # a reply is a sign of life, as a load is
+                        if isinstance(reply, InferError):
+                            finished = True
+                            error = ShoalError.from_dict(reply.error.model_dump(),
+                                                         status=reply.status)
+                            if not started and reply.status in (503, 429):
+                                raise _NotStarted(error)
+                            raise error
+                        if reply.seq != expected:
+                            raise Unavailable(f"stream of request {req.request_id} lost "
+                                              f"messages (expected seq {expected}, got "
+                                              f"{reply.seq})")
+                        expected += 1
+                        if not started:
+                            started = True
+                            self.router.record(hashes, instance_id)
+                        finished = isinstance(reply, InferEnd)
+                        yield reply
+                        if finished:
+                            return
+                finally:
+                    # Also when it timed out before acceptance: it may still start there. Sent
+                    # before the inbox is dropped, so the engine hears that this gateway is alive
+                    # and records the usage itself (engine server/requesters.py).
+                    if not finished:
                         finished = True
-                        error = ShoalError.from_dict(reply.error.model_dump(), status=reply.status)
-                        if not started and reply.status in (503, 429):
-                            raise _NotStarted(error)
-                        raise error
-                    if reply.seq != expected:
-                        raise Unavailable(f"stream of request {req.request_id} lost messages "
-                                          f"(expected seq {expected}, got {reply.seq})")
-                    expected += 1
-                    if not started:
-                        started = True
-                        self.router.record(hashes, instance_id)
-                    finished = isinstance(reply, InferEnd)
-                    yield reply
-                    if finished:
-                        return
+                        await self._abort(instance_id, req.request_id)
         finally:
             self.table.unwatch(inst, queue)
-            if not finished:  # also when it timed out before acceptance: it may still start there
-                await self._abort(instance_id, req.request_id)
 
     async def _next(self, queue: asyncio.Queue[object], timeout: float, started: bool,
                     inst: LiveInstance) -> Msg:

@@ -31,7 +31,8 @@ import torch
 from shoal.kernels.paged_attention import prefill_chunk
 
 SOURCES = [Path(__file__).with_name("csrc") / name
-           for name in ("cpu_attention.cpp", "cpu_norm_rotary.cpp", "cpu_gemv.cpp")]
+           for name in ("cpu_attention.cpp", "cpu_norm_rotary.cpp", "cpu_gemv.cpp",
+                        "cpu_gguf.cpp")]
 NAME = "shoal_cpu_ops"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-DNDEBUG"]
 """-fopenmp compiles at::parallel_for's OpenMP loop; it links against torch's own libgomp."""

@@ -96,8 +96,10 @@ class EngineConfig:
     (layers/cpu_weights.py)."""
     quantization: str | None = None
     """vLLM's arg (CPU path): "int8" = int8 weights, one scale per output row; "int4" = 4-bit
-    weights in groups of 32 (both quantised at load); "gguf" = a .gguf model's own Q4_1 blocks run
-    as int4 (no dequantise + requantise); None runs the checkpoint's dtype."""
+    weights in groups of 32 (both quantised at load); "gguf" = a .gguf model's own blocks (Q8_0,
+    K-quants, Q4_1...; no dequantise + requantise); "none" = the checkpoint's dtype (a .gguf
+    dequantised to fp32); None = "gguf" for a .gguf model on one rank, else "none"
+    (layers/cpu_weights.py resolve_quantization)."""
     tool_call_parser: str | None = None
     """How "auto" tool-choice answers are parsed for tool calls (vLLM's --tool-call-parser):
     one of TOOL_CALL_PARSERS (hermes, llama3_json, mistral, pythonic, qwen3_xml); None refuses

@@ -19,10 +19,12 @@ from shoal.shared.schemas.common import Wire
 from shoal.shared.schemas.infer import REASONING_PARSERS, TOOL_CALL_PARSERS
 from shoal.shared.schemas.speculative import SpeculativeConfig
 
-QUANTIZATIONS = ("int8", "int4", "gguf")
+QUANTIZATIONS = ("int8", "int4", "gguf", "none")
 """`quantization` values the engine implements (CPU path): "int8" and "int4" quantise the
-checkpoint's weights at load, "gguf" runs a .gguf file's own Q4_1 blocks (vLLM's name for GGUF
-checkpoints); README's table says which is faster when."""
+checkpoint's weights at load, "gguf" runs a .gguf file's own blocks (Q8_0, Q4_K, Q5_K, Q6_K,
+Q4_1...; vLLM's name for GGUF checkpoints, and a .gguf model's default on one rank), "none" runs
+the checkpoint's dtype (a .gguf dequantised: the fp32 reference); README's table says which is
+faster when."""
 
 TASKS = ("auto", "generate", "embed")
 """vLLM's --task: "embed" serves a causal LM (Qwen3-Embedding) for /v1/embeddings; "auto" does
@@ -74,7 +76,8 @@ class EngineArgs(Wire):
     """CPU, float32: keep plain weights for the single-stream GEMV (default: when they take
     under an eighth of the machine's memory)."""
     quantization: str | None = None
-    """vLLM's --quantization: "int8", "int4" or "gguf" (CPU path)."""
+    """vLLM's --quantization: "int8", "int4", "gguf" or "none" (CPU path; unset: a .gguf source
+    runs its own blocks, any other its dtype)."""
     tool_call_parser: str | None = None
     """vLLM's --tool-call-parser: shared/schemas/infer.py TOOL_CALL_PARSERS."""
     reasoning_parser: str | None = None

@@ -56,8 +56,9 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                             "(which alone already enables it), refused without one")
     add_data_dir_argument(serve)
     serve.add_argument("--quantization", "-q",
-                       help="CPU weights: int8, int4 (groups of 32) or gguf (a .gguf model's own "
-                            "Q4_1 blocks); README: which is faster when")
+                       help="CPU weights: int8, int4 (groups of 32), gguf (a .gguf model's own "
+                            "blocks: its default) or none (the checkpoint's dtype, a .gguf "
+                            "dequantised to fp32); README: which is faster when")
     serve.add_argument("--speculative-config",
                        help='speculative decoding as JSON, e.g. \'{"method": "ngram", '
                             '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\'')

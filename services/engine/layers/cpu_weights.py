@@ -20,7 +20,8 @@ Quantised weights (`quantization=`), for batch 1, which reads every weight once 
 - "int4": 4-bit weights in groups of 32 along the input, a scale and a zero per group (affine:
   w = scale * (q - 8) + zero), through `torch._weight_int4pack_mm_for_cpu` (bf16 activations; its
   fp32 and fp16 paths are scalar).
-- "gguf": the int4 layout filled from a GGUF file's own Q4_1 blocks (gguf_weights.py).
+- "gguf" (a .gguf model's default on one rank): the file's own blocks (gguf_weights.py): Q4_1 as
+  the int4 layout below, Q8_0 / K-quants through the C++ block matmul (kernels/csrc/cpu_gguf.cpp).
 Those weight-only kernels are 2-3x slower than oneDNN fp32 per FLOP, so from `MANY_ROWS` tokens
 a step (prefill, batches) the same (dequantised) weights run a second kernel, `ManyRows`: a
 oneDNN bf16 GEMM (AMX / AVX512-BF16) where the CPU has one, else a dynamic int8 GEMM
@@ -205,6 +206,31 @@ def gguf_source(model: str) -> Path | None:
     return path if path.suffix == ".gguf" and path.is_file() else None
 
 
+def resolve_quantization(quantization: str | None, model: str, world_size: int) -> str | None:
+    """The CPU path's weights for EngineConfig.quantization: unset, a .gguf model on one rank
+    runs its own blocks ("gguf", what a user of the file expects: its size and speed); "none"
+    asks for the checkpoint's dtype (a .gguf dequantised, the reference); else as given."""
+    if quantization == "none":
+        return None
+    if quantization is None and world_size == 1 and gguf_source(model) is not None:
+        return "gguf"
+    return quantization
+
+
+def gguf_summary(layers: dict[str, Callable[..., torch.Tensor]]) -> str:
+    """'Q4_K x 97, Q6_K x 25, ...': which block kernels a GGUF's layers got (the start line)."""
+    from shoal.services.engine.layers.gguf_weights import BLOCK_TYPES, GGUFBlockLinear
+
+    counts: dict[str, int] = {}
+    for kernel in layers.values():
+        if isinstance(kernel, GGUFBlockLinear):
+            for ggml_type, _ in kernel.parts:
+                counts[BLOCK_TYPES[ggml_type]] = counts.get(BLOCK_TYPES[ggml_type], 0) + 1
+        elif isinstance(kernel, Int4Linear):
+            counts["Q4_1 as int4"] = counts.get("Q4_1 as int4", 0) + 1
+    return ", ".join(f"{k} x {v}" for k, v in sorted(counts.items())) or "no quantised layers"
+
+
 def prepare_cpu_weights(model: nn.Module, quantization: str | None,
                         gguf: Path | None = None, gguf_cache: Path | None = None,
                         cpu_gemv: bool | None = None) -> str:
@@ -216,12 +242,14 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
     from shoal.services.engine.layers.linear import Linear
     from shoal.services.engine.layers.moe import StackedExperts
 
+    if quantization == "none":
+        quantization = None
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ConfigError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}",
                           param="quantization")
     make: Callable[[torch.Tensor, torch.Tensor | None], Callable[..., torch.Tensor]]
     head: Callable[[torch.Tensor, torch.Tensor | None], Callable[..., torch.Tensor]]
-    layers: dict[str, Int4Linear] = {}
+    layers: dict[str, Callable[..., torch.Tensor]] = {}
     if quantization == "int8":
         make = head = Int8Linear
         used = (f"int8 weights (torch._weight_int8pack_mm below {MANY_ROWS} rows, "
@@ -234,13 +262,15 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
         if gguf is None:
             raise ConfigError('quantization "gguf" needs the model given as a .gguf file',
                               param="quantization")
-        from shoal.services.engine.layers.gguf_weights import gguf_int4_layers
+        from shoal.services.engine.layers.gguf_weights import gguf_layers
 
-        layers = gguf_int4_layers(model, gguf, gguf_cache)
-        used = (f"the GGUF's own Q4_1 blocks as int4 ({len(layers)} layers; below "
-                f"{MANY_ROWS} rows torch._weight_int4pack_mm_for_cpu, from there "
-                f"{ManyRows.describe()}), int8 LM head")
-        make = head = Int8Linear  # a layer stored other than Q4_1: int8 from its weight
+        layers, dense = gguf_layers(model, gguf, gguf_cache)
+        used = f"the GGUF's own blocks ({gguf_summary(layers)}; {len(dense)} unquantised layers"
+        used += " fp32 oneDNN), int8 from the dequantised weight for any other layer"
+        make = head = Int8Linear  # a layer stored in another type (Q2_K, IQ...): int8
+        dense_kernel = partial(OneDNNLinear, plain=gemv_available(torch.float32))
+        layers |= {name: dense_kernel(model.get_submodule(name).weight,
+                                      model.get_submodule(name).bias) for name in dense}
     elif onednn_available():
         make = head = OneDNNLinear
         used = "oneDNN packed weights"
@@ -266,7 +296,7 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
                              else make(module.weight, module.bias))
             module.weight.data = torch.empty(0, dtype=module.weight.dtype)  # the kernel's copy
         elif isinstance(module, LMHead):  # tied: the embedding keeps the dense weight
-            module.kernel = head(module.weight, None)
+            module.kernel = layers[name] if name in layers else head(module.weight, None)
         elif isinstance(module, StackedExperts):  # each expert's two matmuls, as a Linear's
             b13, b2 = module.w13_bias, module.w2_bias  # (gpt-oss's biases: None elsewhere)
             module.kernels = [(make(module.w13[e], None if b13 is None else b13[e]),

@@ -1,12 +1,21 @@
-"""A GGUF file's own Q4_1 weights as the engine's int4 layers (`quantization="gguf"`).
+"""A GGUF file's own quantised blocks as the engine's layers (`quantization="gguf"`, the default
+for a .gguf model on one CPU rank).
 
-Q4_1 stores each row in blocks of 32 weights: an fp16 step d, an fp16 minimum m and 32 4-bit
-codes q, w = d * q + m. torch's int4 CPU layout is group-wise affine over groups of 32 along the
-input (w = scale * (q - 8) + zero), so a block maps onto a group with the same codes, scale = d
-and zero = m + 8 d: the codes are the file's, only the scales and zeros are rounded (to bf16, the
-kernel's dtype). The file's q/k rows are in llama.cpp's rotary order; transformers' own GGUF
-processor, applied to row numbers, says where each row goes, and every layer is checked against
-the weights the engine loaded from the converted folder before it replaces them.
+- Q8_0, Q4_0, Q5_0, Q5_1 and the K-quants Q4_K, Q5_K, Q6_K (what Q8_0 / Q4_K_M / Q5_K_M / Q6_K
+  files hold) stay as the file's bytes, one row of blocks per output row, and run the C++ ops of
+  kernels/csrc/cpu_gguf.cpp (`GGUFBlockLinear`): below `MANY_ROWS` tokens a step a matmul that
+  unpacks each block in L1 as it streams past (the weight is read at its stored size), from there
+  each weight is unpacked for the step into bf16 (fp32 without a bf16 GEMM) and runs through
+  oneDNN's GEMM, as the bf16 model's prefill does.
+- Q4_1 stores each row in blocks of 32 weights: an fp16 step d, an fp16 minimum m and 32 4-bit
+  codes q, w = d * q + m. torch's int4 CPU layout is group-wise affine over groups of 32 along the
+  input (w = scale * (q - 8) + zero), so a block maps onto a group with the same codes, scale = d
+  and zero = m + 8 d: the codes are the file's, only the scales and zeros are rounded (to bf16,
+  the kernel's dtype), and it runs as `Int4Linear`.
+The file's q/k rows are in llama.cpp's rotary order; transformers' own GGUF processor, applied to
+row numbers, says where each row goes, and every layer is checked against the weights the engine
+loaded from the converted folder before it replaces them. A packed layer (q/k/v, gate/up) whose
+parts are stored in different types (Q4_K_M keeps v in Q6_K) runs one matmul per part.
 """
 
 from __future__ import annotations
@@ -16,13 +25,24 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from shoal.services.engine.config import ConfigError
-from shoal.services.engine.layers.cpu_weights import INT4_GROUP, Int4Linear
+from shoal.services.engine.layers.cpu_weights import (
+    INT4_GROUP,
+    MANY_ROWS,
+    Int4Linear,
+    bf16_gemm_available,
+)
 
 Q4_1_BLOCK_BYTES = 20
 """fp16 d, fp16 m, 16 bytes of codes (ggml's block_q4_1)."""
+Q4_1 = 3
+BLOCK_TYPES = {2: "Q4_0", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+"""ggml type ids the C++ ops run as stored (kernels/csrc/cpu_gguf.cpp), by name."""
+FLOAT_TYPES = {0: "F32", 1: "F16", 30: "BF16"}
+"""Unquantised tensors: their layers run the dense fp32 kernels."""
 
 
 def q4_1_blocks(raw: np.ndarray, rows: int, cols: int
@@ -37,8 +57,46 @@ def q4_1_blocks(raw: np.ndarray, rows: int, cols: int
     return torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(m)
 
 
-class GGUFQ4Source:
-    """The Q4_1 tensors of one GGUF file, by transformers' (Hugging Face) parameter name."""
+def dequantize(blocks: torch.Tensor, ggml_type: int, cols: int,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[N, row bytes] uint8 blocks of a BLOCK_TYPES type -> [N, cols] weights (C++ op)."""
+    return torch.ops.shoal_cpu.gguf_dequantize(blocks, ggml_type, cols, dtype)
+
+
+class GGUFBlockLinear:
+    """y = x W^T + b with W kept as a GGUF file's blocks: `parts` [(ggml type, blocks [N_i, row
+    bytes])] stacked by output rows (a packed layer's q/k/v may differ in type)."""
+
+    def __init__(self, parts: list[tuple[int, torch.Tensor]], in_features: int,
+                 bias: torch.Tensor | None) -> None:
+        merged: list[tuple[int, torch.Tensor]] = []
+        for ggml_type, blocks in parts:  # neighbours of one type: one matmul
+            if merged and merged[-1][0] == ggml_type:
+                merged[-1] = (ggml_type, torch.cat([merged[-1][1], blocks]))
+            else:
+                merged.append((ggml_type, blocks.contiguous()))
+        self.parts = merged
+        self.in_features = in_features
+        self.bias = None if bias is None else bias.detach()
+        self.gemm_dtype = torch.bfloat16 if bf16_gemm_available() else torch.float32
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= MANY_ROWS:
+            xg = x.to(self.gemm_dtype)
+            outs = [F.linear(xg, dequantize(b, t, self.in_features, self.gemm_dtype))
+                    for t, b in self.parts]
+        else:
+            xf = x.float().contiguous()
+            outs = [torch.ops.shoal_cpu.gguf_matmul(xf, b, t) for t, b in self.parts]
+        out = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)).to(x.dtype)
+        return out if self.bias is None else out + self.bias
+
+    def dequantized(self) -> torch.Tensor:
+        return torch.cat([dequantize(b, t, self.in_features) for t, b in self.parts])
+
+
+class GGUFSource:
+    """The tensors of one GGUF file, by transformers' (Hugging Face) parameter name."""
 
     def __init__(self, path: Path) -> None:
         import gguf
@@ -59,7 +117,6 @@ class GGUFQ4Source:
         kv_heads = self._field(f"{arch}.attention.head_count_kv", heads)
         self.processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(
             config={"num_attention_heads": heads, "num_key_value_heads": kv_heads})
-        self.q4_1 = gguf.GGMLQuantizationType.Q4_1
 
     def _field(self, key: str, default: object = None) -> object:
         field = self.reader.fields.get(key)
@@ -72,79 +129,135 @@ class GGUFQ4Source:
             return bytes(value).decode()
         return value.item()
 
-    def blocks(self, hf_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """(codes, d, m) of a Hugging Face weight name in Hugging Face row order; None when the
-        file stores that tensor other than as Q4_1."""
+    def tensor_type(self, hf_name: str) -> int | None:
+        """The ggml type id a Hugging Face weight is stored in; None when the file lacks it."""
         name = self.names.get_name(hf_name, try_suffixes=(".weight",))
         tensor = self.tensors.get(name) if name else None
-        if tensor is None or tensor.tensor_type != self.q4_1:
+        return None if tensor is None else int(tensor.tensor_type)
+
+    def raw(self, hf_name: str) -> tuple[int, np.ndarray] | None:
+        """(ggml type, bytes [rows, row bytes]) of a quantised Hugging Face weight in Hugging Face
+        row order; None when the file lacks it or stores it unquantised."""
+        name = self.names.get_name(hf_name, try_suffixes=(".weight",))
+        tensor = self.tensors.get(name) if name else None
+        if tensor is None or int(tensor.tensor_type) in FLOAT_TYPES:
             return None
-        cols, rows = (int(n) for n in tensor.shape[:2])  # GGUF lists dims innermost first
-        codes, d, m = q4_1_blocks(tensor.data, rows, cols)
-        order = self.processor.process(np.arange(rows), name).weights  # q/k: rotary order
-        order = torch.from_numpy(np.asarray(order, dtype=np.int64))
-        return codes[order], d[order], m[order]
+        rows = int(tensor.shape[1])  # GGUF lists dims innermost first
+        raw = np.asarray(tensor.data).reshape(rows, -1)
+        order = np.asarray(self.processor.process(np.arange(rows), name).weights,
+                           dtype=np.int64)  # q/k: rotary order
+        return int(tensor.tensor_type), raw[order]
+
+    def blocks(self, hf_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(codes, d, m) of a Q4_1 Hugging Face weight in Hugging Face row order; None when the
+        file stores that tensor other than as Q4_1."""
+        found = self.raw(hf_name)
+        if found is None or found[0] != Q4_1:
+            return None
+        raw = found[1]
+        return q4_1_blocks(raw, raw.shape[0], raw.shape[1] // Q4_1_BLOCK_BYTES * INT4_GROUP)
 
 
-def gguf_int4_layers(model: nn.Module, path: Path,
-                     cache: Path | None = None) -> dict[str, Int4Linear]:
-    """Int4 layers for every Linear of `model` whose checkpoint tensors are Q4_1 in `path`
-    (packed q/k/v and gate/up: their parts stacked by rows), keyed by module name. Each is
-    checked against the module's loaded (dequantised) weight. `cache`: a safetensors file of
-    the checked codes, d and m, read instead of the GGUF when present (parsing a GGUF's metadata,
-    its vocabulary included, takes seconds) and written after the first extraction."""
+Kernel = Int4Linear | GGUFBlockLinear
+Parts = list[tuple[int, torch.Tensor]]
+"""A layer's stored parts: (ggml type, bytes [rows, row bytes]) each, stacked by rows."""
+
+
+def gguf_layers(model: nn.Module, path: Path, cache: Path | None = None
+                ) -> tuple[dict[str, Kernel], set[str]]:
+    """The file's own blocks for every Linear of `model` (and the LM head) whose checkpoint
+    tensors are stored in Q4_1 or a BLOCK_TYPES type (packed q/k/v and gate/up: their parts
+    stacked by rows), keyed by module name, and the names of the Linears stored unquantised
+    (F32/F16/BF16: they keep dense kernels). Each layer is checked against the module's loaded
+    (dequantised) weight. `cache`: a safetensors file of the checked blocks, read instead of the
+    GGUF when present (parsing a GGUF's metadata, its vocabulary included, takes seconds) and
+    written after the first extraction."""
     if cache is not None and cache.is_file():
-        return _from_cache(model, cache)
-    blocks = _checked_blocks(model, path)
-    if cache is not None:
-        _write_cache(blocks, cache)
-    return {name: Int4Linear.from_codes(codes, d, m, _linear(model, name).bias)
-            for name, (codes, d, m) in blocks.items()}
+        parts, dense = _read_cache(cache)
+    else:
+        parts, dense = _checked_parts(model, path)
+        if cache is not None:
+            _write_cache(parts, dense, cache)
+    return {name: _kernel(_module(model, name), p) for name, p in parts.items()}, dense
 
 
-def _linear(model: nn.Module, name: str) -> nn.Module:
+def _module(model: nn.Module, name: str) -> nn.Module:
     return model.get_submodule(name)
 
 
-def _checked_blocks(model: nn.Module, path: Path
-                    ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def _kernel(module: nn.Module, parts: Parts) -> Kernel:
+    bias = getattr(module, "bias", None)
+    if parts[0][0] == Q4_1:  # (then every part is: see _checked_parts)
+        raw = torch.cat([b for _, b in parts]).numpy()
+        codes, d, m = q4_1_blocks(raw, raw.shape[0],
+                                  raw.shape[1] // Q4_1_BLOCK_BYTES * INT4_GROUP)
+        return Int4Linear.from_codes(codes, d, m, bias)
+    return GGUFBlockLinear(parts, module.weight.shape[1], bias)
+
+
+def _hf_names(model: nn.Module) -> dict[str, list[str]]:
+    """Every Linear's (and the LM head's) Hugging Face weight names, by module name."""
+    from shoal.services.engine.layers.embedding import LMHead
     from shoal.services.engine.layers.linear import Linear
 
-    source = GGUFQ4Source(path)
     mapping: dict[str, tuple[str, str]] = getattr(model, "packed_modules_mapping", {})
     parts_of: dict[str, list[str]] = {}
     for hf_part, (our_part, _shard) in mapping.items():
         parts_of.setdefault(our_part, []).append(hf_part)
-    blocks = {}
+    names: dict[str, list[str]] = {}
     for name, module in model.named_modules():
-        if not isinstance(module, Linear):
+        if isinstance(module, Linear):
+            prefix, _, last = name.rpartition(".")
+            names[name] = [f"{prefix}.{part}.weight" for part in parts_of.get(last, [last])]
+        elif isinstance(module, LMHead):  # tied: the file has the embedding table only
+            tied = getattr(model, "tie_word_embeddings", False)
+            names[name] = ["model.embed_tokens.weight" if tied else f"{name}.weight"]
+    return names
+
+
+def _checked_parts(model: nn.Module, path: Path) -> tuple[dict[str, Parts], set[str]]:
+    source = GGUFSource(path)
+    layers: dict[str, Parts] = {}
+    dense: set[str] = set()
+    for name, hf_names in _hf_names(model).items():
+        module = _module(model, name)
+        types = [source.tensor_type(hf) for hf in hf_names]
+        if all(t in FLOAT_TYPES for t in types):
+            dense.add(name)
             continue
-        prefix, _, last = name.rpartition(".")
-        hf_names = [f"{prefix}.{part}.weight" for part in parts_of.get(last, [last])]
-        found = [source.blocks(hf) for hf in hf_names]
-        if any(f is None for f in found):
-            continue
-        codes, d, m = (torch.cat(parts) for parts in zip(*found, strict=True))
-        dense = (d.repeat_interleave(INT4_GROUP, 1) * codes.float()
-                 + m.repeat_interleave(INT4_GROUP, 1))
-        if dense.shape != module.weight.shape or not torch.allclose(
-                dense, module.weight.float(), rtol=1e-5, atol=1e-6):
-            raise ConfigError(f"the GGUF's Q4_1 blocks of {name} do not match the weights "
+        if not all(t == Q4_1 for t in types) and not all(t in BLOCK_TYPES for t in types):
+            continue  # (other types, or Q4_1 packed with others: int8 from the weight)
+        parts = []
+        for hf in hf_names:
+            ggml_type, raw = source.raw(hf)  # type: ignore[misc]
+            parts.append((ggml_type, torch.from_numpy(np.ascontiguousarray(raw))))
+        cols = module.weight.shape[1]
+        found = torch.cat([_dequantize_any(t, b, cols) for t, b in parts])
+        if found.shape != module.weight.shape or not torch.allclose(
+                found, module.weight.float(), rtol=1e-5, atol=1e-6):
+            raise ConfigError(f"the GGUF's blocks of {name} do not match the weights "
                               "converted from it (tensor parallel? another file?)",
                               param="quantization")
-        blocks[name] = (codes, d, m)
-    return blocks
+        layers[name] = parts
+    return layers, dense
 
 
-def _write_cache(blocks: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                 cache: Path) -> None:
-    """Two codes a byte; written to a temporary name and renamed (a crash leaves no half file)."""
+def _dequantize_any(ggml_type: int, blocks: torch.Tensor, cols: int) -> torch.Tensor:
+    if ggml_type == Q4_1:
+        codes, d, m = q4_1_blocks(blocks.numpy(), blocks.shape[0], cols)
+        return d.repeat_interleave(INT4_GROUP, 1) * codes.float() + m.repeat_interleave(
+            INT4_GROUP, 1)
+    return dequantize(blocks, ggml_type, cols)
+
+
+def _write_cache(layers: dict[str, Parts], dense: set[str], cache: Path) -> None:
+    """`<module>.<part>.<ggml type>` -> bytes, `<module>.dense` for an unquantised layer;
+    written to a temporary name and renamed (a crash leaves no half file)."""
     from safetensors.torch import save_file
 
-    tensors = {}
-    for name, (codes, d, m) in blocks.items():
-        tensors[f"{name}.codes"] = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
-        tensors[f"{name}.d"], tensors[f"{name}.m"] = d.contiguous(), m.contiguous()
+    tensors = {f"{name}.{i}.{t}": b.contiguous() for name, parts in layers.items()
+               for i, (t, b) in enumerate(parts)}
+    tensors |= {f"{name}.dense": torch.zeros(1, dtype=torch.uint8) for name in dense}
     tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -154,16 +267,16 @@ def _write_cache(blocks: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tenso
         tmp.unlink(missing_ok=True)
 
 
-def _from_cache(model: nn.Module, cache: Path) -> dict[str, Int4Linear]:
+def _read_cache(cache: Path) -> tuple[dict[str, Parts], set[str]]:
     from safetensors import safe_open
 
-    layers = {}
+    layers: dict[str, dict[int, tuple[int, torch.Tensor]]] = {}
+    dense: set[str] = set()
     with safe_open(str(cache), framework="pt") as f:
-        names = {key.rsplit(".", 1)[0] for key in f.keys()}
-        for name in sorted(names):
-            packed = f.get_tensor(f"{name}.codes")
-            codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).view(packed.shape[0], -1)
-            layers[name] = Int4Linear.from_codes(codes, f.get_tensor(f"{name}.d"),
-                                                 f.get_tensor(f"{name}.m"),
-                                                 _linear(model, name).bias)
-    return layers
+        for key in f.keys():
+            if key.endswith(".dense"):
+                dense.add(key.removesuffix(".dense"))
+                continue
+            name, part, ggml_type = key.rsplit(".", 2)
+            layers.setdefault(name, {})[int(part)] = (int(ggml_type), f.get_tensor(key))
+    return {name: [parts[i] for i in sorted(parts)] for name, parts in layers.items()}, dense

@@ -30,7 +30,8 @@ from shoal.services.engine.distributed.pipeline import run_stage
 from shoal.services.engine.runner.gpu_memory import profiled_config
 from shoal.services.engine.runner.input_batch import ModelInputs, build_model_inputs
 from shoal.services.engine.runner.kv_cache import attention_layers, bind_kv_caches, num_kv_blocks
-from shoal.services.engine.layers.cpu_weights import gguf_source, prepare_cpu_weights
+from shoal.services.engine.layers.cpu_weights import (gguf_source, prepare_cpu_weights,
+                                                      resolve_quantization)
 from shoal.services.engine.runner.loader import load_weights
 from shoal.services.engine.runner.lora_manager import LoRAManager
 from shoal.services.engine.lora_request import LoRARequest
@@ -75,16 +76,20 @@ class ModelRunner:
         for param in self.model.parameters():  # buffers (rotary cos/sin) stay float32
             param.data = param.data.to(device=self.device, dtype=self.dtype)
         self.model.to(self.device).eval()
+        self.quantization = (resolve_quantization(config.quantization, config.model,
+                                                  self.parallel.world_size)
+                             if self.device.type == "cpu" else config.quantization)
+        """What the CPU weights run as (a .gguf model: its own blocks unless "none" is asked)."""
         if self.device.type == "cpu":
-            matmul = prepare_cpu_weights(self.model, config.quantization,
+            matmul = prepare_cpu_weights(self.model, self.quantization,
                                          gguf_source(config.model),
-                                         model_dir / "gguf-blocks" / "q4_1.safetensors",
+                                         model_dir / "gguf-blocks" / "blocks.safetensors",
                                          config.cpu_gemv)
             self.settings = (f"CPU: {torch.get_num_threads()} torch intra-op threads "
                              f"({threads_note}), {torch.get_num_interop_threads()} inter-op, "
                              f"affinity {cpu_list(os.sched_getaffinity(0))}, "
                              f"{self.dtype}, matmuls: {matmul}, attention: {ops.describe()}")
-        elif config.quantization is not None:
+        elif config.quantization not in (None, "none"):
             raise ConfigError("quantization is implemented on the CPU path only",
                               param="quantization")
         else:

@@ -136,7 +136,7 @@ def load_draft_model(source: str, runner: ModelRunner) -> nn.Module:
         param.data = param.data.to(device=runner.device, dtype=runner.dtype)
     model.to(runner.device).eval()
     if runner.device.type == "cpu":
-        quantization, draft_gguf = runner.config.quantization, gguf_source(str(source))
+        quantization, draft_gguf = runner.quantization, gguf_source(str(source))
         if quantization == "gguf" and draft_gguf is None:  # a draft given as a folder
             quantization = "int4"
         prepare_cpu_weights(model, quantization, draft_gguf)

@@ -40,13 +40,35 @@ def test_greedy_chat_is_sane_with_each_quantization(gguf, quantization) -> None:
 
     llm = LLM(gguf, device="cpu", dtype="float32", num_kv_blocks=64, num_threads=1,
               quantization=quantization)
-    if quantization == "gguf":  # every Linear of the 30 layers from the file's own blocks
-        assert "Q4_1 blocks as int4 (120 layers" in llm.engine.runner.settings
+    if quantization == "gguf":  # every Linear of the 30 layers from the file's own blocks,
+        # the LM head (the tied embedding table, Q8_0 in this file) too
+        assert "own blocks (Q4_1 as int4 x 120, Q8_0 x 1;" in llm.engine.runner.settings
     params = SamplingParams(temperature=0, max_tokens=16)
     outs = llm.chat([QUESTION, [{"role": "user", "content": "List three colours."}]] * 2,
                     params, use_tqdm=False)  # prefills of > 8 rows, decodes of 4: both kernels
     assert all("Paris" in o.outputs[0].text for o in outs[::2])
     assert all(len(o.outputs[0].text.split()) >= 3 for o in outs)
+
+
+def test_a_gguf_runs_its_own_blocks_unless_none_is_asked(gguf) -> None:
+    """The default for a .gguf model is its own blocks; quantization "none" is the fp32
+    reference (the file dequantised), and a folder or several ranks keep their dtype."""
+    from shoal.services.engine.frontend.llm import LLM
+    from shoal.services.engine.layers.cpu_weights import resolve_quantization
+
+    assert resolve_quantization(None, gguf, 1) == "gguf"
+    assert resolve_quantization("none", gguf, 1) is None
+    assert resolve_quantization(None, gguf, 2) is None
+    assert resolve_quantization(None, str(Path(gguf).parent), 1) is None
+    assert resolve_quantization("int8", gguf, 1) == "int8"
+    for asked, runs in ((None, "the GGUF's own blocks"), ("none", "oneDNN packed weights")):
+        llm = LLM(gguf, device="cpu", num_kv_blocks=16, num_threads=1, quantization=asked)
+        assert f"matmuls: {runs}" in llm.engine.runner.settings
+        out = llm.generate(["The capital of France is"], SamplingParams(temperature=0,
+                                                                          max_tokens=4),
+                           use_tqdm=False)
+        assert "Paris" in out[0].outputs[0].text
+        llm.shutdown()
 
 
 def test_gguf_quantization_needs_a_gguf_file_on_one_rank(tmp_path) -> None:
@@ -66,7 +88,7 @@ def test_gguf_layers_are_the_converted_weights_in_int4(gguf) -> None:
 
     from shoal.kernels import select_ops
     from shoal.services.engine.layers.cpu_weights import Int4Linear
-    from shoal.services.engine.layers.gguf_weights import _checked_blocks
+    from shoal.services.engine.layers.gguf_weights import Q4_1, _checked_parts, _kernel
     from shoal.services.engine.runner.loader import load_weights
     from shoal.services.engine.model_prep import prepare_model
     from shoal.services.engine.models.registry import model_class
@@ -75,10 +97,13 @@ def test_gguf_layers_are_the_converted_weights_in_int4(gguf) -> None:
     hf_config = AutoConfig.from_pretrained(folder)
     model = model_class(hf_config)(hf_config, 256, select_ops(torch.device("cpu")))
     load_weights(model, folder)
-    blocks = _checked_blocks(model, Path(gguf))  # raises on a layer that differs
-    assert len(blocks) == 4 * hf_config.num_hidden_layers
+    blocks, dense = _checked_parts(model, Path(gguf))  # raises on a layer that differs
+    assert len(blocks) == 4 * hf_config.num_hidden_layers + 1 and not dense  # + the LM head
+    assert [t for t, _ in blocks["lm_head"]] == [8]  # Q8_0: the tied embedding table
     name = "model.layers.3.self_attn.qkv_proj"
-    layer = Int4Linear.from_codes(*blocks[name], None)
+    assert [t for t, _ in blocks[name]] == [Q4_1] * 3  # q, k and v, stacked
+    layer = _kernel(model.get_submodule(name), blocks[name])
+    assert isinstance(layer, Int4Linear)
     x = torch.randn(1, hf_config.hidden_size)
     ref = torch.nn.functional.linear(x, model.get_submodule(name).weight)
     # the same weights; bf16 activations, scales and zeros: 2 % of the output's range

@@ -139,19 +139,29 @@ def test_prepare_refuses_gguf_without_a_file() -> None:
 
 
 def test_gguf_blocks_cache_round_trip(tmp_path) -> None:
-    from shoal.services.engine.layers.gguf_weights import _from_cache, _write_cache
+    """What the cache keeps (each layer's parts as stored, which layers are unquantised) comes
+    back as it went in, and a Q4_1 layer from it is the int4 layer of the same codes."""
+    from shoal.services.engine.layers.gguf_weights import _kernel, _read_cache, _write_cache
 
     gen = fresh_generator()
     model = torch.nn.Sequential(Linear(64, 16, bias=True))
     model[0].bias.data.normal_(generator=gen)
     codes = torch.randint(0, 16, (16, 64), generator=gen, dtype=torch.uint8)
     d, m = torch.rand(16, 2, generator=gen), -torch.rand(16, 2, generator=gen)
-    cache = tmp_path / "blocks" / "q4_1.safetensors"
-    _write_cache({"0": (codes, d, m)}, cache)
-    layer = _from_cache(model, cache)["0"]
+    blocks = codes.view(16, 2, 32)  # Q4_1: fp16 d, fp16 m, low nibbles 0..15, high 16..31
+    raw = torch.cat([d.half().view(torch.uint8).view(16, 2, 2),
+                     m.half().view(torch.uint8).view(16, 2, 2),
+                     blocks[..., :16] | (blocks[..., 16:] << 4)], dim=2)
+    parts = {"0": [(3, raw.reshape(16, 40)), (8, torch.zeros(2, 68, dtype=torch.uint8))]}
+    cache = tmp_path / "blocks" / "blocks.safetensors"
+    _write_cache(parts, {"lm_head"}, cache)
+    back, dense = _read_cache(cache)
+    assert dense == {"lm_head"} and [t for t, _ in back["0"]] == [3, 8]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(back["0"], parts["0"], strict=True))
+    layer = _kernel(model[0], back["0"][:1])
     x = torch.randn(3, 64, generator=gen)
-    torch.testing.assert_close(layer(x), Int4Linear.from_codes(codes, d, m, model[0].bias)(x),
-                               atol=0, rtol=0)  # the same codes, d and m: the same layer
+    torch.testing.assert_close(layer(x), Int4Linear.from_codes(
+        codes, d.half().float(), m.half().float(), model[0].bias)(x), atol=0, rtol=0)
 
 
 def test_dynamic_int8_gemm_matches_the_dequantised_matmul() -> None:

@@ -1,0 +1,107 @@
+"""The GGUF block ops (csrc/cpu_gguf.cpp) against the gguf package: random blocks of every type
+they run, unpacked exactly as the package dequantises them, and the few-rows matmul and the
+many-rows path (bf16 GEMM of the unpacked weight) against torch's matmul over that
+dequantisation, with odd shapes (rows not a multiple of the kernel's 4-row tasks, 1..9 rows of x,
+more than its 4 rows a pass), on one thread and two."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from shoal.kernels import cpu_ops
+
+pytestmark = pytest.mark.skipif(not cpu_ops.load(), reason="no C++ compiler")
+
+gguf = pytest.importorskip("gguf")
+
+# ggml type id -> (weights a block, bytes a block, byte offsets of its fp16 scales)
+LAYOUTS = {2: (32, 18, (0,)), 6: (32, 22, (0,)), 7: (32, 24, (0, 2)), 8: (32, 34, (0,)),
+           12: (256, 144, (0, 2)), 13: (256, 176, (0, 2)), 14: (256, 210, (208,)),
+           3: (32, 20, (0, 2))}
+NAMES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K",
+         14: "Q6_K"}
+
+
+def random_blocks(ggml_type: int, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random bytes [rows, row bytes], with finite fp16 scales of a realistic size."""
+    qk, size, scales = LAYOUTS[ggml_type]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows, cols // qk, size), dtype=np.uint8)
+    for offset in scales:
+        d = rng.uniform(-0.02, 0.02, (rows, cols // qk)).astype(np.float16)
+        raw[..., offset:offset + 2] = d.view(np.uint8).reshape(rows, cols // qk, 2)
+    return raw.reshape(rows, -1)
+
+
+def theirs(raw: np.ndarray, ggml_type: int, rows: int, cols: int) -> torch.Tensor:
+    dense = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(ggml_type))
+    return torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32).reshape(rows, cols))
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request: pytest.FixtureRequest):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def cols_for(ggml_type: int) -> int:
+    return 768 if LAYOUTS[ggml_type][0] == 256 else 96  # three blocks of each kind
+
+
+@pytest.mark.parametrize("ggml_type", sorted(LAYOUTS), ids=lambda t: NAMES[t])
+def test_unpacking_is_the_gguf_packages_dequantisation(ggml_type: int) -> None:
+    rows, cols = 37, cols_for(ggml_type)
+    raw = random_blocks(ggml_type, rows, cols)
+    blocks = torch.from_numpy(raw)
+    ours = torch.ops.shoal_cpu.gguf_dequantize(blocks, ggml_type, cols, torch.float32)
+    torch.testing.assert_close(ours, theirs(raw, ggml_type, rows, cols), rtol=1e-6, atol=1e-7)
+    as_bf16 = torch.ops.shoal_cpu.gguf_dequantize(blocks, ggml_type, cols, torch.bfloat16)
+    assert torch.equal(as_bf16, ours.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("ggml_type", sorted(LAYOUTS), ids=lambda t: NAMES[t])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 9])
+def test_matmul_matches_torch_over_the_dequantised_weight(threads: int, ggml_type: int,
+                                                          m: int) -> None:
+    rows, cols = 37, cols_for(ggml_type)
+    raw = random_blocks(ggml_type, rows, cols, seed=m)
+    x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
+    ref = x @ theirs(raw, ggml_type, rows, cols).t()
+    ours = torch.ops.shoal_cpu.gguf_matmul(x, torch.from_numpy(raw), ggml_type)
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("ggml_type", [8, 12, 13, 14], ids=lambda t: NAMES[t])
+@pytest.mark.parametrize("m", [1, 7, 8, 33])
+def test_block_linear_on_both_sides_of_many_rows(ggml_type: int, m: int) -> None:
+    """GGUFBlockLinear: a packed layer of two parts in different types (Q4_K_M's q and v), the
+    few-rows matmul below MANY_ROWS, the unpacked GEMM from there, with a bias."""
+    from shoal.services.engine.layers.cpu_weights import MANY_ROWS
+    from shoal.services.engine.layers.gguf_weights import GGUFBlockLinear
+
+    cols = 512
+    first, second = random_blocks(ggml_type, 19, cols), random_blocks(14, 5, cols, seed=1)
+    dense = torch.cat([theirs(first, ggml_type, 19, cols), theirs(second, 14, 5, cols)])
+    bias = torch.randn(24)
+    layer = GGUFBlockLinear([(ggml_type, torch.from_numpy(first)),
+                             (14, torch.from_numpy(second))], cols, bias)
+    torch.testing.assert_close(layer.dequantized(), dense, rtol=1e-6, atol=1e-7)
+    x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
+    ref = F.linear(x, dense, bias)
+    tol = 1e-4 if m < MANY_ROWS else 2e-2  # from MANY_ROWS: bf16 weights and activations
+    torch.testing.assert_close(layer(x), ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
+def test_refuses_what_it_cannot_read() -> None:
+    raw = torch.from_numpy(random_blocks(12, 4, 256))
+    with pytest.raises(RuntimeError, match="multiple of the block size"):
+        torch.ops.shoal_cpu.gguf_matmul(torch.randn(1, 128), raw, 12)
+    with pytest.raises(RuntimeError, match="do not hold"):
+        torch.ops.shoal_cpu.gguf_matmul(torch.randn(1, 512), raw, 12)
+    with pytest.raises(RuntimeError, match="unsupported ggml type"):
+        torch.ops.shoal_cpu.gguf_matmul(torch.randn(1, 256), raw, 10)  # Q2_K

@@ -250,6 +250,16 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
     make: Callable[[torch.Tensor, torch.Tensor | None], Callable[..., torch.Tensor]]
     head: Callable[[torch.Tensor, torch.Tensor | None], Callable[..., torch.Tensor]]
     layers: dict[str, Callable[..., torch.Tensor]] = {}
+    dense: set[str] = set()
+    if quantization == "gguf":
+        if gguf is None:
+            raise ConfigError('quantization "gguf" needs the model given as a .gguf file',
+                              param="quantization")
+        from shoal.services.engine.layers.gguf_weights import gguf_layers
+
+        layers, dense = gguf_layers(model, gguf, gguf_cache)
+        if not layers:  # an unquantised file (F32 / F16): the dense kernels, as without
+            quantization = None
     if quantization == "int8":
         make = head = Int8Linear
         used = (f"int8 weights (torch._weight_int8pack_mm below {MANY_ROWS} rows, "
@@ -259,18 +269,13 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
         used = (f"int4 weights, groups of {INT4_GROUP} (torch._weight_int4pack_mm_for_cpu below "
                 f"{MANY_ROWS} rows, {ManyRows.describe()} from there), int8 LM head")
     elif quantization == "gguf":
-        if gguf is None:
-            raise ConfigError('quantization "gguf" needs the model given as a .gguf file',
-                              param="quantization")
-        from shoal.services.engine.layers.gguf_weights import gguf_layers
-
-        layers, dense = gguf_layers(model, gguf, gguf_cache)
         used = f"the GGUF's own blocks ({gguf_summary(layers)}; {len(dense)} unquantised layers"
         used += " fp32 oneDNN), int8 from the dequantised weight for any other layer"
         make = head = Int8Linear  # a layer stored in another type (Q2_K, IQ...): int8
-        dense_kernel = partial(OneDNNLinear, plain=gemv_available(torch.float32))
-        layers |= {name: dense_kernel(model.get_submodule(name).weight,
-                                      model.get_submodule(name).bias) for name in dense}
+        for name in dense:
+            module = model.get_submodule(name)
+            layers[name] = OneDNNLinear(module.weight, getattr(module, "bias", None),
+                                        plain=gemv_available(module.weight.dtype))
     elif onednn_available():
         make = head = OneDNNLinear
         used = "oneDNN packed weights"

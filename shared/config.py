@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     read the URL `shoal up` wrote to <data_dir>/stack.json."""
     database_url: str | None = None
     """postgresql+asyncpg://... None: embedded PostgreSQL under <data_dir>/postgres."""
+    database_wait: float = Field(default=10.0, ge=0.0)
+    """Seconds the registry keeps trying its first database connection before it exits (a
+    Postgres still starting beside it: compose.yaml gives it 120)."""
     data_dir: Path = Path.home() / ".shoal"
     namespace: str | None = None
     """Prefix of every NATS subject, queue group and stream of this stack (Dynamo's namespace):

@@ -18,7 +18,9 @@ from shoal.shared.bus.service import RpcService
 from shoal.shared.config import Settings
 from shoal.shared.metrics import new_registry
 from shoal.shared.metrics_endpoint import MetricsEndpoint
-from shoal.shared.db.session import make_engine, make_session_factory, run_migrations
+from shoal.shared.db.session import (
+    make_engine, make_session_factory, run_migrations, wait_for_database,
+)
 from shoal.shared.embedded import redact_url
 from shoal.shared.errors import Unavailable
 from shoal.shared.schemas.registry import WorkerHeartbeat
@@ -36,6 +38,7 @@ async def run_registry(settings: Settings, stop: asyncio.Event,
     engine = make_engine(settings.database_url)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(engine.dispose)
+        await wait_for_database(engine, settings.database_wait)
         await run_migrations(engine)
         sessions = make_session_factory(engine)
         bus = await Bus.connect(settings, name="shoal-registry")

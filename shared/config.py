@@ -80,6 +80,9 @@ class Settings(BaseSettings):
     worker_keep_engines: bool = False
     """A worker agent that is stopped leaves its engines running for the next one to adopt (an
     upgrade in place); one that dies always does."""
+    worker_engine_log_stdout: bool = False
+    """Copy what each engine writes to its log file onto the worker agent's stdout (compose.yaml
+    sets it: a container's stdout is its log, `docker compose logs`); the files stay."""
     simulate_devices: str | None = None
     """e.g. "8xH100-80GB" or "2xA10-24GB,1xcpu": a simulated worker for capacity planning."""
 

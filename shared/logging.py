@@ -29,10 +29,15 @@ class _ContextFilter(logging.Filter):
 
 
 class _JsonFormatter(logging.Formatter):
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
     def format(self, record: logging.LogRecord) -> str:
         body = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(),
             "level": record.levelname,
+            "service": self.service,  # one stream carries several (a worker's engines, compose)
             "logger": record.name,
             "msg": record.getMessage(),
         }
@@ -55,7 +60,7 @@ def setup_logging(level: str = "INFO", json_lines: bool = False, service: str = 
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_ContextFilter())
     if json_lines:
-        handler.setFormatter(_JsonFormatter())
+        handler.setFormatter(_JsonFormatter(service))
     else:
         fmt = f"%(asctime)s %(levelname)-7s {service} %(name)s: %(message)s"
         handler.setFormatter(_TextFormatter(fmt))

@@ -27,6 +27,7 @@ import time
 from nats.aio.msg import Msg
 
 from shoal.services.worker.engines import EngineProcess
+from shoal.services.worker.log_follow import LogFollower
 from shoal.services.worker.stages import StageRanks
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
@@ -39,6 +40,7 @@ from shoal.shared.states import InstanceState, can_transition
 
 log = logging.getLogger(__name__)
 RECONCILE_EVERY_S = 3.0
+COPY_LOGS_EVERY_S = 0.5
 SERVED_STATES = frozenset({InstanceState.SCHEDULED, InstanceState.DOWNLOADING,
                            InstanceState.STARTING,
                            InstanceState.RUNNING, InstanceState.ERROR, InstanceState.UNREACHABLE})
@@ -60,12 +62,16 @@ class Supervisor:
         """The ranks this worker runs for instances led by another worker (pipeline stages)."""
         self.kept: list[str] = []
         """The instances whose engines `stop_all` left running for the next agent."""
+        self.follower = LogFollower() if settings.worker_engine_log_stdout else None
+        """Copies the engines' log files to our stdout (a container's log), when asked to."""
 
     def adopt(self, engines: dict[str, EngineProcess], worker_name: str) -> None:
         """Take over the engines a previous agent of this worker left (`running_engines`)."""
         self.worker_name = worker_name
         self.engines.update(engines)
         for instance_id, engine in engines.items():
+            if self.follower is not None:
+                self.follower.follow(engine.log_path, f"engine {instance_id}")
             log.info("adopted the running engine of instance %s (pid %d)", instance_id,
                      engine.process.pid)
 
@@ -88,10 +94,21 @@ class Supervisor:
         logged and the next one comes (shared/loops.py): the engines run on whatever fails."""
         sub = await self.bus.nc.subscribe(self.bus.subjects.events_of("instances"),
                                           cb=self._on_event)
+        copier = None
+        if self.follower is not None:
+            follower = self.follower
+
+            async def copy_logs() -> None:
+                follower.poll()
+
+            copier = asyncio.create_task(run_every(COPY_LOGS_EVERY_S, stop, copy_logs,
+                                                   "engine log copy", log))
         try:
             await run_every(RECONCILE_EVERY_S, stop, self.reconcile, "reconcile", log,
                             wake=self._wake)
         finally:
+            if copier is not None:
+                await copier
             await sub.unsubscribe()
             await asyncio.to_thread(self.stop_all)
 
@@ -164,6 +181,8 @@ class Supervisor:
             env["SHOAL_DISTRIBUTED_HOST"] = self.settings.distributed_host
         if instance.gpu_indexes:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, instance.gpu_indexes))
+        if self.follower is not None:  # from the end of what earlier engines wrote
+            self.follower.follow(log_path, f"engine {instance.name}")
         with open(log_path, "ab") as out:  # not tied to this agent: it may outlive us
             process = subprocess.Popen(
                 [sys.executable, "-m", "shoal", "engine", "--instance-id", instance.id],

@@ -13,8 +13,10 @@ from pydantic import BaseModel
 from tabulate import tabulate
 
 from shoal.shared.bus.client import Bus
+from shoal.shared.bus.connection import redacted
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
+from shoal.shared.errors import Unavailable
 from shoal.shared.schemas.registry import (
     ApiKeyPublic, InstancePublic, ModelPublic, UsageRow, WorkerPublic,
 )
@@ -26,10 +28,22 @@ def run(settings: Settings, action: Callable[[RegistryClient], Awaitable[Any]]) 
         bus = await Bus.connect(settings, name="shoal-cli")
         try:
             return await action(RegistryClient(bus))
+        except Unavailable as exc:
+            raise Unavailable(namespace_hint(exc.message, settings)) from None
         finally:
             await bus.close()
 
     return asyncio.run(go())
+
+
+def namespace_hint(message: str, settings: Settings) -> str:
+    """NATS answers "no responders" at once when nothing serves the subject: reached with the
+    wrong namespace (a stack started elsewhere: compose's is `compose`), name it."""
+    if not message.startswith("no service answers"):
+        return message
+    return (f"{message}: nothing serves namespace {settings.ns!r} on "
+            f"{redacted(settings.nats_url or '')} (set SHOAL_NAMESPACE to the stack's; docker "
+            f"compose's is SHOAL_NAMESPACE=compose, README \"Docker compose\")")
 
 
 def emit(items: BaseModel | Sequence[BaseModel], as_json: bool,

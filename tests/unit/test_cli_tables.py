@@ -38,3 +38,18 @@ def test_a_single_worker_instance_is_shown_as_before() -> None:
     pending = instances_table([_instance(worker_id=None, worker_name=None,
                                          state=InstanceState.PENDING)]).splitlines()[2]
     assert "PENDING" in pending and " - " in pending, pending
+
+
+def test_no_responders_names_the_namespace_and_compose_s() -> None:
+    """The host CLI pointed at the compose stack without SHOAL_NAMESPACE=compose: NATS answers
+    "no responders", and the message says which namespace was tried and what compose uses."""
+    from shoal.cli.resources import namespace_hint
+    from shoal.shared.config import Settings
+
+    settings = Settings(nats_url="nats://shoal:secret@127.0.0.1:4222", namespace="d0123456789")
+    hint = namespace_hint("no service answers on shoal.d0123456789.registry.workers.list",
+                          settings)
+    assert "'d0123456789'" in hint and "SHOAL_NAMESPACE=compose" in hint
+    assert "secret" not in hint
+    assert namespace_hint("NATS connection lost; retry shortly", settings) == (
+        "NATS connection lost; retry shortly")

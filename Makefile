@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 .PHONY: install browser lint up test test-unit test-integration test-e2e bench bench-peer peer-vllm \
 	peer-llamacpp bench-llamacpp \
-	loadtest compose-check clean
+	loadtest compose-check compose-test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -111,3 +111,21 @@ compose-check:
 	  .venv-compose/bin/pip install -q --no-build-isolation "pyyaml==5.4.1" && \
 	  .venv-compose/bin/pip install -q docker-compose==1.29.2 )
 	.venv-compose/bin/docker-compose -f compose.yaml config -q && echo "compose.yaml is valid"
+
+# compose.yaml for real (tests/compose/test_compose_stack.py): the base images (pulled, or built
+# here where no registry answers: infra/offline/images.sh, which needs root for debootstrap), the
+# image (the CPU torch wheel from pip's local find-links when there is one: infra/wheels.sh), the
+# stack on other host ports than a local `shoal up`'s, a deploy, a chat and a streamed chat, a
+# worker container that dies and one recreated; then everything is removed, volumes too. Needs
+# Docker; not part of `make test` (README "Docker compose" says how long it takes).
+COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+SHOAL_COMPOSE_NATS_PORT ?= 14222
+SHOAL_COMPOSE_GATEWAY_PORT ?= 18000
+compose-test: install
+	infra/offline/images.sh
+	infra/wheels.sh
+	infra/compose-secrets.sh
+	docker build -f infra/Dockerfile -t shoal:latest .
+	SHOAL_COMPOSE_TEST=1 COMPOSE="$(COMPOSE)" SHOAL_COMPOSE_NATS_PORT=$(SHOAL_COMPOSE_NATS_PORT) \
+	  SHOAL_COMPOSE_GATEWAY_PORT=$(SHOAL_COMPOSE_GATEWAY_PORT) \
+	  $(PY) -m pytest tests/compose -s -v $(PYTEST_ARGS)

@@ -307,8 +307,8 @@ ENTRIES: list[Entry] = [
     Skip("export SHOAL_NATS_URL=nats://127.0.0.1:4222",
          "each service in the foreground against servers of the reader's: what `shoal up` "
          "does for this test's stack"),
-    Skip("infra/compose-secrets.sh && docker compose up --build",
-         "Docker (compose.yaml is checked by `make compose-check`)"),
+    Skip("infra/compose-secrets.sh && docker compose up -d --build",
+         "Docker: `make compose-test` runs these steps (tests/compose)"),
     Skip("make up   # in another terminal (data in ~/.shoal)", "the soak runs for an hour"),
     Skip("make bench                                   # offline engine",
          "benchmarks take minutes each"),

@@ -1,7 +1,7 @@
 """compose.yaml: the official images with health checks, services built from infra/Dockerfile.
 
-No Docker engine runs on the build machines; `docker-compose config` (pip's docker-compose
-1.29.2) validated the file once by hand (see README). This test keeps its shape from drifting.
+`make compose-test` (tests/compose) runs the stack for real where Docker is; this test keeps the
+file's shape from drifting on machines without it.
 """
 
 from __future__ import annotations
@@ -44,8 +44,37 @@ def test_compose_file_shape() -> None:
     assert services["gateway"]["environment"]["SHOAL_GATEWAY_HOST"] == "0.0.0.0"
     # reached by its service name (Prometheus' http_sd url): an allowed Host
     assert "gateway" in services["gateway"]["environment"]["SHOAL_GATEWAY_ALLOWED_HOSTS"]
-    assert services["gateway"]["ports"] == ["8000:8000"]
+    assert services["gateway"]["ports"] == ["127.0.0.1:${SHOAL_COMPOSE_GATEWAY_PORT:-8000}:8000"]
     assert (ROOT / services["registry"]["build"]["dockerfile"]).exists()
+
+
+def test_compose_serves_safely() -> None:
+    """What the first real run found (issue 32): ports reachable from this machine only, a
+    Postgres health check over TCP (a socket check passes during the image's init phase), a
+    registry that waits for Postgres, engine logs in the worker's container log, converted
+    models and built ops in a volume, an init that reaps what the services start."""
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    services = compose["services"]
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), (name, port)
+    assert "-h 127.0.0.1" in services["postgres"]["healthcheck"]["test"][1]
+    assert float(services["registry"]["environment"]["SHOAL_DATABASE_WAIT"]) >= 60
+    worker = services["worker"]
+    assert worker["environment"]["SHOAL_WORKER_ENGINE_LOG_STDOUT"] == "true"
+    assert worker["volumes"] == ["shoal-cache:/var/cache/shoal"] and "shoal-cache" in compose[
+        "volumes"]
+    for name in ("registry", "scheduler", "worker", "gateway"):
+        assert services[name]["init"] is True, name
+    dockerfile = (ROOT / "infra/Dockerfile").read_text()
+    assert "SHOAL_MODEL_CACHE_DIR=/var/cache/shoal/models" in dockerfile
+    assert "TORCH_EXTENSIONS_DIR=/var/cache/shoal/torch_extensions" in dockerfile
+    # engines run `python -m shoal`: the working directory must hold no `shoal/` source folder
+    workdirs = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("WORKDIR")]
+    assert workdirs[-1] == "/home/shoal"
+    assert "download.pytorch.org/whl/cpu" in dockerfile  # never a CUDA torch
+    ignored = (ROOT / ".dockerignore").read_text().splitlines()
+    assert "*" in ignored and "!infra/wheels" in ignored  # allow-list: no venvs, no secrets
 
 
 def test_settings_read_the_urls_from_docker_secrets(tmp_path: Path) -> None:

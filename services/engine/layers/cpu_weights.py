@@ -307,6 +307,8 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
             module.kernels = [(make(module.w13[e], None if b13 is None else b13[e]),
                                make(module.w2[e], None if b2 is None else b2[e]))
                               for e in range(module.num_experts)]
+            if getattr(module.kernels[0][0], "plain", None) is not None:  # views of the stacks
+                module.stacked_gemv = (module.w13.data, module.w2.data)
             for param in (module.w13, module.w2):  # (a GEMV's plain weights: views of them)
                 param.data = torch.empty(0, dtype=param.dtype)
     return used

@@ -74,11 +74,14 @@ def gpt_oss_expert_target(name: str) -> tuple[str, tuple] | None:
 
 def route(logits: torch.Tensor, top_k: int, renormalize: bool
           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Router logits [T, E] -> (weights [T, k] in the logits' dtype, expert ids [T, k])."""
+    """Router logits [T, E] -> (weights [T, k] in the logits' dtype, expert ids [T, k]).
+    Renormalised, the top-k of the softmax is the softmax over the top-k logits (the full
+    denominator cancels): two ops a layer instead of five, in float32 as transformers'."""
+    if renormalize:
+        values, ids = torch.topk(logits, top_k, dim=-1)
+        return torch.softmax(values, dim=-1, dtype=torch.float32).to(logits.dtype), ids
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     weights, ids = torch.topk(probs, top_k, dim=-1)
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights.to(logits.dtype), ids
 
 
@@ -127,6 +130,9 @@ class StackedExperts(nn.Module):
         """Per projection, the MXFP4 blocks or scales read before their partner."""
         self.kernels: list[tuple[Kernel, Kernel]] | None = None
         """Per expert, its (gate/up, down) CPU kernels, set after loading (cpu_weights.py)."""
+        self.stacked_gemv: tuple[torch.Tensor, torch.Tensor] | None = None
+        """(w13, w2) as float32 stacks where the CPU kernels keep plain weights for the GEMV:
+        a one-token step then runs its k experts in two C++ calls (`cpu_ops.expert_gemv`)."""
 
     def _rows(self, loaded: torch.Tensor, dim: int) -> torch.Tensor:
         """This rank's slice of a tensor whose `dim` is the full intermediate size."""
@@ -192,6 +198,13 @@ class StackedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [T, hidden], weights / ids [T, k] -> sum_j weights[t, j] * expert_{ids[t, j]}(x[t])."""
+        if x.shape[0] == 1 and self.stacked_gemv is not None:  # one token, C++ GEMV: 2 calls
+            from shoal.kernels import cpu_ops
+
+            w13, w2 = self.stacked_gemv
+            h = cpu_ops.expert_gemv(x, w13, ids[0], self.w13_bias)  # [k, 2 * inter]
+            h = self.activation(*h.chunk(2, dim=-1))  # [k, inter]
+            return cpu_ops.expert_gemv(h, w2, ids[0], self.w2_bias, weights[0])  # scaled, summed
         if x.shape[0] == 1:  # one token (a single stream's decode): no sort needed
             out = None
             for w, e in zip(weights[0], ids[0].tolist()):

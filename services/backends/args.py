@@ -30,6 +30,11 @@ RAY_PORTS = 12
 """Ports of a Ray node from the start of its range: GCS, client, dashboard, dashboard gRPC,
 agent gRPC, agent HTTP, metrics, node manager, object manager, runtime env agent, then the
 workers' range."""
+RAY_WORKER_PORTS = 100
+"""The width of a node's worker port range (above its RAY_PORTS)."""
+RAY_JOIN_ENV = {"RAY_gcs_rpc_server_reconnect_timeout_s": "10"}
+"""A follower whose head does not answer gives up after 10 s (Ray's default is 60): its
+instance's ERROR comes in seconds, with the follower's log."""
 
 
 @dataclass(frozen=True)
@@ -194,7 +199,8 @@ def vllm_env(launch: VllmLaunch, warnings: list[str]) -> dict[str, str]:
     env.update(lmcache_env(launch, warnings))
     if is_distributed(launch):
         env.update(VLLM_HOST_IP=launch.main.host, RAY_LOG_TO_STDERR="0",
-                   RAY_BACKEND_LOG_LEVEL="warning")
+                   RAY_BACKEND_LOG_LEVEL="warning",
+                   RAY_ADDRESS=f"{launch.main.host}:{launch.ray_port}")  # this instance's head
         if launch.distributed_port is not None:
             env["VLLM_PORT"] = str(launch.distributed_port)
     env.update(launch.env)
@@ -256,25 +262,45 @@ def build_vllm(launch: VllmLaunch) -> Command:
                    warnings=warnings)
 
 
-def ray_node(launch: VllmLaunch, stage: Stage, ray: str) -> Command:
+def ray_node(launch: VllmLaunch, stage: Stage, ray: str, port_start: int | None = None,
+             num_cpus: int | None = None) -> Command:
     """`ray start` for one worker of a multi-worker placement: the head on the main worker
     (vLLM's executor joins it), a follower on each subordinate, joined to the head's GCS."""
-    start = launch.ray_port
+    head = stage == launch.main
+    gpus = stage.gpu_indexes if launch.device == "gpu" else ()
+    return ray_start(ray, stage.host, launch.ray_port if port_start is None else port_start,
+                     head=None if head else f"{launch.main.host}:{launch.ray_port}",
+                     num_cpus=num_cpus, gpu_indexes=gpus, env=launch.env)
+
+
+def ray_start(ray: str, host: str, port_start: int, head: str | None = None,
+              num_cpus: int | None = None, gpu_indexes: tuple[int, ...] = (),
+              env: dict[str, str] | None = None) -> Command:
+    """One Ray node in the foreground (`--block`: it ends when its node does), its ports the
+    RAY_PORTS from `port_start` and a worker range above them (the seed's layout, so two nodes
+    of one host never share a port); `head` None starts the head (GCS at `port_start`), else a
+    follower joined to that GCS address. `num_cpus` is the ranks the node takes: on CPU, Ray
+    would otherwise count every core of the host for each node."""
     argv = [ray, "start", "--block", "--disable-usage-stats",
-            f"--node-manager-port={start + 7}", f"--object-manager-port={start + 8}",
-            f"--runtime-env-agent-port={start + 9}", f"--dashboard-agent-grpc-port={start + 4}",
-            f"--dashboard-agent-listen-port={start + 5}", f"--metrics-export-port={start + 6}",
-            f"--min-worker-port={start + 10}", f"--max-worker-port={start + 10 + 100}",
-            f"--node-ip-address={stage.host}"]
-    if stage == launch.main:
-        argv += ["--head", f"--port={start}", f"--dashboard-host={stage.host}",
-                 f"--dashboard-port={start + 2}"]
+            f"--node-manager-port={port_start + 7}", f"--object-manager-port={port_start + 8}",
+            f"--runtime-env-agent-port={port_start + 9}",
+            f"--dashboard-agent-grpc-port={port_start + 4}",
+            f"--dashboard-agent-listen-port={port_start + 5}",
+            f"--metrics-export-port={port_start + 6}",
+            f"--min-worker-port={port_start + RAY_PORTS - 2}",
+            f"--max-worker-port={port_start + RAY_PORTS - 2 + RAY_WORKER_PORTS}",
+            f"--node-ip-address={host}"]
+    if num_cpus is not None:
+        argv.append(f"--num-cpus={num_cpus}")
+    if head is None:
+        argv += ["--head", f"--port={port_start}", "--include-dashboard=false"]
     else:
-        argv.append(f"--address={launch.main.host}:{start}")
-    env = {"RAY_LOG_TO_STDERR": "1", "RAY_BACKEND_LOG_LEVEL": "warning", **launch.env}
-    if stage.gpu_indexes:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, stage.gpu_indexes))
-    return Command(argv=argv, env=env)
+        argv.append(f"--address={head}")
+    node_env = {"RAY_LOG_TO_STDERR": "1", "RAY_BACKEND_LOG_LEVEL": "warning",
+                **RAY_JOIN_ENV, **(env or {})}
+    if gpu_indexes:
+        node_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_indexes))
+    return Command(argv=argv, env=node_env)
 
 
 def build_custom(command: str, parameters: list[str], values: dict[str, str],

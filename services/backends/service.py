@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import json
 import subprocess
 import time
 from dataclasses import dataclass
@@ -27,11 +28,16 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-from shoal.services.backends.args import Command, Stage, VllmLaunch, build_custom, build_vllm
+from shoal.services.backends.args import (
+    Command, Stage, VllmLaunch, build_custom, build_vllm, ray_node
+)
 from shoal.services.backends.embed import serves_embeddings
 from shoal.services.backends.proxy import BackendHandlers
+from shoal.services.backends.ray_cluster import (
+    RayCluster, free_port_range, node_host, ray_plan, spawn_node, wait_gcs
+)
 from shoal.services.backends.venv import (
-    DEFAULT_VLLM_VERSION, ensure_venv, installed, python_of, venv_path, vllm_package
+    DEFAULT_VLLM_VERSION, backend_cache, ensure_ray, vllm_package, vllm_python
 )
 from shoal.services.engine import (
     ENGINE_DEFAULTS, Gone, InstanceReporter, load_tokenizer, prepare_model, report_error,
@@ -48,6 +54,7 @@ from shoal.shared.process import die_with_parent
 from shoal.shared.progress import progress_message
 from shoal.shared.schemas.backends import BackendKind
 from shoal.shared.schemas.metrics import MetricsTarget
+from shoal.shared.schemas.ranks import rank_layout
 from shoal.shared.schemas.registry import InstancePublic, ModelPublic
 from shoal.shared.states import InstanceState, can_transition
 
@@ -87,6 +94,8 @@ class Backend:
     base_url: str
     port: int
     host: str
+    ray: RayCluster | None = None
+    """The instance's Ray cluster (a placement across workers): its failure is the backend's."""
 
     def tail(self, lines: int = 15) -> str:
         try:
@@ -96,10 +105,12 @@ class Backend:
 
     def exited(self) -> str | None:
         code = self.process.poll()
-        if code is None:
+        if code is not None:
+            failure = f"the backend exited with {code}: {self.tail()}"
+        elif self.ray is None or (failure := self.ray.failure()) is None:  # type: ignore[assignment]
             return None
         self._signal_group(signal.SIGKILL)  # vLLM's engine core outlives a killed server
-        return f"the backend exited with {code}: {self.tail()}"
+        return failure
 
     def stop(self) -> None:
         """SIGTERM to the backend's process group (its server and the workers it started),
@@ -112,6 +123,8 @@ class Backend:
                 pass
         self._signal_group(signal.SIGKILL)
         self.process.wait()
+        if self.ray is not None:
+            self.ray.head.stop()  # the followers go when the instance leaves STARTING/RUNNING
 
     def _signal_group(self, sig: int) -> None:
         try:
@@ -146,6 +159,8 @@ async def run_backend(settings: Settings, bus: Bus, stop: asyncio.Event,
                 await handlers.close()
             if backend is not None:
                 await asyncio.to_thread(backend.stop)
+                if backend.ray is not None:
+                    await backend.ray.stop()
 
 
 def free_port(host: str) -> int:
@@ -177,9 +192,18 @@ async def start_backend(settings: Settings, bus: Bus, reporter: InstanceReporter
                                       Path(model_dir), progress)
     port = int(command.env.pop("SHOAL_BACKEND_PORT"))
     host = command.env.pop("SHOAL_BACKEND_HOST")
+    ray = None
+    if reporter.instance.subordinate_workers:  # vLLM across workers: its Ray cluster first
+        ray = await start_ray(settings, bus, reporter, model, command)
     await reporter.move(InstanceState.STARTING, f"starting {model.backend.value}: "
                         + " ".join(command.argv[1:])[:1500])
-    backend = spawn(settings, reporter.instance, command, host, port)
+    try:
+        backend = spawn(settings, reporter.instance, command, host, port)
+    except BaseException:
+        if ray is not None:
+            await ray.stop()
+        raise
+    backend.ray = ray
     embedding = await asyncio.to_thread(is_embedder, model, Path(model_dir))
     try:
         tokenizer = await asyncio.to_thread(load_tokenizer, model_dir)
@@ -200,6 +224,34 @@ async def start_backend(settings: Settings, bus: Bus, reporter: InstanceReporter
         reasoning_parser=model.reasoning_parser(),
         chat_template=model.engine_args.chat_template, embedding=embedding)
     return backend, handlers
+
+
+async def start_ray(settings: Settings, bus: Bus, reporter: InstanceReporter, model: ModelPublic,
+                    command: Command) -> RayCluster:
+    """The instance's Ray head on this (main) worker, its GCS up, then the plan served to the
+    subordinates' agents, who start their followers (worker/ray_follower.py)."""
+    instance = reporter.instance
+    head_cmd = Command(json.loads(command.env.pop("SHOAL_RAY_HEAD")), {})
+    head_cmd.env.update(json.loads(command.env.pop("SHOAL_RAY_ENV")))
+    host, gcs = command.env["RAY_ADDRESS"].rsplit(":", 1)
+    await reporter.move(InstanceState.STARTING, f"starting the Ray head at {host}:{gcs}")
+    logs = settings.data_dir / "logs"
+    head = spawn_node(head_cmd, logs / f"ray-head-{instance.name}.log", "head",
+                      settings.data_dir / "backends" / instance.name)
+    try:
+        await wait_gcs(head, host, int(gcs))
+        device = "gpu" if instance.gpu_indexes else "cpu"
+        plan = ray_plan(instance, f"{host}:{gcs}", vllm_package(device),
+                        model.backend_version or DEFAULT_VLLM_VERSION, device, model.env)
+        cluster = RayCluster(bus, plan, head)
+        await cluster.serve_plan()
+    except BaseException:
+        await asyncio.to_thread(head.stop)
+        raise
+    workers = ", ".join(s.worker_name for s in instance.subordinate_workers)
+    await reporter.move(InstanceState.STARTING,
+                        f"Ray head up at {host}:{gcs}; followers joining from {workers}")
+    return cluster
 
 
 def is_embedder(model: ModelPublic, model_dir: Path) -> bool:
@@ -223,6 +275,8 @@ def build_command(settings: Settings, instance: InstancePublic, model: ModelPubl
     chosen host and port ride in the env under SHOAL_BACKEND_* (taken out before the spawn)."""
     host = "127.0.0.1" if settings.metrics_host in ("127.0.0.1", "localhost") else (
         settings.metrics_host)
+    if instance.subordinate_workers:  # vLLM and the Ray head on the address the others reach
+        host = node_host(settings)
     port = free_port(host)
     where = {"SHOAL_BACKEND_PORT": str(port), "SHOAL_BACKEND_HOST": host}
     if model.backend is BackendKind.CUSTOM:
@@ -234,8 +288,15 @@ def build_command(settings: Settings, instance: InstancePublic, model: ModelPubl
         cmd = build_custom(model.backend_command or "", model.backend_parameters, values,
                            model.env)
         return Command(cmd.argv, {**cmd.env, **where}, keep_cwd=True)  # as the user typed it
-    python = vllm_python(settings, instance, model, progress)
     device = "gpu" if instance.gpu_indexes else "cpu"
+    python = vllm_python(settings, device, model.backend_version or DEFAULT_VLLM_VERSION,
+                         progress)  # type: ignore[arg-type]
+    distributed: dict[str, object] = {}
+    if instance.subordinate_workers:  # Ray's ports and a rendezvous port on this worker
+        distributed = dict(
+            subordinates=tuple(Stage(s.worker_name, tuple(s.gpu_indexes))
+                               for s in instance.subordinate_workers),
+            ray_port=free_port_range(host), distributed_port=free_port(host))
     from shoal.services.scheduler.claim import compute_claim, read_profile
 
     profile = read_profile(model_dir)
@@ -259,35 +320,18 @@ def build_command(settings: Settings, instance: InstancePublic, model: ModelPubl
                           if spec is not None and spec.model else None),
         extended_kv_cache=(model.extended_kv_cache.model_dump()
                            if model.extended_kv_cache else None),
-        env=model.env, cache_dir=str(backend_cache(settings) / "vllm-cache"))
+        env=model.env, cache_dir=str(backend_cache(settings) / "vllm-cache"),
+        **distributed)  # type: ignore[arg-type]
     cmd = build_vllm(launch)
+    if launch.subordinates:  # the head's command rides along (taken out by start_ray)
+        ray = ensure_ray(python, progress)  # type: ignore[arg-type]
+        ranks = len(rank_layout(instance)[0].ranks)
+        head = ray_node(launch, launch.main, str(ray),
+                        num_cpus=ranks if device == "cpu" else None)
+        where.update(SHOAL_RAY_HEAD=json.dumps(head.argv), SHOAL_RAY_ENV=json.dumps(head.env))
     for warning in cmd.warnings:
         log.warning("%s", warning)
     return Command(cmd.argv, {**cmd.env, **where}, cmd.injected, cmd.warnings)
-
-
-def backend_cache(settings: Settings) -> Path:
-    """Installed backends and vLLM's compile cache: kept across restarts and stacks."""
-    return settings.backend_cache_dir or settings.data_dir / "backends"
-
-
-def vllm_python(settings: Settings, instance: InstancePublic, model: ModelPublic,
-                progress: object) -> Path:
-    """The operator's venv, else this worker's install of the model's version."""
-    if instance.subordinate_workers:
-        raise ShoalError("vLLM across workers (Ray) is not run by the worker yet: deploy it "
-                         "with --no-distributed")
-    if settings.vllm_venv is not None:
-        python = python_of(settings.vllm_venv)
-        if not python.exists():
-            raise ShoalError(f"SHOAL_VLLM_VENV {settings.vllm_venv} has no bin/python")
-        return python
-    package = vllm_package("gpu" if instance.gpu_indexes else "cpu")
-    version = model.backend_version or DEFAULT_VLLM_VERSION
-    venv = venv_path(backend_cache(settings), package, version)
-    if not installed(venv):
-        log.info("installing %s %s into %s", package, version, venv)
-    return ensure_venv(venv, package, version, progress)  # type: ignore[arg-type]
 
 
 def spawn(settings: Settings, instance: InstancePublic, command: Command, host: str,

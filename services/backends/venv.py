@@ -21,8 +21,15 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
+from shoal.shared.config import Settings
+from shoal.shared.errors import ShoalError
+
 DEFAULT_VLLM_VERSION = "0.32.0"
+RAY_VERSION = "2.60.0"
+"""Ray for a placement across workers (vLLM's executor there): one pinned version, since the
+nodes of a cluster must run the same Ray."""
 STAMP = ".shoal-installed"
+RAY_STAMP = ".shoal-ray-installed"
 CPU_EXTRAS_REMOVED = ("torchvision", "torchaudio", "torchcodec")
 
 
@@ -87,6 +94,48 @@ def ensure_venv(venv: Path, package: str, version: str,
         shutil.rmtree(venv / "dl", ignore_errors=True)
         (venv / STAMP).write_text(f"{package}=={version}\n")
     return python_of(venv)
+
+
+def backend_cache(settings: Settings) -> Path:
+    """Installed backends and vLLM's compile cache: kept across restarts and stacks."""
+    return settings.backend_cache_dir or settings.data_dir / "backends"
+
+
+def vllm_python(settings: Settings, device: str, version: str,
+                progress: Callable[[str], None]) -> Path:
+    """The operator's venv (SHOAL_VLLM_VENV), else this worker's install of `version` (the
+    main worker's adapter and a subordinate's Ray follower both run from it)."""
+    if settings.vllm_venv is not None:
+        python = python_of(settings.vllm_venv)
+        if not python.exists():
+            raise ShoalError(f"SHOAL_VLLM_VENV {settings.vllm_venv} has no bin/python")
+        return python
+    package = vllm_package(device)
+    return ensure_venv(venv_path(backend_cache(settings), package, version), package, version,
+                       progress)
+
+
+def ray_of(python: Path) -> Path:
+    """The `ray` command of the venv whose python this is."""
+    return python.parent / "ray"
+
+
+def ensure_ray(python: Path, progress: Callable[[str], None] = lambda _m: None,
+               version: str = RAY_VERSION) -> Path:
+    """The venv's `ray` command, `pip install ray==version` into it first (PyPI, progress as for
+    the vLLM install) when a placement across workers needs it and it is not there yet."""
+    venv = python.parent.parent
+    ray = ray_of(python)
+    if (venv / RAY_STAMP).is_file() and ray.exists():
+        return ray
+    with open(venv.parent / f".{venv.name}.ray.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not ((venv / RAY_STAMP).is_file() and ray.exists()):
+            step = [str(python), "-m", "pip", "--disable-pip-version-check", "install",
+                    "--progress-bar", "off", f"ray=={version}"]
+            _run(step, lambda line: progress(f"installing ray {version}: {line}"))
+            (venv / RAY_STAMP).write_text(f"ray=={version}\n")
+    return ray
 
 
 def _run(argv: list[str], report: Callable[[str], None]) -> None:

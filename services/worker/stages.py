@@ -3,7 +3,9 @@
 The lead worker's engine (rank 0) publishes a RankPlan; for each instance that names this worker
 among its `subordinate_workers` and is starting or running, the agent asks for the plan and
 starts the ranks it gives this worker (rank_process.py, each on its share of the cores:
-the engine's RankLaunch and core_shares, as its executor launches them). A rank
+the engine's RankLaunch and core_shares, as its executor launches them); a vLLM instance's
+plan (`executor: ray`) starts this worker's Ray follower instead (ray_follower.py), through
+the same flow: asked for, reported on `rank_exits` when it ends unasked, stopped likewise. A rank
 that ends on its own is reported on `rank_exits` (rank 0 names it in the instance's ERROR) and
 its siblings are stopped; every rank of an instance that left those states, or whose plan is of
 an earlier start of rank 0, is stopped. Ranks are children of the agent and exit with it (they
@@ -20,7 +22,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shoal.services.backends.ray_cluster import RAY_EXECUTOR
 from shoal.services.engine import RankLaunch, core_shares
+from shoal.services.worker.ray_follower import RayFollower
 from shoal.shared.bus.client import Bus
 from shoal.shared.config import Settings
 from shoal.shared.errors import ShoalError
@@ -59,7 +63,7 @@ class StageRanks:
         self.settings = settings
         self.bus = bus
         self.worker_id = worker_id
-        self.groups: dict[str, RankGroup] = {}
+        self.groups: dict[str, RankGroup | RayFollower] = {}
         self.spent: set[str] = set()
         """Generations whose ranks ended here: never joined again (rank 0 of that start fails)."""
         self._watchers: set[asyncio.Task[None]] = set()
@@ -67,6 +71,10 @@ class StageRanks:
     async def reconcile(self, instances: dict[str, InstancePublic]) -> None:
         """Bring this worker's ranks in line with the instances it is a subordinate of."""
         for instance_id, group in list(self.groups.items()):
+            if isinstance(group, RayFollower) and group.ended:  # reported: never joined again
+                self.spent.add(group.plan.generation)
+                del self.groups[instance_id]
+                continue
             inst = instances.get(instance_id)
             if inst is None or inst.state not in STAGE_STATES:
                 why = "is gone" if inst is None else f"is {inst.state.value}"
@@ -85,7 +93,11 @@ class StageRanks:
                 continue
             if group is not None:  # rank 0 started again: a new rendezvous
                 await self.stop(instance_id)
-            self.groups[instance_id] = self._start(inst, plan)
+            if plan.config.get("executor") == RAY_EXECUTOR:  # a vLLM instance's Ray cluster
+                self.groups[instance_id] = RayFollower(self.settings, self.bus, self.worker_id,
+                                                       inst, plan)
+            else:
+                self.groups[instance_id] = self._start(inst, plan)
 
     async def _plan(self, inst: InstancePublic) -> RankPlan | None:
         try:
@@ -146,12 +158,18 @@ class StageRanks:
 
     async def stop(self, instance_id: str) -> None:
         group = self.groups.pop(instance_id, None)
-        if group is not None:
+        if isinstance(group, RayFollower):
+            await group.stop()
+        elif group is not None:
             await asyncio.to_thread(stop_group, group)
 
     def stop_all(self) -> None:
         for instance_id in list(self.groups):
-            stop_group(self.groups.pop(instance_id))
+            group = self.groups.pop(instance_id)
+            if isinstance(group, RayFollower):
+                group.stop_now()
+            else:
+                stop_group(group)
 
 
 def stop_group(group: RankGroup, timeout: float = 5.0) -> None:

@@ -58,8 +58,14 @@ class RankExit(Wire):
     rank: int
     code: int | None
     log_tail: str = ""
+    ray_node: bool = False
+    """The worker's Ray follower of a vLLM instance ended (or could not start: code None)."""
 
     def describe(self) -> str:
+        if self.ray_node:
+            what = "exited with code" if self.code is not None else "could not start"
+            return (f"the Ray follower on worker {self.worker_name} {what}"
+                    + (f" {self.code}" if self.code is not None else ""))
         return f"rank {self.rank} on worker {self.worker_name} exited with code {self.code}"
 
 

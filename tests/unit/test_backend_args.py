@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from shoal.services.backends.args import (
-    LMCACHE_CONNECTOR, Stage, VllmLaunch, build_custom, build_vllm, cpu_bind, ray_node
+    LMCACHE_CONNECTOR, Stage, VllmLaunch, build_custom, build_vllm, cpu_bind, ray_node, ray_start
 )
 from shoal.shared.schemas.backends import find_flag, flatten_parameters
 from shoal.shared.schemas.registry import ModelCreate
@@ -69,15 +69,49 @@ def test_several_workers_run_ray_head_on_main_and_followers_on_subordinates() ->
     assert value(cmd.argv, "--distributed-executor-backend") == "ray"
     assert cmd.env["VLLM_HOST_IP"] == "10.0.0.1" and cmd.env["VLLM_PORT"] == "8101"
     assert cmd.env["RAY_LOG_TO_STDERR"] == "0"
+    assert cmd.env["RAY_ADDRESS"] == "10.0.0.1:41000"  # this instance's head, no other cluster
     head = ray_node(spec, spec.main, "/venv/bin/ray")
     assert head.argv[:3] == ["/venv/bin/ray", "start", "--block"]
     assert "--head" in head.argv and "--port=41000" in head.argv
     assert "--node-ip-address=10.0.0.1" in head.argv
+    assert "--include-dashboard=false" in head.argv  # PyPI's plain `ray` has no dashboard
+    assert head.env["CUDA_VISIBLE_DEVICES"] == "0,1" and head.env["RAY_LOG_TO_STDERR"] == "1"
     follower = ray_node(spec, sub, "/venv/bin/ray")
-    assert "--head" not in follower.argv
+    assert "--head" not in follower.argv and "--port=41000" not in follower.argv
     assert "--address=10.0.0.1:41000" in follower.argv
     assert "--node-ip-address=10.0.0.2" in follower.argv
     assert follower.env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert follower.env["RAY_gcs_rpc_server_reconnect_timeout_s"] == "10"  # ERROR in seconds
+
+
+def test_ray_node_ports_follow_the_seeds_layout_from_its_own_start() -> None:
+    """Each node takes its ports from its own start (two nodes of one host never collide):
+    node manager +7, object manager +8, runtime env agent +9, agent gRPC +4, agent HTTP +5,
+    metrics +6, then a worker range; the follower joins the head's GCS port, not its own."""
+    spec = launch(device="cpu", main=Stage("127.0.0.1"), subordinates=(Stage("127.0.0.1"),),
+                  pp=2, ray_port=30000)
+    head = ray_node(spec, spec.main, "ray", num_cpus=1)
+    follower = ray_start("ray", "127.0.0.1", 31000, head="127.0.0.1:30000", num_cpus=1,
+                         env={"A": "b"})
+    assert "--node-manager-port=30007" in head.argv and "--port=30000" in head.argv
+    assert {"--node-manager-port=31007", "--object-manager-port=31008",
+            "--runtime-env-agent-port=31009", "--dashboard-agent-grpc-port=31004",
+            "--dashboard-agent-listen-port=31005", "--metrics-export-port=31006",
+            "--min-worker-port=31010", "--max-worker-port=31110",
+            "--address=127.0.0.1:30000", "--num-cpus=1"} <= set(follower.argv)
+    assert follower.env["A"] == "b" and "CUDA_VISIBLE_DEVICES" not in follower.env
+    assert "--num-cpus=1" in head.argv and "CUDA_VISIBLE_DEVICES" not in head.env
+
+
+def test_a_ray_followers_exit_names_the_follower_and_its_worker() -> None:
+    from shoal.shared.schemas.ranks import RankExit
+
+    def exit_(code: int | None) -> RankExit:
+        return RankExit(instance_id="i", generation="g", worker_id="wb", worker_name="b",
+                        rank=1, code=code, ray_node=True)
+
+    assert exit_(1).describe() == "the Ray follower on worker b exited with code 1"
+    assert exit_(None).describe() == "the Ray follower on worker b could not start"
 
 
 def test_cpu_takes_its_kv_space_and_cores_from_the_claim() -> None:

@@ -172,17 +172,16 @@ class ModelSpec(Wire):
         return parameters
 
     def spans_workers(self) -> bool:
-        """May one instance span several workers: `distributed`, and our engine (a vllm
-        instance across workers needs Ray, which the worker does not start yet; a custom server
-        runs in one process)."""
-        return self.distributed and self.backend is BackendKind.SHOAL
+        """May one instance span several workers: `distributed`, and our engine or vLLM (over
+        Ray: its head on the main worker, followers on the others); a custom server runs in one
+        process."""
+        return self.distributed and self.backend is not BackendKind.CUSTOM
 
     def one_worker_reason(self) -> str:
         """Why spans_workers() is False, for a placement's reason."""
         if not self.distributed:
             return "distributed=false"
-        return (f"backend {self.backend.value}: the worker does not run it across workers (vLLM "
-                "would need Ray there)")
+        return f"backend {self.backend.value}: a custom server runs as one process on one worker"
 
     def tool_call_parser(self) -> str | None:
         """The parser of "auto" tool choice answers: engine_args', else a backend's

@@ -253,12 +253,16 @@ def test_cpu_pipeline_stages_spread_when_asked() -> None:
     assert r.placement.claim.ram > sub.claim.ram > 0
 
 
-def test_a_backend_instance_stays_on_one_worker() -> None:
-    """vllm across workers needs Ray, which the worker does not start: the scheduler keeps a
-    backend's instance on one worker (or PENDING with why) rather than placing it to fail."""
+def test_vllm_spans_workers_over_ray_and_a_custom_server_stays_on_one() -> None:
+    """vllm across workers runs on Ray (its head on the main worker, followers on the others):
+    the scheduler places it across as it does our engine; a custom server is one process, kept
+    on one worker (or PENDING with why) rather than placed to fail."""
     fleet = [worker("a", 1), worker("b", 1)]
     assert plan_placement(spec(), fleet, [], profile=BIG).placement.subordinate_workers
     r = plan_placement(spec(backend="vllm"), fleet, [], profile=BIG)
-    assert not r.ok and "backend vllm: the worker does not run it across workers" in r.reason
-    r = plan_placement(spec(backend="vllm"), [worker("a", 2), worker("b", 1)], [], profile=BIG)
+    assert r.ok and len(r.placement.subordinate_workers) == 1
+    custom = spec(backend="custom", backend_command="serve {model_path} --port {port}")
+    r = plan_placement(custom, fleet, [], profile=BIG)
+    assert not r.ok and "backend custom: a custom server runs as one process" in r.reason
+    r = plan_placement(custom, [worker("a", 2), worker("b", 1)], [], profile=BIG)
     assert r.ok and not r.placement.subordinate_workers and r.placement.tp == 2

@@ -41,7 +41,7 @@ from shoal.shared.schemas.registry import InstancePublic
 RAY_EXECUTOR = "ray"
 """RankPlan.config["executor"] of a vLLM instance's Ray cluster (our engine's plans have none)."""
 GCS_TIMEOUT_S = 60.0
-STOP_WAIT_S = 10.0
+STOP_WAIT_S = 5.0
 
 
 def node_host(settings: Settings) -> str:
@@ -102,7 +102,9 @@ class RayNode:
                 self.process.wait(STOP_WAIT_S)
             except subprocess.TimeoutExpired:
                 pass
-        self._signal(signal.SIGKILL)
+        for _ in range(10):  # again: a raylet being killed may just have forked a worker
+            self._signal(signal.SIGKILL)
+            time.sleep(0.1)
         self.process.wait()
 
     def _signal(self, sig: int) -> None:

@@ -117,6 +117,8 @@ class RayNode:
 def spawn_node(command: Command, log_path: Path, role: str, cwd: Path | None = None) -> RayNode:
     """Start a Ray node as a child that dies with its parent."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    if cwd is not None:
+        cwd.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHOAL_", "RAY_ADDRESS"))}
     env.update(command.env)
     with open(log_path, "ab") as out:

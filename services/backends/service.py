@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import socket
 import json
@@ -106,7 +107,9 @@ class Backend:
     def exited(self) -> str | None:
         code = self.process.poll()
         if code is not None:
-            failure = f"the backend exited with {code}: {self.tail()}"
+            cause = first_error(self.tail(400))
+            failure = f"the backend exited with {code}: " + (
+                f"{cause} (log tail: {self.tail()})" if cause else self.tail())
         elif self.ray is None or (failure := self.ray.failure()) is None:  # type: ignore[assignment]
             return None
         self._signal_group(signal.SIGKILL)  # vLLM's engine core outlives a killed server
@@ -131,6 +134,20 @@ class Backend:
             os.killpg(self.process.pid, sig)  # its own group: spawn() starts a session
         except (ProcessLookupError, PermissionError):
             pass
+
+
+ERROR_LINE = re.compile(r"^(?:\(.*?\) ERROR .*?\] )?([A-Z][\w.]*(?:Error|Exception): .+)$")
+"""An exception line of a traceback, bare or in a vLLM ERROR record ("(EngineCore pid=N) ERROR
+<date> [file:line] ValueError: ...")."""
+
+
+def first_error(log: str) -> str | None:
+    """The first exception a log names (vLLM's engine core logs its root cause long before the
+    server's last traceback, which only says "see root cause above")."""
+    for line in log.splitlines():
+        if found := ERROR_LINE.search(line):
+            return found.group(1).strip()[:500]
+    return None
 
 
 async def run_backend(settings: Settings, bus: Bus, stop: asyncio.Event,

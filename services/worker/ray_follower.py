@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 
 from shoal.services.backends.args import ray_start
 from shoal.services.backends.ray_cluster import (
@@ -81,9 +80,8 @@ class RayFollower:
         command = ray_start(str(ray), host, free_port_range(host), head=str(config["head"]),
                             num_cpus=ranks if device == "cpu" else None, gpu_indexes=gpus,
                             env={str(k): str(v) for k, v in dict(config.get("env", {})).items()})
-        cwd = self.settings.data_dir / "backends" / self.instance.name
-        cwd.mkdir(parents=True, exist_ok=True)
-        return spawn_node(command, self.log_path, "follower", Path(cwd))
+        return spawn_node(command, self.log_path, "follower",
+                          self.settings.data_dir / "backends" / self.instance.name)
 
     async def _report(self, code: int | None, tail: str) -> None:
         self.ended = True

@@ -199,11 +199,12 @@ def vllm_env(launch: VllmLaunch, warnings: list[str]) -> dict[str, str]:
     env.update(lmcache_env(launch, warnings))
     if is_distributed(launch):
         env.update(VLLM_HOST_IP=launch.main.host, RAY_LOG_TO_STDERR="0",
-                   RAY_BACKEND_LOG_LEVEL="warning",
-                   RAY_ADDRESS=f"{launch.main.host}:{launch.ray_port}")  # this instance's head
+                   RAY_BACKEND_LOG_LEVEL="warning")
         if launch.distributed_port is not None:
             env["VLLM_PORT"] = str(launch.distributed_port)
     env.update(launch.env)
+    if is_distributed(launch):  # this instance's head, whatever else the machine runs
+        env["RAY_ADDRESS"] = f"{launch.main.host}:{launch.ray_port}"
     return env
 
 

@@ -2,10 +2,13 @@
 SmolLM2), driven with the official `anthropic` SDK against a gateway that requires keys: answers
 equal to the same chat sent to /v1/chat/completions (greedy), streaming, stop sequences,
 count_tokens, tool use and tool results, errors in Anthropic's shape, `x-api-key` as well as
-Bearer auth under the same key, its limits and its usage, and the requests in /metrics."""
+Bearer auth under the same key, its limits and its usage, the requests in /metrics, and their
+GenAI spans."""
 
 from __future__ import annotations
 
+import asyncio
+import secrets
 import uuid
 
 import aiohttp
@@ -17,7 +20,7 @@ from shoal.services.engine.model_prep import smollm2_gguf_path
 from shoal.shared.embedded import free_port
 from shoal.shared.schemas.registry import ApiKeyCreate, ApiKeyScope, KeyLimit, ModelCreate
 from tests.e2e.test_key_quota_serving import spent
-from tests.e2e.test_serving import ENGINE_ARGS, running_instance
+from tests.e2e.test_serving import ENGINE_ARGS, gateway_traces, running_instance  # noqa: F401
 from tests.integration.conftest import make_settings, running_services
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -165,3 +168,27 @@ async def test_metrics_count_requests_by_api(stack) -> None:
                and f'model_name="{model}"' in line]
     assert float(line.rsplit(" ", 1)[1]) >= 5  # the answered requests of the tests above
     assert f'e2e_request_latency_seconds_count{{model_name="{model}"}}' in text
+
+
+async def test_messages_have_a_genai_span(stack, gateway_traces) -> None:  # noqa: F811
+    """A message's GenAI span ("chat MODEL": Anthropic's Messages is a chat) under the HTTP span
+    the client's traceparent parents, with the request's settings and the answer's usage."""
+    url, model, key, _ = stack
+    received, processor = gateway_traces
+    trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/v1/messages", headers={
+                "x-api-key": key.secret, "traceparent": f"00-{trace_id}-{client_span}-01"},
+                json={"model": model, "max_tokens": 6, "messages": ASK, **GREEDY}) as r:
+            assert r.status == 200, await r.text()
+            answer = await r.json()
+    processor.force_flush()
+    spans = {s.name: s for s in await asyncio.to_thread(
+        received.wait_for, trace_id, {"POST /v1/messages", f"chat {model}"})}
+    outer, inner = spans["POST /v1/messages"], spans[f"chat {model}"]
+    assert outer.parent_span_id == client_span and inner.parent_span_id == outer.span_id
+    attrs = inner.attributes
+    assert attrs["gen_ai.operation.name"] == "chat" and attrs["gen_ai.request.model"] == model
+    assert attrs["gen_ai.request.max_tokens"] == 6 and attrs["gen_ai.request.temperature"] == 0
+    assert attrs["gen_ai.usage.input_tokens"] == answer["usage"]["input_tokens"]
+    assert attrs["gen_ai.usage.output_tokens"] == answer["usage"]["output_tokens"] > 0

@@ -2,7 +2,8 @@
 SDK's `client.responses`: a three-turn conversation by previous_response_id answers exactly as
 the same turns sent whole to /v1/chat/completions (greedy), streamed and not; it goes on after
 the gateway and the registry are SIGKILLed (stored in Postgres, not in a process); GET and
-DELETE; a stored response is seen only with the key that created it; function calls."""
+DELETE; a stored response is seen only with the key that created it; function calls; the
+request's GenAI span, exported by the stack's gateway over OTLP to a real receiver."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -22,6 +24,7 @@ import pytest
 from shoal.shared.embedded import free_port
 from tests.e2e.stack_waits import wait_model_served
 from tests.e2e.test_chaos import _service_pid
+from tests.otlp_receiver import GrpcReceiver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 MODEL = "SmolLM2-135M-Instruct"
@@ -30,12 +33,24 @@ GREEDY = {"temperature": 0, "max_output_tokens": 16}
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory):
+def traces():
+    """Where the stack's processes export their spans (OTLP/gRPC)."""
+    receiver = GrpcReceiver()
+    try:
+        yield receiver
+    finally:
+        receiver.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, traces: GrpcReceiver):
     tmp = tmp_path_factory.mktemp("responses-e2e")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHOAL_", "OTEL_"))}
     env.update(SHOAL_DATA_DIR=str(tmp / "stack"), SHOAL_GATEWAY_PORT=str(port),
-               SHOAL_HEARTBEAT_INTERVAL="1", SHOAL_GATEWAY_ENGINE_DEAD_AFTER="10")
+               SHOAL_HEARTBEAT_INTERVAL="1", SHOAL_GATEWAY_ENGINE_DEAD_AFTER="10",
+               SHOAL_OTEL_EXPORTER="otlp", OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=traces.endpoint(),
+               OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="grpc", OTEL_BSP_SCHEDULE_DELAY="200")
     with (tmp / "up.log").open("w") as out:
         up = subprocess.Popen([sys.executable, "-m", "shoal", "up"], env=env, stdout=out,
                               stderr=subprocess.STDOUT, text=True)
@@ -159,3 +174,21 @@ async def test_function_call_then_its_output(base) -> None:
                 "output": "Sunny, 24 degrees"}])
     assert answered.output_text
 
+
+
+async def test_a_response_has_a_genai_span(base, traces: GrpcReceiver) -> None:
+    """The gateway's GenAI span of a response ("chat MODEL", the chat path's) under the HTTP
+    span the client's traceparent parents, with the answer's usage."""
+    trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
+    out = await api(base).responses.create(
+        model=MODEL, input=TURNS[0], store=False, **GREEDY,
+        extra_headers={"traceparent": f"00-{trace_id}-{client_span}-01"})
+    spans = {s.name: s for s in await asyncio.to_thread(
+        traces.received.wait_for, trace_id, {"POST /v1/responses", f"chat {MODEL}"})}
+    outer, inner = spans["POST /v1/responses"], spans[f"chat {MODEL}"]
+    assert outer.parent_span_id == client_span and inner.parent_span_id == outer.span_id
+    attrs = inner.attributes
+    assert attrs["gen_ai.operation.name"] == "chat" and attrs["gen_ai.request.model"] == MODEL
+    assert attrs["gen_ai.request.max_tokens"] == 16
+    assert attrs["gen_ai.usage.input_tokens"] == out.usage.input_tokens
+    assert attrs["gen_ai.usage.output_tokens"] == out.usage.output_tokens > 0

@@ -11,7 +11,7 @@ dtype and gpu_memory_utilization are top-level ModelSpec fields (GPUStack's shap
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -53,9 +53,13 @@ def check_pooler_config(value: Any) -> dict[str, Any] | None:
     if kind is not None and str(kind).upper() not in POOLING_TYPES:
         raise ValueError(f"override_pooler_config.pooling_type must be one of "
                          f"{', '.join(POOLING_TYPES)}, got {kind!r}")
-    if not isinstance(value.get("normalize", True), bool):
+    normalize = value.get("normalize")
+    if isinstance(normalize, str) and normalize.lower() in ("true", "false"):
+        normalize = normalize.lower() == "true"  # the dashboard's key=value form sends text
+    if normalize is not None and not isinstance(normalize, bool):
         raise ValueError("override_pooler_config.normalize must be true or false")
-    return {**value, **({"pooling_type": str(kind).upper()} if kind is not None else {})}
+    return {**value, **({"pooling_type": str(kind).upper()} if kind is not None else {}),
+            **({"normalize": normalize} if normalize is not None else {})}
 
 
 class EngineArgs(Wire):
@@ -94,17 +98,10 @@ class EngineArgs(Wire):
     """Largest adapter rank accepted (vLLM's --max-lora-rank; default 16)."""
     max_cpu_loras: int | None = Field(default=None, ge=1)
     """Adapters kept in host memory (vLLM's --max-cpu-loras; default max_loras)."""
-    task: str | None = None
+    task: Literal["auto", "generate", "embed"] | None = None
     """vLLM's --task: auto, generate or embed (a causal LM as a last-token embedder)."""
     override_pooler_config: dict[str, Any] | None = None
     """vLLM's --override-pooler-config, e.g. {"pooling_type": "LAST", "normalize": true}."""
-
-    @field_validator("task")
-    @classmethod
-    def _known_task(cls, value: str | None) -> str | None:
-        if value is not None and value not in TASKS:
-            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {value!r}")
-        return value
 
     @field_validator("override_pooler_config", mode="before")
     @classmethod

@@ -87,3 +87,14 @@ def test_speculative_config_travels_as_an_object_or_json_text() -> None:
         assert config.speculative_config is not None
         assert (config.speculative_config.method, config.speculative_config.prompt_lookup_min,
                 config.speculative_config.prompt_lookup_max) == ("ngram", 3, 3)
+
+
+def test_pooler_config_travels_as_json_or_the_forms_text() -> None:
+    """vLLM's override_pooler_config as JSON text (the CLI's --engine-arg) or key=value text
+    (the dashboard's map field): the engine gets one dict, pooling_type upper-cased."""
+    for given in ('{"pooling_type": "last", "normalize": false}',
+                  {"pooling_type": "LAST", "normalize": "false"}):
+        args = EngineArgs(task="embed", override_pooler_config=given)
+        config = EngineConfig(model="m", **args.given())
+        assert config.override_pooler_config == {"pooling_type": "LAST", "normalize": False}
+        assert config.task == "embed"

@@ -19,6 +19,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from collections.abc import Awaitable
 from typing import Any
 
 import aiohttp
@@ -27,14 +28,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nats.aio.msg import Msg
 
-from shoal.services.backends.embed import embed_reply, embedding_body
+from shoal.services.backends.embed import embed_reply, embedding_body, score_body, score_reply
 from shoal.services.engine import InputProcessor, Replies, StreamIntake
 from shoal.shared.bus.codec import decode, encode
 from shoal.shared.errors import InvalidRequest, ShoalError, Unavailable
 from shoal.shared.genai import response_attributes
 from shoal.shared.schemas.infer import (
     ChoiceDelta, DetokenizeReply, DetokenizeRequest, EmbedReply, EmbedRequest, EngineLoad,
-    GenerateRequest, InferRequestEnvelope, SamplingOptions, ScoreRequest,
+    GenerateRequest, InferRequestEnvelope, SamplingOptions, ScoreReply, ScoreRequest,
     TokenizeReply, TokenizeRequest, TokenLogprobWire, TopLogprob, Usage
 )
 from shoal.shared.telemetry import inject_headers
@@ -82,8 +83,8 @@ def token_id_of(token: str) -> int:
 
 
 def error_from_body(status: int, text: str) -> ShoalError:
-    """The backend's refusal in our error kinds, its message and param kept (OpenAI's shape or
-    vLLM's {"object": "error", "message": ...})."""
+    """The backend's refusal in our error kinds, its message, param and code (a string one:
+    vLLM's may be the status) kept (OpenAI's shape or vLLM's {"object": "error", ...})."""
     try:
         data = json.loads(text)
     except ValueError:
@@ -92,9 +93,10 @@ def error_from_body(status: int, text: str) -> ShoalError:
     err = err if isinstance(err, dict) else {"message": str(err)}
     message = str(err.get("message") or text[:500] or f"backend answered {status}")
     param = err.get("param") if isinstance(err.get("param"), str) else None
+    code = err.get("code") if isinstance(err.get("code"), str) else None
     if 400 <= status < 500:
-        return ShoalError.from_dict({"message": message, "param": param}, 400 if status == 422
-                                    else status)
+        return ShoalError.from_dict({"message": message, "param": param, "code": code},
+                                    400 if status == 422 else status)
     return Unavailable(f"backend error {status}: {message}")
 
 
@@ -109,9 +111,9 @@ class BackendHandlers(StreamIntake):
     reasoning_parser: str | None = None
     chat_template: str | None = None
     embedding: bool = False
-    """The backend serves an embedding model: EmbedRequests go to its /v1/embeddings (each in
-    a task among the lookups, which a drain waits for) and generation is refused, as our
-    embedding engine refuses it."""
+    """The backend serves an embedding model or a cross-encoder: EmbedRequests go to its
+    /v1/embeddings and ScoreRequests to its /v1/score (each in a task among the lookups, which
+    a drain waits for) and generation is refused, as our embedding engine refuses it."""
     session: aiohttp.ClientSession | None = None
     gauges: dict[str, float] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=lambda: {
@@ -156,22 +158,20 @@ class BackendHandlers(StreamIntake):
                     f"model {self.model_name} is an embedding model: it serves /v1/embeddings, "
                     "not generation", param="model", code="wrong_model_type"), 400)
             return
-        if isinstance(request, ScoreRequest):  # forwarding to a backend's /v1/score: not yet
-            await self.bus.respond_error(msg, InvalidRequest(
-                f"model {self.model_name} is an embedding model served by a backend: it serves "
-                "/v1/embeddings, not /v1/score or /v1/rerank", param="model",
-                code="wrong_model_type"))
-            return
-        if not isinstance(request, EmbedRequest):
+        if isinstance(request, EmbedRequest):
+            answer = self.embed(request)
+        elif isinstance(request, ScoreRequest):  # the backend says whether the model scores
+            answer = self.score(request)
+        else:
             await super().on_request(msg)  # /tokenize, /detokenize
             return
-        task = asyncio.create_task(self._answer_embed(request, msg))
+        task = asyncio.create_task(self._answer_pooled(answer, msg))
         self.lookup_tasks.add(task)
         task.add_done_callback(self.lookup_tasks.discard)
 
-    async def _answer_embed(self, req: EmbedRequest, msg: Msg) -> None:
+    async def _answer_pooled(self, answer: Awaitable[EmbedReply | ScoreReply], msg: Msg) -> None:
         try:
-            reply = await self.embed(req)
+            reply = await answer
         except ShoalError as exc:
             await self.bus.respond_error(msg, exc)
             return
@@ -190,6 +190,18 @@ class BackendHandlers(StreamIntake):
             if response.status != 200:
                 raise error_from_body(response.status, text)
         reply = embed_reply(json.loads(text))
+        self.counters["prompt_tokens"] += reply.prompt_tokens
+        return reply
+
+    async def score(self, req: ScoreRequest) -> ScoreReply:
+        assert self.session is not None
+        async with self.session.post(f"{self.base_url}/v1/score",
+                                     json=score_body(req, self.served_name),
+                                     headers=inject_headers()) as response:
+            text = await response.text()
+            if response.status != 200:
+                raise error_from_body(response.status, text)
+        reply = score_reply(json.loads(text), len(req.text_1))
         self.counters["prompt_tokens"] += reply.prompt_tokens
         return reply
 

@@ -15,12 +15,12 @@ then the backend is stopped.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
 import signal
 import socket
-import json
 import subprocess
 import time
 from dataclasses import dataclass
@@ -222,9 +222,10 @@ async def start_backend(settings: Settings, bus: Bus, reporter: InstanceReporter
         raise
     backend.ray = ray
     embedding = await asyncio.to_thread(is_embedder, model, Path(model_dir))
+    scores = embedding and await asyncio.to_thread(is_scorer, Path(model_dir))
     try:
         tokenizer = await asyncio.to_thread(load_tokenizer, model_dir)
-        ready = await wait_ready(backend, model, tokenizer, stop, embedding)
+        ready = await wait_ready(backend, model, tokenizer, stop, embedding, scores)
     except BaseException:
         await asyncio.to_thread(backend.stop)
         raise
@@ -278,6 +279,15 @@ def is_embedder(model: ModelPublic, model_dir: Path) -> bool:
 
     return serves_embeddings(model.backend_parameters) or (
         model_dir.is_dir() and is_embedding_model(model_dir))
+
+
+def is_scorer(model_dir: Path) -> bool:
+    """A cross-encoder's folder (config.json names a sequence classifier): it answers
+    /v1/score, and refuses the embedding a readiness probe would ask of an embedder."""
+    from shoal.services.engine import is_cross_encoder
+
+    config = model_dir / "config.json"
+    return config.is_file() and is_cross_encoder(json.loads(config.read_text()))
 
 
 def _context(model_dir: str | Path) -> int:
@@ -372,14 +382,17 @@ def spawn(settings: Settings, instance: InstancePublic, command: Command, host: 
 
 
 async def wait_ready(backend: Backend, model: ModelPublic, tokenizer: object,
-                     stop: asyncio.Event, embedding: bool = False) -> bool:
+                     stop: asyncio.Event, embedding: bool = False, scores: bool = False
+                     ) -> bool:
     """Until the health path answers 200 and a one-token completion (an embedder: one
-    embedding) succeeds (a server may answer its health before its model serves); False on
-    `stop`, BackendExited if it ends."""
+    embedding; a cross-encoder: one score) succeeds (a server may answer its health before its
+    model serves); False on `stop`, BackendExited if it ends."""
     path, probe = "/v1/completions", {
         "model": model.name, "prompt": [int(tokenizer.encode("Hi")[-1])],  # type: ignore
         "max_tokens": 1}
-    if embedding:
+    if scores:
+        path, probe = "/v1/score", {"model": model.name, "text_1": "Hi", "text_2": "Hi"}
+    elif embedding:
         path, probe = "/v1/embeddings", {"model": model.name, "input": "Hi"}
     health = model.backend_health_path if model.backend is BackendKind.CUSTOM else "/health"
     timeout = aiohttp.ClientTimeout(total=30)

@@ -39,6 +39,7 @@ _EXPORTS = {
     "minilm_path": "model_prep",
     "EmbeddingEngine": "embedding.engine",
     "is_embedding_model": "embedding.pooling",
+    "is_cross_encoder": "embedding.pooling",
     "tqdm_progress": "model_prep",
     "run_engine": "server.service",
     "RankLaunch": "distributed.launch",

@@ -2,7 +2,8 @@
 (it installs with Shoal), deployed with --backend custom on a real worker, served through the
 gateway by the instance's adapter (README "Backends"), with the same openai-SDK checks as the
 vLLM backend (backend_checks.py); then all-MiniLM-L6-v2 behind it, /v1/embeddings forwarded to
-the backend's."""
+the backend's, and a cross-encoder behind it, /v1/rerank and /v1/score forwarded to its
+/v1/score."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from shoal.services.engine.model_prep import minilm_path
 from shoal.shared.schemas.registry import DeleteRequest, ModelCreate
 from tests.e2e import backend_checks as checks
 from tests.e2e.test_serving import FRANCE, running_instance
+from tests.tiny_models import save_tiny_cross_encoder
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 READY_TIMEOUT = 600
@@ -65,10 +67,41 @@ async def test_embeddings_are_forwarded_to_the_backend(served: checks.Served) ->
         with pytest.raises(openai.BadRequestError) as err:
             await a.chat.completions.create(model=name, messages=FRANCE, max_tokens=4)
         assert err.value.code == "wrong_model_type"
-        with pytest.raises(openai.BadRequestError) as err:  # rerank is not forwarded (yet)
+        with pytest.raises(openai.BadRequestError) as err:  # forwarded: the backend refuses
             await a.post("/rerank", cast_to=object, body={"model": name, "query": "q",
                                                           "documents": ["a"]})
-        assert err.value.code == "wrong_model_type" and "backend" in err.value.message
+        assert err.value.code == "wrong_model_type"
+    finally:
+        current = await served.client.get_model(id=model.id)
+        await served.client.delete_model(DeleteRequest(id=model.id, version=current.version))
+
+
+async def test_rerank_and_score_are_forwarded_to_the_backend(served: checks.Served,
+                                                            tmp_path) -> None:
+    """A cross-encoder behind a custom backend (the adapter knows it from config.json):
+    /v1/rerank and /v1/score through the gateway go to the backend's /v1/score, and answer as
+    sentence-transformers' CrossEncoder scores the pairs; usage counted."""
+    CrossEncoder = pytest.importorskip("sentence_transformers").CrossEncoder
+    folder = save_tiny_cross_encoder(tmp_path / "cross-encoder")
+    name = f"rerank-custom-{uuid.uuid4().hex[:6]}"
+    model = await served.client.create_model(ModelCreate(
+        name=name, source=str(folder), device="cpu", worker_selector=served.selector,
+        backend="custom", backend_command=SERVE))
+    try:
+        await running_instance(served.client, model.id, READY_TIMEOUT)
+        query = "What is the capital of France?"
+        docs = ["Paris is the capital of France.", "Bananas are yellow.", "France"]
+        ref = CrossEncoder(str(folder), device="cpu").predict([(query, d) for d in docs])
+        a = checks.api(served.url)
+        ranked = await a.post("/rerank", cast_to=object, body={"model": name, "query": query,
+                                                                "documents": docs})
+        assert [r["index"] for r in ranked["results"]] == sorted(range(3), key=lambda i: -ref[i])
+        assert all(abs(r["relevance_score"] - ref[r["index"]]) <= 1e-5
+                   for r in ranked["results"])
+        assert ranked["usage"]["prompt_tokens"] > 10
+        scored = await a.post("/score", cast_to=object, body={"model": name, "text_1": query,
+                                                               "text_2": docs})
+        assert np.abs(np.array([d["score"] for d in scored["data"]]) - ref).max() <= 1e-5
     finally:
         current = await served.client.get_model(id=model.id)
         await served.client.delete_model(DeleteRequest(id=model.id, version=current.version))

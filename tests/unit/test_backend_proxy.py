@@ -40,6 +40,10 @@ def test_refusals_keep_their_kind_and_words() -> None:
     assert isinstance(vllm_shape, NotFound) and vllm_shape.message == "no such model"
     assert isinstance(error_from_body(422, "{}"), InvalidRequest)
     assert isinstance(error_from_body(500, "boom"), Unavailable)
+    kept = error_from_body(400, '{"error": {"message": "m", "code": "wrong_model_type"}}')
+    assert kept.code == "wrong_model_type"  # (another Shoal, or an OpenAI-shaped server)
+    assert error_from_body(400, '{"object": "error", "message": "m", "code": 400}').code == (
+        "invalid_request")  # vLLM's code is the status: ours stays
 
 
 def test_token_ids_from_vllms_token_strings() -> None:
@@ -73,6 +77,23 @@ def test_embeddings_go_as_floats_and_come_back_as_our_rows() -> None:
         embed_reply({"object": "error"})
     assert serves_embeddings(["--runner pooling"]) and serves_embeddings(["--task=embed"])
     assert serves_embeddings(["--convert", "embed"]) and not serves_embeddings(["--runner auto"])
+
+
+def test_scores_go_as_vllms_pairs_and_come_back_in_pair_order() -> None:
+    import pytest
+
+    from shoal.services.backends.embed import score_body, score_reply
+    from shoal.shared.schemas.infer import ScoreRequest
+
+    req = ScoreRequest(model="m", text_1=["q", "q"], text_2=["a", "b"], truncate_prompt_tokens=-1)
+    assert score_body(req, "served") == {"model": "served", "text_1": ["q", "q"],
+                                         "text_2": ["a", "b"], "truncate_prompt_tokens": -1}
+    reply = score_reply({"data": [{"index": 1, "object": "score", "score": 0.25},
+                                  {"index": 0, "object": "score", "score": 0.75}],
+                         "usage": {"prompt_tokens": 9}}, 2)
+    assert (reply.scores, reply.prompt_tokens) == ([0.75, 0.25], 9)
+    with pytest.raises(ValueError, match="2 scores"):
+        score_reply({"data": [{"index": 0, "score": 1.0}]}, 2)
 
 
 class Tokenizer:

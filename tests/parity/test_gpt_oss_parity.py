@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, Mxfp4Config
 
 from shoal.kernels import TORCH_OPS
+from shoal.services.engine.config import ConfigError
 from shoal.services.engine.frontend.llm import LLM
 from shoal.services.engine.sampling_params import SamplingParams
 from tests.parity.parity_helpers import (Reference, assert_greedy_close, assert_logprobs_close,
@@ -79,6 +80,11 @@ def test_an_mxfp4_checkpoint_as_openai_ships_it(tiny: Path, tmp_path: Path) -> N
     _check(LLM(str(packed), **ENGINE), prompts, refs)  # type: ignore[arg-type]
     with LLM(str(packed), tensor_parallel_size=2, **ENGINE) as llm:  # type: ignore[arg-type]
         _check(llm, prompts, refs)
+    tensors = load_file(packed / "model.safetensors")  # a pair cut in half is refused
+    del tensors["model.layers.1.mlp.experts.down_proj_scales"]
+    save_file(tensors, packed / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=r"layers.1.mlp.experts lacks \['down_proj_scales'\]"):
+        LLM(str(packed), **ENGINE)  # type: ignore[arg-type]
 
 
 def test_sinks_on_the_torch_ops(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:

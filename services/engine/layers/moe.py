@@ -156,6 +156,11 @@ class StackedExperts(nn.Module):
             loaded = torch.cat([loaded[:, 0::2], loaded[:, 1::2]], dim=1)
         return loaded
 
+    def unpaired(self) -> list[str]:
+        """The MXFP4 halves read without their partner (the loader refuses such a checkpoint)."""
+        return [f"{part}_proj_{'scales' if 'blocks' in got else 'blocks'}"
+                for part, got in self._mxfp4.items()]
+
     def _load_w13(self, param: nn.Parameter, loaded: torch.Tensor, shard: tuple) -> None:
         expert, part = shard[:2]
         if expert is None:  # stacked [E, 2 * inter, hidden]: gate rows, then up rows

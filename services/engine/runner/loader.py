@@ -64,3 +64,6 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
     missing = set(params) - loaded
     if missing:
         raise ConfigError(f"checkpoint in {model_dir} lacks {sorted(missing)[:5]}")
+    for name, module in model.named_modules():  # a tensor read but waiting for its partner
+        if (unpaired := getattr(module, "unpaired", None)) and unpaired():
+            raise ConfigError(f"checkpoint in {model_dir}: {name} lacks {unpaired()}")

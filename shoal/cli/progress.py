@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from shoal.shared.bus.registry_client import RegistryClient
+from shoal.shared.errors import Timeout, Unavailable
 from shoal.shared.progress import parse_progress
 from shoal.shared.schemas.registry import InstanceFilter, InstancePublic
 from shoal.shared.states import InstanceState
@@ -79,7 +80,11 @@ async def wait_running(client: RegistryClient, model_id: str, deadline: float,
     view = view or ProgressView()
     try:
         while time.monotonic() < deadline and not stopping():
-            instances = await client.list_instances(InstanceFilter(model_id=model_id))
+            try:
+                instances = await client.list_instances(InstanceFilter(model_id=model_id))
+            except (Timeout, Unavailable):  # a busy or restarting registry: ask again
+                await asyncio.sleep(POLL_S)
+                continue
             fresh = [i for i in instances if since is None or i.state_changed_at >= since]
             for state in (InstanceState.RUNNING, InstanceState.ERROR):
                 done = [i for i in fresh if i.state is state]

@@ -99,7 +99,7 @@ def main() -> None:
     threads = args.threads or default_cpu_threads()
     names = ["fp32"] + [q.strip() for q in args.quantization.split(",") if q.strip()]
     shoal = {name: LLM(gguf, device="cpu", dtype="float32", num_threads=threads,
-                       quantization=None if name == "fp32" else name,
+                       quantization="none" if name == "fp32" else name,
                        kv_cache_memory=128 * 2**20) for name in names}
     tokenizer = shoal["fp32"].get_tokenizer()
     prompts = [tokenizer.encode(tokenizer.apply_chat_template(

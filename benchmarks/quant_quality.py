@@ -102,7 +102,7 @@ def main() -> None:
     names = [q.strip() for q in args.quantization.split(",") if q.strip()]
     llms = {name: LLM(gguf, device="cpu", dtype="float32", num_threads=args.threads,
                       quantization=q, kv_cache_memory=256 * 2**20)
-            for name, q in [("fp32", None)] + [(q, q) for q in names]}
+            for name, q in [("fp32", "none")] + [(q, q) for q in names]}
     ids = llms["fp32"].get_tokenizer().encode(TEXT)
     result: dict[str, Any] = {"text_tokens": len(ids), "engines": {}, "greedy": {}}
     tokens = {}

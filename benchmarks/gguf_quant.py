@@ -47,6 +47,18 @@ sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode
 """
 
 
+def copy_metadata(reader: Any, writer: Any) -> None:
+    """Every key of `reader` but the ones the writer sets itself (architecture, file type)."""
+    import gguf
+
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
+
+
 def write_f32(source: Path, dest: Path) -> Path:
     """`source` with every tensor dequantised to F32, its metadata as it is."""
     import gguf
@@ -56,12 +68,7 @@ def write_f32(source: Path, dest: Path) -> Path:
     reader = gguf.GGUFReader(str(source))
     arch = reader.fields["general.architecture"].contents()
     writer = gguf.GGUFWriter(str(dest) + ".tmp", arch)
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
+    copy_metadata(reader, writer)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     for t in reader.tensors:
         shape = tuple(int(n) for n in reversed(t.shape))
@@ -82,15 +89,11 @@ def quantize_q8_0(f32: Path, dest: Path) -> None:
 
     reader = gguf.GGUFReader(str(f32))
     writer = gguf.GGUFWriter(str(dest) + ".tmp", reader.fields["general.architecture"].contents())
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
+    copy_metadata(reader, writer)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     for t in reader.tensors:
-        data = np.asarray(t.data, dtype=np.float32).reshape(tuple(int(n) for n in reversed(t.shape)))
+        shape = tuple(int(n) for n in reversed(t.shape))
+        data = np.asarray(t.data, dtype=np.float32).reshape(shape)
         if data.ndim == 2 and data.shape[-1] % 32 == 0:
             q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
             writer.add_tensor(t.name, q, raw_shape=q.shape,

@@ -159,7 +159,7 @@ def main() -> None:
 
     def engine(path: Path, **kw: Any) -> Any:
         return LLM(str(path), device="cpu", num_threads=threads, kv_cache_memory=128 * 2**20,
-                   **kw)
+                   enable_prefix_caching=False, **kw)  # every prefill computed, every round
 
     llms = {"fp32": engine(f32, quantization="none"),
             "bf16": engine(f32, quantization="none", dtype="bfloat16")}

@@ -222,6 +222,9 @@ class BackendHandlers(StreamIntake):
                 raise InvalidRequest(
                     f"This model's maximum context length is {self.max_model_len} tokens; the "
                     f"prompt has {len(token_ids)}", param="messages" if req.messages else "prompt")
+            if req.resume is not None:  # its output cannot be seeded from the middle
+                raise Unavailable("a backend's instance cannot resume a stream",
+                                  code="resume_unsupported")
             parser = self.check_tool_call_parser(req, self.tool_call_parser)
             await replies.chunk(choices=[], prompt_token_ids=token_ids, tool_call_parser=parser,
                                 reasoning_parser=self.reasoning_parser_for(

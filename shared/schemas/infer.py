@@ -117,6 +117,16 @@ class UsageTag(Wire):
     """1 for the first (or only) generate request of an OpenAI request, 0 for its others."""
 
 
+class Resume(Wire):
+    """A stream continued on this engine after the one serving it died (the gateway's
+    failover): what its client already has of choice 0, as output the engine resumes from
+    (max_tokens, min_tokens, penalties, stop strings and a seeded generator carry on), never
+    sent again."""
+
+    token_ids: list[int]
+    text: str = ""
+
+
 class GenerateRequest(Wire):
     op: Literal["generate"] = "generate"
     request_id: str = Field(min_length=1, max_length=128)
@@ -139,6 +149,8 @@ class GenerateRequest(Wire):
     """Chat: more variables for the chat template, e.g. {"enable_thinking": false} (vLLM's)."""
     usage: UsageTag | None = None
     """Set for a key's request: what the engine records if the requester vanishes."""
+    resume: Resume | None = None
+    """A failover's continuation (n = 1 only): output already delivered by another engine."""
 
 
 class TokenizeRequest(Wire):

@@ -20,9 +20,9 @@ from typing import Any, Protocol
 
 from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.core.grammar_gate import GrammarGate
-from shoal.services.engine.core.outputs import RunnerOutput, SchedulerOutput
+from shoal.services.engine.core.outputs import RunnerOutput, SchedulerOutput, TokenLogprob
 from shoal.services.engine.core.request_output import EngineStats, RequestOutput, RequestOutputKind
-from shoal.services.engine.core.request_state import EngineRequest, RequestState
+from shoal.services.engine.core.request_state import EngineRequest, RequestState, Resumed
 from shoal.services.engine.lora_request import LoRARequest
 from shoal.services.engine.sampling_params import SamplingParams
 from shoal.services.engine.core.scheduler import Scheduler
@@ -85,7 +85,8 @@ class EngineCore:
     def process(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                 arrival_time: float | None = None, *, prompt: str | None = None,
                 output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
-                lora_request: LoRARequest | None = None) -> EngineRequest:
+                lora_request: LoRARequest | None = None,
+                resume: Resumed | None = None) -> EngineRequest:
         """The engine's one check of a request: InvalidRequest (400) for one that could never
         run. Read-only, so a front end may call it on its own thread (the grammar is parsed here,
         once, and the parse is cached for its compile). An adapter not added yet is loaded by
@@ -105,9 +106,24 @@ class EngineCore:
         self.scheduler.check_request(len(prompt_token_ids), params)
         if params.structured_outputs is not None:
             self.grammar_gate.check(params.structured_outputs)
+        if resume is not None:
+            self._check_resume(resume, len(prompt_token_ids), params)
         return EngineRequest(request_id, prompt_token_ids, params,
                              time.time() if arrival_time is None else arrival_time, prompt,
-                             output_kind, lora_request)
+                             output_kind, lora_request, resume)
+
+    def _check_resume(self, resume: Resumed, prompt_len: int, params: SamplingParams) -> None:
+        """One sequence, no grammar (its matcher would have to replay the tokens), ids in the
+        vocabulary, room left in the context."""
+        if params.n != 1 or params.structured_outputs is not None:
+            raise InvalidRequest("a resumed request must have n = 1 and no structured output",
+                                 param="resume")
+        if not all(0 <= t < self.vocab_bound for t in resume.token_ids):
+            raise InvalidRequest(f"resumed token ids must be in [0, {self.vocab_bound})",
+                                 param="resume")
+        if prompt_len + len(resume.token_ids) >= self.max_model_len:
+            raise InvalidRequest("the resumed output leaves no room in the context",
+                                 param="resume")
 
     def add(self, request: EngineRequest) -> None:
         """Queue a processed request (its id must not be in use)."""
@@ -120,9 +136,13 @@ class EngineCore:
                 self.add_lora(lora)  # InvalidRequest with the reason: nothing is queued
             self.lora_requests[lora.lora_name] = self.lora_requests.get(lora.lora_name, 0) + 1
         num_tokens = len(request.prompt_token_ids)
-        seqs = [Sequence(self._next_seq_id + i, request_id, list(request.prompt_token_ids),
+        prior = list(request.resume.token_ids) if request.resume is not None else []
+        # (resumed tokens' logprobs are never sent: placeholders keep the indices)
+        placeholders = ([TokenLogprob(t, 0.0, 1) for t in prior] if params.logprobs is not None
+                        else [])
+        seqs = [Sequence(self._next_seq_id + i, request_id, list(request.prompt_token_ids) + prior,
                          num_tokens, params, index=i, arrival_time=request.arrival_time,
-                         lora_request=lora)
+                         lora_request=lora, num_resumed=len(prior), logprobs=list(placeholders))
                 for i in range(params.n)]
         self._next_seq_id += params.n
         if params.structured_outputs is not None:
@@ -134,10 +154,12 @@ class EngineCore:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     arrival_time: float | None = None, *, prompt: str | None = None,
                     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
-                    lora_request: LoRARequest | None = None) -> None:
+                    lora_request: LoRARequest | None = None,
+                    resume: Resumed | None = None) -> None:
         """process() then add(): the offline path, where the edge and the core are one."""
         self.add(self.process(request_id, prompt_token_ids, params, arrival_time, prompt=prompt,
-                              output_kind=output_kind, lora_request=lora_request))
+                              output_kind=output_kind, lora_request=lora_request,
+                              resume=resume))
 
     def add_lora(self, lora: LoRARequest) -> None:
         """Load an adapter (vLLM's add_lora): the runner checks it against the model and keeps

@@ -48,6 +48,8 @@ class ScheduledSeq:
     lora_request: LoRARequest | None = None
     """The LoRA adapter this sequence's tokens run with (None: the base model). A step holds at
     most max_loras distinct adapters (the scheduler's rule); the runner loads them as needed."""
+    num_resumed: int = 0
+    """Output tokens the sequence resumed from (Sequence.num_resumed)."""
 
 
 @dataclass(frozen=True, slots=True)

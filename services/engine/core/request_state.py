@@ -28,6 +28,16 @@ class EngineRequest:
     prompt: str | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     lora_request: LoRARequest | None = None
+    resume: Resumed | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """Output a request resumes from (a stream failed over from a dead engine, n = 1): its
+    tokens count as generated, their text as already sent."""
+
+    token_ids: tuple[int, ...]
+    text: str = ""
 
 
 @dataclass(slots=True)
@@ -49,7 +59,13 @@ class RequestState:
         n = len(seqs)
         detoks = [IncrementalDetokenizer(tokenizer, request.prompt_token_ids, request.params)
                   for _ in seqs]
-        return cls(request, seqs, detoks, [0] * n, [0] * n, [False] * n)
+        state = cls(request, seqs, detoks, [0] * n, [0] * n, [False] * n)
+        if request.resume is not None:  # decoded, never sent again; stops may span the seam
+            done = len(request.resume.token_ids)
+            detoks[0].update(list(request.resume.token_ids), check_stop=False)
+            detoks[0].num_released = min(len(request.resume.text), len(detoks[0].text))
+            state.num_decoded[0] = state.num_sent[0] = done
+        return state
 
     @property
     def request_id(self) -> str:

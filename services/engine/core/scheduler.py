@@ -250,7 +250,8 @@ class Scheduler:
             block_ids=list(seq.block_ids), is_sampling=start + num_new == seq.num_tokens,
             prompt_len=seq.prompt_len, sampling_params=seq.params, seed_offset=seq.index,
             want_prompt_logprobs=seq.wants_prompt_logprobs and start < seq.prompt_len,
-            prefix_token_ids=prefix, num_spec_tokens=num_spec, lora_request=seq.lora_request)
+            prefix_token_ids=prefix, num_spec_tokens=num_spec, lora_request=seq.lora_request,
+            num_resumed=seq.num_resumed)
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: free its blocks and put it at the front of the queue."""

@@ -65,6 +65,9 @@ class Sequence:
     finish_time: float | None = None
     lora_request: LoRARequest | None = None
     """The LoRA adapter it runs with (None: the base model)."""
+    num_resumed: int = 0
+    """Output tokens it resumed from (a failover): the runner advances its seeded generator
+    past them, so a seeded request samples as if it had never moved."""
 
     @property
     def hash_root(self) -> int | None:

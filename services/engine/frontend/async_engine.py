@@ -18,7 +18,7 @@ from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.core.engine_core import EngineCore
 from shoal.services.engine.frontend.core_builder import build_core
 from shoal.services.engine.frontend.output_stream import OutputCollector, RequestStream, put_all
-from shoal.services.engine.core.request_state import EngineRequest
+from shoal.services.engine.core.request_state import EngineRequest, Resumed
 from shoal.services.engine.core.request_output import EngineStats, RequestOutput, RequestOutputKind
 from shoal.services.engine.lora_request import LoRARequest
 from shoal.services.engine.sampling_params import SamplingParams
@@ -88,19 +88,21 @@ class AsyncEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     arrival_time: float | None = None, *, prompt: str | None = None,
                     output_kind: RequestOutputKind = RequestOutputKind.DELTA,
-                    lora_request: LoRARequest | None = None) -> None:
+                    lora_request: LoRARequest | None = None,
+                    resume: Resumed | None = None) -> None:
         """Check a request on the caller's thread (InvalidRequest at once if it could never run)
         and queue it for the engine thread, which adds it unchecked. Its outputs go to the
         stream opened by open(); most callers want open() or generate()."""
         self._check_alive()
         self._send(self.core.process(request_id, prompt_token_ids, params, arrival_time,
                                      prompt=prompt, output_kind=output_kind,
-                                     lora_request=lora_request))
+                                     lora_request=lora_request, resume=resume))
 
     def open(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
              arrival_time: float | None = None, *, prompt: str | None = None,
              output_kind: RequestOutputKind = RequestOutputKind.DELTA,
-             lora_request: LoRARequest | None = None) -> RequestStream:
+             lora_request: LoRARequest | None = None,
+             resume: Resumed | None = None) -> RequestStream:
         """Check and queue a request now (InvalidRequest or Unavailable at once, before anything
         is sent to a client) and return the stream of its outputs. Iterate it to the end or
         close() it: closing early aborts the request."""
@@ -110,7 +112,7 @@ class AsyncEngine:
         self._streams[request_id] = stream  # before the add: the engine thread may answer at once
         try:
             self.add_request(request_id, prompt_token_ids, params, arrival_time, prompt=prompt,
-                             output_kind=output_kind, lora_request=lora_request)
+                             output_kind=output_kind, lora_request=lora_request, resume=resume)
         except BaseException:
             del self._streams[request_id]
             raise

@@ -238,6 +238,8 @@ class ModelRunner:
                 else:
                     state.generator.manual_seed(mix_seed(self.config.seed, self._num_unseeded))
                     self._num_unseeded += 1
+                for _ in range(s.num_resumed):  # one uniform per sampled token (sampler.py)
+                    torch.rand(1, generator=state.generator, device=self.device)
             self.states[s.seq_id] = state
         if s.prefix_token_ids is not None:
             state.token_ids = list(s.prefix_token_ids) + list(s.token_ids)

@@ -26,6 +26,7 @@ from shoal.services.engine.frontend.output_stream import RequestStream
 from shoal.services.engine.frontend.tokenizer import load_tokenizer
 from shoal.services.engine.core.outputs import TokenLogprob
 from shoal.services.engine.core.request_output import RequestOutput
+from shoal.services.engine.core.request_state import Resumed
 from shoal.services.engine.input_processor import InputProcessor
 from shoal.services.engine.lora_request import LoRARequest
 from shoal.services.engine.sampling_params import SamplingParams
@@ -92,9 +93,11 @@ class EngineHandlers(StreamIntake):
             params = SamplingParams(**req.sampling.model_dump())
             parser = self.tool_call_parser(req)
             lora = await self.lora_request(req.lora_name)
+            resume = (Resumed(tuple(req.resume.token_ids), req.resume.text)
+                      if req.resume is not None else None)
             outputs = self.engine.open(req.request_id, token_ids, params, time.time(),
                                        prompt=req.prompt,  # the engine's one check: 400 here
-                                       lora_request=lora)
+                                       lora_request=lora, resume=resume)
             await replies.chunk(choices=[], prompt_token_ids=token_ids,
                                 tool_call_parser=parser,
                                 reasoning_parser=self.reasoning_parser_for(

@@ -130,9 +130,11 @@ class Requesters:
         tag = w.request.usage
         if tag is None:
             return
+        resumed = len(w.request.resume.token_ids) if w.request.resume is not None else 0
         record = UsageRecord(key_id=tag.key_id, model=tag.model, requests=tag.requests,
                              prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
-                             output_tokens=usage.completion_tokens, batch_id=tag.record_id,
+                             output_tokens=resumed + usage.completion_tokens,  # all delivered
+                             batch_id=tag.record_id,
                              reservation_id=tag.reservation_id)
         await self._record(record)
 

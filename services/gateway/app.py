@@ -84,10 +84,11 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
         admission = Admission(settings.gateway_max_outstanding)
         keys = KeyCache(settings.gateway_key_cache_ttl, settings.gateway_key_stale_max)
         await watch_keys(bus, keys)
+        metrics = GatewayMetrics(lambda: admission.num_requests)
         app[STATE] = GatewayState(
             settings=settings, bus=bus, registry=registry, router=router, table=table,
-            client=InferClient(bus, registry, table, router, settings), admission=admission,
-            metrics=GatewayMetrics(lambda: admission.num_requests),
+            client=InferClient(bus, registry, table, router, settings, metrics.count_failover),
+            admission=admission, metrics=metrics,
             keys=keys, quota=Quota(registry, flush_interval=settings.gateway_usage_flush_interval,
                                    flush_requests=settings.gateway_usage_flush_requests),
             names=ModelNames(registry, table.model_names, ttl=settings.gateway_instance_refresh),

@@ -29,7 +29,15 @@ class GatewayMetrics:
             "came by (OpenAI's chat and completions, Anthropic's messages, OpenAI's responses, "
             "vLLM's score and rerank).",
             ["api", "model_name"], registry=self.registry)
+        self.failovers = Counter(
+            "shoal:gateway_stream_failovers", "Started streams whose engine died, by outcome: "
+            "resumed on another replica, or why not (no_replica, not_reproducible: sampling "
+            "without a seed, n_above_1, structured_output), when the stream ended with an error "
+            "event.", ["model_name", "outcome"], registry=self.registry)
         self.registry.register(_InFlight(in_flight))
+
+    def count_failover(self, model: str, outcome: str) -> None:
+        self.failovers.labels(model, outcome).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

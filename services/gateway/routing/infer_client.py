@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TypeVar
 
 from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 
+from shoal.services.gateway.routing.failover import Failover
 from shoal.services.gateway.routing.instances import EngineGone, InstanceTable, LiveInstance
 from shoal.services.gateway.routing.router import Router
 from shoal.shared.bus.client import Bus
@@ -42,7 +43,10 @@ class _NotStarted(Exception):
 
 class InferClient:
     def __init__(self, bus: Bus, registry: RegistryClient, table: InstanceTable, router: Router,
-                 settings: Settings) -> None:
+                 settings: Settings,
+                 on_failover: Callable[[str, str], None] = lambda model, outcome: None) -> None:
+        self.on_failover = on_failover
+        """(model, outcome): a stream's engine died; "resumed" elsewhere, or why not."""
         self.bus = bus
         self.registry = registry
         self.table = table
@@ -97,9 +101,12 @@ class InferClient:
 
     async def generate(self, req: GenerateRequest,
                        hashes: Sequence[bytes] = ()) -> AsyncIterator[InferChunk | InferEnd]:
-        """Yield the engine's chunks (seq 0 first) and its end; raise a ShoalError on failure."""
+        """Yield the engine's chunks (seq 0 first) and its end; raise a ShoalError on failure.
+        A request not started moves to another instance; a started one whose engine died goes
+        on on another replica where it can (failover.py), counted by `on_failover`."""
         tried: list[str] = []
         last: ShoalError | None = None
+        failover, attempt, moving = Failover(req), req, False
         for _ in range(max(1, self.settings.gateway_max_attempts)):
             instance_id = (self._pick(req.model, hashes, tried) if tried
                            else await self._first_pick(req.model, hashes))
@@ -107,13 +114,30 @@ class InferClient:
                 break
             tried.append(instance_id)
             try:
-                async for reply in self._attempt(instance_id, req, hashes):
-                    yield reply
+                async for reply in self._attempt(instance_id, attempt, hashes):
+                    seen = failover.seen(reply)
+                    if moving:
+                        moving = False
+                        self.on_failover(req.model, "resumed")
+                    if seen is not None:
+                        yield seen
                 return
             except _NotStarted as exc:
                 log.warning("request %s not started on %s (%s); trying another instance",
                             req.request_id, instance_id, exc.error.message)
                 last = exc.error
+            except ShoalError as exc:
+                if exc.http_status != 503:
+                    raise
+                why = failover.refusal()
+                if why is not None:
+                    self.on_failover(req.model, why)
+                    raise
+                log.warning("the engine of %s failed mid-stream (%s); request %s goes on on "
+                            "another replica", instance_id, exc.message, req.request_id)
+                attempt, last, moving = failover.resumed(), exc, True
+        if moving:
+            self.on_failover(req.model, "no_replica")
         if last is not None:
             raise last
         raise await self.no_instance(req.model)

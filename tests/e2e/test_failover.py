@@ -6,6 +6,7 @@ usage the original request's, and shoal:gateway_stream_failovers counts the move
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import aiohttp
 import pytest
 
 from shoal.services.engine.model_prep import smollm2_gguf_path
+from shoal.shared.errors import Timeout, Unavailable
 from shoal.shared.schemas.registry import InstanceFilter, ModelCreate
 from shoal.shared.states import InstanceState
 from tests.e2e.test_engine_serving import engine_pids
@@ -43,11 +45,13 @@ async def stack(servers, tmp_path_factory):
             name=f"smol-{tag}", source=str(smollm2_gguf_path()), device="cpu", max_model_len=512,
             replicas=2, worker_selector={"stack": tag},
             engine_args={"max_num_seqs": 4, "kv_cache_memory": 64 * 2**20, "num_threads": 1}))
-        deadline = time.monotonic() + 600
-        while len(running := await stack.client.list_instances(InstanceFilter(
-                model_id=model.id, state=InstanceState.RUNNING))) < 2:
+        deadline, running = time.monotonic() + 600, []
+        while len(running) < 2:
             assert time.monotonic() < deadline, "two replicas never ran"
             await asyncio.sleep(1)
+            with contextlib.suppress(Timeout, Unavailable):  # a registry slow on a busy machine
+                running = await stack.client.list_instances(InstanceFilter(
+                    model_id=model.id, state=InstanceState.RUNNING))
         yield stack, model.name, [i.id for i in running]
 
 

@@ -36,15 +36,16 @@ from tests.integration.conftest import make_settings, running_services
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 STREAMS = 8
 MAX_TOKENS = 400
-STOPPED_BOUND_S = 10.0
-"""From the kill until the engine runs no request (the design says a few seconds; a busy
-two-core machine gets slack)."""
+STOPPED_BOUND_S = 20.0
+"""From the kill until the engine runs no request (0.5 s measured; the design says a few
+seconds, and a two-core machine under a load of 30 gets slack: undisturbed, the streams would
+run for minutes)."""
 
 
 @pytest.fixture(scope="module")
 async def stack(servers, tmp_path_factory):
     settings = make_settings(servers, tmp_path_factory.mktemp("gateway-killed"),
-                             drain_timeout=5.0, heartbeat_timeout=10.0, scheduler_interval=1.0)
+                             drain_timeout=5.0, heartbeat_timeout=30.0, scheduler_interval=1.0)
     tag = uuid.uuid4().hex[:6]
     async with running_services(settings, worker={"worker_name": f"real-{tag}",
                                                   "worker_labels": {"stack": tag}},
@@ -144,7 +145,7 @@ async def test_a_killed_gateway_stops_its_streams_and_keeps_their_usage(
             streams = [Stream() for _ in range(STREAMS)]
             tasks = [asyncio.create_task(s.run(http, url, keys[i % 2].secret, model))
                      for i, s in enumerate(streams)]
-            await asyncio.wait_for(asyncio.gather(*(s.started.wait() for s in streams)), 120)
+            await asyncio.wait_for(asyncio.gather(*(s.started.wait() for s in streams)), 300)
             assert (await latest_load(stack.bus, instance_id)).num_running == STREAMS
             gateway.send_signal(signal.SIGKILL)
             killed_at = time.monotonic()

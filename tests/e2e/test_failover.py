@@ -36,7 +36,7 @@ BODY = {"stream": True, "max_tokens": 80, "ignore_eos": True, "temperature": 0,
 async def stack(servers, tmp_path_factory):
     settings = make_settings(servers, tmp_path_factory.mktemp("failover"), drain_timeout=5.0,
                              heartbeat_timeout=10.0, scheduler_interval=1.0,
-                             engine_restart_max_backoff=2.0)
+                             engine_restart_max_backoff=2.0, request_timeout=20.0)
     tag = uuid.uuid4().hex[:6]
     async with running_services(settings, worker={"worker_name": f"real-{tag}",
                                                   "worker_labels": {"stack": tag}},

@@ -45,7 +45,8 @@ run for minutes)."""
 @pytest.fixture(scope="module")
 async def stack(servers, tmp_path_factory):
     settings = make_settings(servers, tmp_path_factory.mktemp("gateway-killed"),
-                             drain_timeout=5.0, heartbeat_timeout=30.0, scheduler_interval=1.0)
+                             drain_timeout=5.0, heartbeat_timeout=30.0, scheduler_interval=1.0,
+                             request_timeout=20.0)
     tag = uuid.uuid4().hex[:6]
     async with running_services(settings, worker={"worker_name": f"real-{tag}",
                                                   "worker_labels": {"stack": tag}},

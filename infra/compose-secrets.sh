@@ -14,7 +14,9 @@ NATS_PASSWORD=$(gen)
 POSTGRES_PASSWORD=$(gen)
 printf '%s' "$NATS_PASSWORD" > secrets/nats_password
 printf '%s' "$POSTGRES_PASSWORD" > secrets/postgres_password
-printf 'nats://shoal:%s@nats:4222' "$NATS_PASSWORD" > secrets/shoal_nats_url
+# every server of the NATS cluster: a client moves to another when its server is lost
+printf 'nats://shoal:%s@nats:4222,nats://shoal:%s@nats-2:4222,nats://shoal:%s@nats-3:4222' \
+  "$NATS_PASSWORD" "$NATS_PASSWORD" "$NATS_PASSWORD" > secrets/shoal_nats_url
 printf 'postgresql+asyncpg://shoal:%s@postgres:5432/shoal' "$POSTGRES_PASSWORD" \
   > secrets/shoal_database_url
 # the files themselves are bind-mounted as they are: readable inside the containers (whose user

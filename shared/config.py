@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     or the one `shoal up` wrote to stack.json; processes of one cluster on several machines must
     set the same value."""
 
+    nats_stream_replicas: int = Field(default=1, ge=1, le=5)
+    """Servers of a NATS cluster that hold the event stream (JetStream's replicas): 3 on a
+    three-server cluster (compose.yaml) keeps events and consumers through the loss of one."""
+
     request_timeout: float = 5.0
     """Seconds a bus request waits for its reply."""
     connect_timeout: float = 10.0

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from shoal.shared.bus.codec import encode
 from shoal.shared.bus.subjects import Subjects
+from shoal.shared.config import Settings
 from shoal.shared.telemetry import event_span, inject_headers
 
 log = logging.getLogger(__name__)
@@ -30,12 +31,15 @@ class JetStreamEvents:
 
     js: JetStreamContext
     subjects: Subjects
+    settings: Settings
 
     async def ensure_events_stream(self) -> None:
         """Create the namespace's SHOAL_EVENTS_<ns> (idempotent; updated when its config
-        drifted)."""
+        drifted), on SHOAL_NATS_STREAM_REPLICAS servers of a NATS cluster (compose: 3, so
+        the events outlive one server)."""
         config = StreamConfig(name=self.subjects.events_stream, subjects=[self.subjects.events_all],
-                              storage=StorageType.FILE, max_age=EVENTS_MAX_AGE_S)
+                              storage=StorageType.FILE, max_age=EVENTS_MAX_AGE_S,
+                              num_replicas=self.settings.nats_stream_replicas)
         try:
             await self.js.add_stream(config)
         except BadRequestError:

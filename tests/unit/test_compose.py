@@ -73,6 +73,17 @@ def test_compose_serves_safely() -> None:
     workdirs = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("WORKDIR")]
     assert workdirs[-1] == "/home/shoal"
     assert "download.pytorch.org/whl/cpu" in dockerfile  # never a CUDA torch
+    # three NATS servers, routed to each other, the event stream on all three, and every
+    # service given every server (infra/compose-secrets.sh)
+    entry = services["nats"]["entrypoint"][2]
+    for name in ("nats", "nats-2", "nats-3"):
+        assert services[name]["entrypoint"][2] == entry, name
+        assert f"@{name}:6222" in entry, name
+    assert len({services[n]["environment"]["NATS_SERVER_NAME"]
+                for n in ("nats", "nats-2", "nats-3")}) == 3
+    assert services["registry"]["environment"]["SHOAL_NATS_STREAM_REPLICAS"] == "3"
+    secrets_script = (ROOT / "infra/compose-secrets.sh").read_text()
+    assert all(f"@{n}:4222" in secrets_script for n in ("nats", "nats-2", "nats-3"))
     ignored = (ROOT / ".dockerignore").read_text().splitlines()
     assert "*" in ignored and "!infra/wheels" in ignored  # allow-list: no venvs, no secrets
 

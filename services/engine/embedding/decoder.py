@@ -21,7 +21,7 @@ from shoal.services.engine.embedding.pooling import decoder_architecture
 from shoal.services.engine.layers.attention import AttentionMetadata
 from shoal.services.engine.models.registry import model_class
 from shoal.services.engine.runner.kv_cache import bind_kv_caches
-from shoal.services.engine.runner.loader import load_weights
+from shoal.services.engine.runner.loader import building_in, load_weights
 
 
 class DecoderEncoder:
@@ -32,7 +32,8 @@ class DecoderEncoder:
         hf = AutoConfig.from_pretrained(model_dir)
         hf.architectures = [decoder_architecture(hf.to_dict())]  # a trunk's: its causal LM's
         self.ops = select_ops(device)
-        model = model_class(hf)(hf, max_model_len, self.ops)
+        with building_in(dtype, device):  # no float32 copy of the weights first
+            model = model_class(hf)(hf, max_model_len, self.ops)
         model.lm_head = None  # hidden states are the output: no vocabulary projection
         model.skipped_prefixes = (*model.skipped_prefixes, "lm_head.")
         model.bare_checkpoint_prefix = "model."  # type: ignore[attr-defined]

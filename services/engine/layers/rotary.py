@@ -40,9 +40,10 @@ class RotaryEmbedding(nn.Module):
         self.ops = ops
         self.head_dim = head_dim
         self.rotary_dim = int(head_dim * float(rope.get("partial_rotary_factor") or 1.0))
-        inv_freq = rope_inv_freq(rope, self.rotary_dim, max_position, max_model_len)
-        cache = rotary_cos_sin(inv_freq, max(max_position, max_model_len),
-                               rope_attention_factor(rope, max_position))
+        with torch.device("cpu"):  # as transformers computes it (the model's .to moves it)
+            inv_freq = rope_inv_freq(rope, self.rotary_dim, max_position, max_model_len)
+            cache = rotary_cos_sin(inv_freq, max(max_position, max_model_len),
+                                   rope_attention_factor(rope, max_position))
         self.register_buffer("cos_sin", cache, persistent=False)  # [max_len, rotary_dim] float32
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor

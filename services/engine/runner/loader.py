@@ -6,17 +6,36 @@ MoE's per-expert tensors into its stacked experts): nano-vllm's 28-line loader, 
 that nothing was missed.
 Under tensor / pipeline parallelism a rank reads only the tensors of its stage (the model's
 `skipped_prefixes`), one at a time, and its parameters' loaders keep only its slice of each.
+A model is built inside `building_in(dtype, device)`: its parameters are made in the serving
+dtype where they will live, so loading peaks at the weights' bytes (plus the tensor being read),
+not at a float32 copy of them (twice a bf16 model's bytes, which used to be built first).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 from torch import nn
 
 from shoal.services.engine.config import ConfigError
 from shoal.services.engine.layers.linear import default_weight_loader
+
+
+@contextmanager
+def building_in(dtype: torch.dtype, device: torch.device) -> Iterator[None]:
+    """Tensors made without a dtype or device are `dtype` on `device` while a model is built.
+    What a module computes at build in float32 (rotary cos/sin) says so, and stays float32."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def load_weights(model: nn.Module, model_dir: Path) -> None:

@@ -119,7 +119,7 @@ def load_draft_model(source: str, runner: ModelRunner) -> nn.Module:
 
     from shoal.services.engine.runner.kv_cache import bind_kv_caches
     from shoal.services.engine.layers.cpu_weights import gguf_source, prepare_cpu_weights
-    from shoal.services.engine.runner.loader import load_weights
+    from shoal.services.engine.runner.loader import building_in, load_weights
     from shoal.services.engine.model_prep import prepare_model
     from shoal.services.engine.models.registry import model_class
 
@@ -130,7 +130,8 @@ def load_draft_model(source: str, runner: ModelRunner) -> nn.Module:
         raise ConfigError(f"the draft model's vocabulary ({hf_config.vocab_size}) differs from "
                           f"the target's ({runner.vocab_size}): it must share the tokenizer",
                           param="speculative_config")
-    model = model_class(hf_config)(hf_config, runner.max_model_len, runner.ops)
+    with building_in(runner.dtype, runner.device):  # no float32 copy of the weights first
+        model = model_class(hf_config)(hf_config, runner.max_model_len, runner.ops)
     load_weights(model, Path(folder))
     for param in model.parameters():
         param.data = param.data.to(device=runner.device, dtype=runner.dtype)

@@ -4,7 +4,9 @@ each in a fresh process, same run.
 
 The model is a random-weight ~1B Llama (hidden 2048, 16 layers, 32 / 8 heads, FFN 8192, vocab
 32000, tied), saved once as bf16 safetensors. The process's baseline RSS (torch imported) is
-reported too; what loading adds is peak - baseline, against the weights' bytes.
+reported too; what loading adds is peak - baseline, against the weights' bytes. Peak RSS counts
+the checkpoint's memory-mapped pages (clean, shared with the page cache) as well, so the peak of
+anonymous memory (RssAnon, sampled every 5 ms) is reported beside it.
 
     .venv/bin/python -m benchmarks.load_peak [--layers 16] [--dir /tmp/load-peak-llama]
 """
@@ -16,6 +18,8 @@ import json
 import resource
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -48,6 +52,13 @@ def save_model(folder: Path, layers: int) -> None:
                for k, s in shapes.items()}, str(folder / "model.safetensors"))
 
 
+def _rss_anon_gib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024 ** 2
+    return 0.0
+
+
 def measure(folder: Path, serving_dtype: bool) -> dict[str, float]:
     """Build + load in this (fresh) process; the peak RSS it reached, in GiB."""
     from transformers import AutoConfig
@@ -60,6 +71,15 @@ def measure(folder: Path, serving_dtype: bool) -> dict[str, float]:
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / gib
     cfg, device, dtype = AutoConfig.from_pretrained(folder), torch.device("cpu"), torch.bfloat16
     ops = select_ops(device)
+    anon, done = [_rss_anon_gib()], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            anon.append(_rss_anon_gib())
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
     if serving_dtype:
         with building_in(dtype, device):
             model = model_class(cfg)(cfg, 2048, ops)
@@ -68,10 +88,12 @@ def measure(folder: Path, serving_dtype: bool) -> dict[str, float]:
     load_weights(model, folder)
     for param in model.parameters():
         param.data = param.data.to(device=device, dtype=dtype)
+    done.set()
+    sampler.join()
     weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 1024 ** 3
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / gib
     return {"baseline_gib": base, "peak_gib": peak, "added_gib": peak - base,
-            "weights_gib": weights}
+            "anon_peak_gib": max(anon), "anon_base_gib": anon[0], "weights_gib": weights}
 
 
 def main() -> None:
@@ -95,7 +117,8 @@ def main() -> None:
         results[mode] = json.loads(out.strip().splitlines()[-1])
         r = results[mode]
         print(f"{mode:>14}: peak RSS {r['peak_gib']:.2f} GiB (baseline {r['baseline_gib']:.2f}, "
-              f"loading added {r['added_gib']:.2f}; weights {r['weights_gib']:.2f} GiB bf16)")
+              f"loading added {r['added_gib']:.2f}; anonymous peak {r['anon_peak_gib']:.2f}, "
+              f"baseline {r['anon_base_gib']:.2f}; weights {r['weights_gib']:.2f} GiB bf16)")
     ratio = results["serving"]["added_gib"] / results["float32-first"]["added_gib"]
     print(f"added by loading, serving dtype / float32-first: {ratio:.2f}")
 

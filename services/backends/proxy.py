@@ -181,27 +181,25 @@ class BackendHandlers(StreamIntake):
             return
         await msg.respond(encode(reply))
 
-    async def embed(self, req: EmbedRequest) -> EmbedReply:
+    async def _post_json(self, path: str, body: dict[str, Any]) -> Any:
+        """One pooling call to the backend: its JSON answer, or its error in our words."""
         assert self.session is not None
-        async with self.session.post(f"{self.base_url}/v1/embeddings",
-                                     json=embedding_body(req, self.served_name),
+        async with self.session.post(f"{self.base_url}{path}", json=body,
                                      headers=inject_headers()) as response:
             text = await response.text()
             if response.status != 200:
                 raise error_from_body(response.status, text)
-        reply = embed_reply(json.loads(text))
+        return json.loads(text)
+
+    async def embed(self, req: EmbedRequest) -> EmbedReply:
+        reply = embed_reply(await self._post_json("/v1/embeddings",
+                                                  embedding_body(req, self.served_name)))
         self.counters["prompt_tokens"] += reply.prompt_tokens
         return reply
 
     async def score(self, req: ScoreRequest) -> ScoreReply:
-        assert self.session is not None
-        async with self.session.post(f"{self.base_url}/v1/score",
-                                     json=score_body(req, self.served_name),
-                                     headers=inject_headers()) as response:
-            text = await response.text()
-            if response.status != 200:
-                raise error_from_body(response.status, text)
-        reply = score_reply(json.loads(text), len(req.text_1))
+        reply = score_reply(await self._post_json("/v1/score", score_body(req, self.served_name)),
+                            len(req.text_1))
         self.counters["prompt_tokens"] += reply.prompt_tokens
         return reply
 

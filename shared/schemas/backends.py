@@ -54,13 +54,18 @@ class ExtendedKVCache(Wire):
 
 def flatten_parameters(parameters: list[str]) -> list[str]:
     """Each entry may hold several whitespace-separated tokens ("--max-num-seqs 8"); `--a = b`
-    spellings are joined to `--a=b`, as users type them in a form."""
+    spellings are joined to `--a=b`, as users type them in a form. A flag followed by a JSON
+    object or list (`--speculative-config {"method": "ngram"}`) keeps that value whole: split
+    as shell words it would lose its quotes."""
     tokens: list[str] = []
     for raw in parameters:
         text = raw.strip()
         key, _, value = text.partition("=")
+        flag, _, rest = text.partition(" ")
         if text.startswith("-") and value and " " not in key.strip():
             tokens.append(f"{key.strip()}={value.strip()}")  # the value may hold spaces (JSON)
+        elif text.startswith("-") and rest.strip()[:1] in ("{", "["):
+            tokens += [flag, rest.strip()]
         else:
             tokens += shlex.split(text)
     return tokens

@@ -207,6 +207,14 @@ def test_flatten_as_users_type_flags() -> None:
         "--a", "1", "--b=2", "--c=x y", "--d"]
 
 
+def test_a_json_value_after_a_space_keeps_its_quotes() -> None:
+    tokens = flatten_parameters(['--speculative-config {"method": "ngram", "prompt_lookup_max": 4}',
+                                 "--kv-transfer-config [1, 2]"])
+    assert tokens[0] == "--speculative-config" and json.loads(tokens[1]) == {
+        "method": "ngram", "prompt_lookup_max": 4}
+    assert tokens[2:] == ["--kv-transfer-config", "[1, 2]"]
+
+
 @pytest.mark.parametrize("flag,field", [
     ("--tensor-parallel-size 2", "tp"), ("-tp 2", "tp"), ("--pipeline_parallel_size=2", "pp"),
     ("--port 9000", "port"), ("--host 0.0.0.0", "host"), ("--served-model-name x", "served"),

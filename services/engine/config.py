@@ -14,7 +14,8 @@ import os
 from dataclasses import dataclass
 
 from shoal.shared.errors import InvalidRequest
-from shoal.shared.schemas.engine_args import QUANTIZATIONS, TASKS, check_pooler_config
+from shoal.shared.schemas.engine_args import (LOAD_FORMATS, QUANTIZATIONS, TASKS,
+                                              check_pooler_config)
 from shoal.shared.schemas.infer import REASONING_PARSERS, TOOL_CALL_PARSERS
 from shoal.shared.schemas.speculative import SpeculativeConfig, parse_speculative_config
 from shoal.shared.units import GIB, MIB
@@ -100,6 +101,10 @@ class EngineConfig:
     K-quants, Q4_1...; no dequantise + requantise); "none" = the checkpoint's dtype (a .gguf
     dequantised to fp32); None = "gguf" for a .gguf model on one rank, else "none"
     (layers/cpu_weights.py resolve_quantization)."""
+    load_format: str = "auto"
+    """vLLM's --load-format: "auto" / "safetensors" read the folder's weights; "dummy" fills every
+    weight with seeded random values instead (uniform in +-1e-3, vLLM's), so a folder of
+    config.json + tokenizer runs: benchmarks at sizes nobody downloads (runner/loader.py)."""
     tool_call_parser: str | None = None
     """How "auto" tool-choice answers are parsed for tool calls (vLLM's --tool-call-parser):
     one of TOOL_CALL_PARSERS (hermes, llama3_json, mistral, pythonic, qwen3_xml); None refuses
@@ -188,6 +193,12 @@ class EngineConfig:
             refuse("reasoning_parser", f"one of {', '.join(REASONING_PARSERS)}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             refuse("quantization", f"one of {', '.join(QUANTIZATIONS)} or None")
+        if self.load_format not in LOAD_FORMATS:
+            refuse("load_format", f"one of {', '.join(LOAD_FORMATS)}")
+        if self.load_format == "dummy" and str(self.model).endswith(".gguf"):
+            raise ConfigError('load_format "dummy" makes random weights for a model folder\'s '
+                              "config.json: a .gguf file brings its own weights",
+                              param="load_format")
         if self.quantization == "gguf" and not str(self.model).endswith(".gguf"):
             raise ConfigError('quantization "gguf" runs a .gguf file\'s own blocks: the model '
                               f"must be a .gguf file, got {self.model!r}", param="quantization")

@@ -26,6 +26,12 @@ Q4_1...; vLLM's name for GGUF checkpoints, and a .gguf model's default on one ra
 the checkpoint's dtype (a .gguf dequantised: the fp32 reference); README's table says which is
 faster when."""
 
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+"""vLLM's --load-format values the engine implements: "auto" and "safetensors" read the folder's
+*.safetensors; "dummy" gives every weight random values (uniform in +-1e-3, seeded, as vLLM's
+DummyModelLoader), so config.json and the tokenizer are all a folder needs (benchmarks at sizes
+whose weights nobody downloads)."""
+
 TASKS = ("auto", "generate", "embed")
 """vLLM's --task: "embed" serves a causal LM (Qwen3-Embedding) for /v1/embeddings; "auto" does
 so when its folder has sentence-transformers' pooling files (modules.json)."""
@@ -82,6 +88,8 @@ class EngineArgs(Wire):
     quantization: str | None = None
     """vLLM's --quantization: "int8", "int4", "gguf" or "none" (CPU path; unset: a .gguf source
     runs its own blocks, any other its dtype)."""
+    load_format: str | None = None
+    """vLLM's --load-format: "auto", "safetensors" or "dummy" (random weights of the config)."""
     tool_call_parser: str | None = None
     """vLLM's --tool-call-parser: shared/schemas/infer.py TOOL_CALL_PARSERS."""
     reasoning_parser: str | None = None
@@ -131,6 +139,14 @@ class EngineArgs(Wire):
     def _known_quantization(cls, value: str | None) -> str | None:
         if value is not None and value not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, "
+                             f"got {value!r}")
+        return value
+
+    @field_validator("load_format")
+    @classmethod
+    def _known_load_format(cls, value: str | None) -> str | None:
+        if value is not None and value not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, "
                              f"got {value!r}")
         return value
 

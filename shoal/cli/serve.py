@@ -59,6 +59,9 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                        help="CPU weights: int8, int4 (groups of 32), gguf (a .gguf model's own "
                             "blocks: its default) or none (the checkpoint's dtype, a .gguf "
                             "dequantised to fp32); README: which is faster when")
+    serve.add_argument("--load-format", choices=("auto", "safetensors", "dummy"),
+                       help="dummy: random weights of the model's config.json (no weight files "
+                            "read; benchmarks)")
     serve.add_argument("--speculative-config",
                        help='speculative decoding as JSON, e.g. \'{"method": "ngram", '
                             '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\'')
@@ -111,6 +114,7 @@ def model_spec(args: argparse.Namespace) -> ModelCreate:
                    "enable_chunked_prefill": args.enable_chunked_prefill,
                    "enforce_eager": args.enforce_eager, "seed": args.seed,
                    "tool_call_parser": args.tool_call_parser, "quantization": args.quantization,
+                   "load_format": args.load_format,
                    "reasoning_parser": args.reasoning_parser,
                    "chat_template": chat_template(args.chat_template),
                    "speculative_config": speculative_config(args.speculative_config),

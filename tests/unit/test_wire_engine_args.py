@@ -27,6 +27,7 @@ TOP_LEVEL = {"max_model_len", "dtype", "gpu_memory_utilization"}
 BAD = [("block_size", 12), ("block_size", 0), ("max_num_seqs", 0), ("max_num_batched_tokens", -1),
        ("kv_cache_memory", 0), ("num_kv_blocks", 0), ("num_threads", 0),
        ("tool_call_parser", "nonsense"), ("reasoning_parser", "hermes"), ("quantization", "fp4"),
+       ("load_format", "pt"),
        ("speculative_config", {"method": "ngram", "num_speculative_tokens": 0}),
        ("speculative_config", {"method": "medusa", "num_speculative_tokens": 2}),
        ("task", "classify"), ("override_pooler_config", {"pooling_type": "STEP"}),

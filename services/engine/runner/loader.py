@@ -3,7 +3,8 @@
 Checkpoint names are transformers'; `packed_modules_mapping` routes q/k/v and gate/up shards
 into the packed parameters, and a family's `checkpoint_target` the names it maps otherwise (an
 MoE's per-expert tensors into its stacked experts): nano-vllm's 28-line loader, plus a check
-that nothing was missed.
+that nothing was missed. `load_format="dummy"` (vLLM's) skips the files: every floating-point
+parameter gets seeded uniform values in +-1e-3, as vLLM's DummyModelLoader gives them.
 Under tensor / pipeline parallelism a rank reads only the tensors of its stage (the model's
 `skipped_prefixes`), one at a time, and its parameters' loaders keep only its slice of each.
 A model is built inside `building_in(dtype, device)`: its parameters are made in the serving
@@ -36,6 +37,32 @@ def building_in(dtype: torch.dtype, device: torch.device) -> Iterator[None]:
             yield
     finally:
         torch.set_default_dtype(previous)
+
+
+DUMMY_RANGE = (-1e-3, 1e-3)
+DUMMY_SEED = 1234
+"""vLLM's initialize_dummy_weights defaults: small enough that no activation overflows."""
+
+
+def initialize_dummy_weights(model: nn.Module, low: float = DUMMY_RANGE[0],
+                             high: float = DUMMY_RANGE[1], seed: int = DUMMY_SEED) -> None:
+    """Every floating-point parameter uniform in [low, high), the same values for the same
+    model and seed (drawn in float32, then cast: half types have too few bits to draw in)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.is_floating_point():
+                values = torch.empty(param.shape, dtype=torch.float32)
+                values.uniform_(low, high, generator=gen)
+                param.copy_(values.to(param.dtype))
+
+
+def load_model_weights(model: nn.Module, model_dir: Path, load_format: str = "auto") -> None:
+    """The weights as `load_format` says (EngineConfig.load_format): read or random."""
+    if load_format == "dummy":
+        initialize_dummy_weights(model)
+    else:
+        load_weights(model, model_dir)
 
 
 def load_weights(model: nn.Module, model_dir: Path) -> None:

@@ -32,7 +32,7 @@ from shoal.services.engine.runner.input_batch import ModelInputs, build_model_in
 from shoal.services.engine.runner.kv_cache import attention_layers, bind_kv_caches, num_kv_blocks
 from shoal.services.engine.layers.cpu_weights import (gguf_source, prepare_cpu_weights,
                                                       resolve_quantization)
-from shoal.services.engine.runner.loader import building_in, load_weights
+from shoal.services.engine.runner.loader import building_in, load_model_weights
 from shoal.services.engine.runner.lora_manager import LoRAManager
 from shoal.services.engine.lora_request import LoRARequest
 from shoal.services.engine.model_limits import context_limit, resolve_max_model_len
@@ -73,7 +73,7 @@ class ModelRunner:
         self.ops = ops = select_ops(self.device)
         with building_in(self.dtype, self.device):  # no float32 copy of the weights first
             self.model = model_class(hf_config)(hf_config, self.max_model_len, ops, self.parallel)
-        load_weights(self.model, model_dir)
+        load_model_weights(self.model, model_dir, config.load_format)
         for param in self.model.parameters():  # (a no-op unless a loader swapped the tensor)
             param.data = param.data.to(device=self.device, dtype=self.dtype)
         self.model.to(self.device).eval()  # buffers (rotary cos/sin) stay float32

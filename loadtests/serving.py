@@ -22,6 +22,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORDS = ("the of and to in is was for on that with as by at from his her an were are which this "
@@ -137,13 +138,14 @@ async def run_served(url: str, model: str, samples: list[Sample], rate: float, a
 
 
 def run_offline(model_path: str, samples: list[Sample], max_concurrency: int | None,
-                engine_args: dict[str, int]) -> tuple[list[Result], float]:
-    """The same workload on an in-process engine, keeping at most `max_concurrency` in flight."""
+                engine_args: dict[str, int], llm: Any = None) -> tuple[list[Result], float]:
+    """The same workload on an in-process engine, keeping at most `max_concurrency` in flight
+    (`llm`: one already loaded, reused across runs; else one is made from `model_path`)."""
     from shoal import LLM
     from shoal.services.engine.core.request_output import RequestOutputKind
     from shoal.services.engine.sampling_params import SamplingParams
 
-    llm = LLM(model_path, **engine_args)
+    llm = llm if llm is not None else LLM(model_path, **engine_args)
     core, tokenizer = llm.engine, llm.get_tokenizer()
     pending = list(enumerate(samples))
     cap = max_concurrency or len(samples)

@@ -100,6 +100,10 @@ class Settings(BaseSettings):
     backend_cache_dir: Path | None = None
     """Where the worker installs backends (<package>-<version> venvs); default
     <data_dir>/backends."""
+    engine_placement_check_interval: float = Field(default=5.0, gt=0.0)
+    """Seconds between an engine's checks that its instance is still placed where it runs (and
+    after every NATS reconnection): one placed anew meanwhile, on another worker after a
+    partition, is fenced (it stops taking requests and drains)."""
     engine_restart_max_backoff: float = 300.0
     """Crashed engines restart after 2, 4, 8, ... seconds, at most this long."""
 

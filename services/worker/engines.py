@@ -52,6 +52,9 @@ class EngineProcess:
     process: subprocess.Popen[bytes] | AdoptedProcess
     log_path: Path
     started_at: float
+    generation: int | None = None
+    """The placement it was started for (InstancePublic.placement_generation); None: adopted
+    from a record written before generations were kept."""
 
     @property
     def alive(self) -> bool:
@@ -82,8 +85,10 @@ def running_engines(data_dir: Path, worker_name: str) -> dict[str, EngineProcess
         if not (alive(pid) and "engine" in argv and path.stem in argv):
             path.unlink(missing_ok=True)
             continue
+        generation = record.get("generation")
         found[path.stem] = EngineProcess(path.stem, AdoptedProcess(pid),
-                                         Path(record.get("log_path", "")), time.monotonic())
+                                         Path(record.get("log_path", "")), time.monotonic(),
+                                         None if generation is None else int(generation))
     return found
 
 

@@ -80,7 +80,7 @@ class Supervisor:
         self.records.mkdir(parents=True, exist_ok=True)
         (self.records / f"{engine.instance_id}.json").write_text(json.dumps({
             "pid": engine.process.pid, "worker_name": self.worker_name,
-            "log_path": str(engine.log_path)}))
+            "log_path": str(engine.log_path), "generation": engine.generation}))
 
     def _forget(self, instance_id: str) -> None:
         (self.records / f"{instance_id}.json").unlink(missing_ok=True)
@@ -137,6 +137,14 @@ class Supervisor:
         now = time.monotonic()
         for instance_id, instance in mine.items():
             engine = self.engines.get(instance_id)
+            if engine is not None and _stale(engine, instance):
+                log.warning("instance %s was placed here anew (generation %s -> %d): stopping "
+                            "the engine of its old placement", instance.name, engine.generation,
+                            instance.placement_generation)
+                del self.engines[instance_id]
+                self._forget(instance_id)
+                await asyncio.to_thread(self._stop, engine)
+                engine = None
             if engine is not None and engine.alive:
                 continue
             if engine is not None:  # it crashed
@@ -159,7 +167,7 @@ class Supervisor:
             self.next_start[instance.id] = now + self._backoff(instance.restart_count + 1)
             await self._to_error(await self.registry.get_instance(instance.id),
                                  f"the worker cannot start the engine: {type(exc).__name__}: "
-                                 f"{exc}")
+                                 f"{exc}", instance.placement_generation)
             return
         self.engines[instance.id] = engine
         self._record(engine)
@@ -190,7 +198,8 @@ class Supervisor:
         if self.settings.worker_cpus:  # before its ranks start: they inherit it
             os.sched_setaffinity(process.pid, self.settings.worker_cpus)
         log.info("started engine for %s (pid %d, log %s)", instance.name, process.pid, log_path)
-        return EngineProcess(instance.id, process, log_path, time.monotonic())
+        return EngineProcess(instance.id, process, log_path, time.monotonic(),
+                             instance.placement_generation)
 
     async def _report_crash(self, instance: InstancePublic, engine: EngineProcess) -> None:
         code = engine.process.returncode
@@ -200,14 +209,17 @@ class Supervisor:
             message = fresh.state_message or f"engine exited with {code}"
         else:
             message = f"engine exited with {code}: {engine.log_tail()}"
-        await self._to_error(fresh, message)
+        await self._to_error(fresh, message, instance.placement_generation)
 
-    async def _to_error(self, fresh: InstancePublic, message: str) -> None:
-        """ERROR with `message`, one more failure counted (the scheduler's back-off reads it)."""
+    async def _to_error(self, fresh: InstancePublic, message: str, generation: int) -> None:
+        """ERROR with `message`, one more failure counted (the scheduler's back-off reads it).
+        The write names the placement the engine served (`generation`): refused (a Conflict,
+        logged by the reconcile loop) if the instance was placed anew since."""
         if fresh.state is InstanceState.ERROR or can_transition(fresh.state, InstanceState.ERROR):
             await self.registry.transition_instance(InstanceTransition(
                 id=fresh.id, version=fresh.version, state=InstanceState.ERROR,
-                state_message=message[-2000:], restart_count=fresh.restart_count + 1))
+                state_message=message[-2000:], restart_count=fresh.restart_count + 1,
+                placement_generation=generation))
 
     def _stop(self, engine: EngineProcess) -> None:
         if engine.alive:
@@ -228,3 +240,9 @@ class Supervisor:
         for engine in list(self.engines.values()):
             self._stop(engine)
         self.engines.clear()
+
+
+def _stale(engine: EngineProcess, instance: InstancePublic) -> bool:
+    """The engine was started for an earlier placement of the instance (placed here anew after
+    a partition); an adopted engine of unknown generation is taken as current."""
+    return engine.generation is not None and engine.generation != instance.placement_generation

@@ -49,7 +49,10 @@ class Intake:
         """Take requests (and whatever else `subscribe_more` adds), flushed: once this returns
         the server routes them here."""
         nc = self.bus.nc
+        # a queue group: should a fenced engine (its worker back from a partition, the instance
+        # placed anew) still listen for a moment beside its successor, one of them answers
         self.subs = [await nc.subscribe(self.bus.subjects.infer(self.instance_id),
+                                        queue=self.bus.subjects.infer(self.instance_id),
                                         cb=self.on_request)]
         await self.subscribe_more()
         await nc.flush()

@@ -1,21 +1,27 @@
 """An engine instance's states and its serving lifecycle, whatever its engine serves.
 
-`InstanceReporter` moves the instance through its states in the registry. `serve_instance` is
+`InstanceReporter` moves the instance through its states in the registry, each write naming the
+placement this engine serves (shared/placement_fence.py). `serve_instance` is
 what every loaded engine does, generation (service.py) or embeddings (embed_service.py): take
 requests, publish its load and /metrics, move to RUNNING, then wait for the stop signal (SIGTERM:
 drain, i.e. intake stops and in-flight requests finish, up to drain_timeout) or for the engine to
-fail (ERROR with the cause, exit non-zero: the supervisor restarts it).
+fail (ERROR with the cause, exit non-zero: the supervisor restarts it). All along it re-reads its
+instance every `engine_placement_check_interval` and after every NATS reconnection: an engine
+whose instance was placed anew meanwhile (its worker was cut off by a partition, and the
+instance rescheduled elsewhere) is fenced: it stops taking requests and drains at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
 from shoal.services.engine.server.intake import Intake
+from shoal.shared.placement_fence import STALE_PLACEMENT
 from shoal.shared.bus.client import Bus
 from shoal.shared.bus.registry_client import RegistryClient
 from shoal.shared.config import Settings
@@ -34,12 +40,14 @@ class Gone(Exception):
 
 
 class InstanceReporter:
-    """Moves the instance through its states, re-reading on a stale version."""
+    """Moves the instance through its states, re-reading on a stale version; its writes name the
+    placement it was started for, so the registry refuses them once the instance moved on."""
 
     def __init__(self, registry: RegistryClient, instance: InstancePublic) -> None:
         self.registry = registry
         self.instance = instance
         self.worker_id = instance.worker_id
+        self.generation = instance.placement_generation
 
     async def move(self, state: InstanceState, message: str | None = None) -> None:
         for _ in range(5):
@@ -49,9 +57,11 @@ class InstanceReporter:
             try:
                 self.instance = await self.registry.transition_instance(InstanceTransition(
                     id=self.instance.id, version=self.instance.version, state=state,
-                    state_message=message))
+                    state_message=message, placement_generation=self.generation))
                 return
-            except Conflict:
+            except Conflict as exc:
+                if exc.code == STALE_PLACEMENT:
+                    raise Gone(exc.message) from None
                 await self.refresh()
         raise Gone(f"could not move the instance to {state.value}: it keeps changing")
 
@@ -62,7 +72,10 @@ class InstanceReporter:
             raise Gone("the instance was deleted") from None
         instance = self.instance
         if instance.worker_id != self.worker_id or instance.state is InstanceState.PENDING:
-            raise Gone("the instance was moved to another worker")
+            raise Gone(f"the instance was moved to worker {instance.worker_name or 'none'}")
+        if instance.placement_generation != self.generation:
+            raise Gone(f"the instance was placed anew (generation {self.generation} -> "
+                       f"{instance.placement_generation})")
 
 
 async def serve_instance(settings: Settings, bus: Bus, reporter: InstanceReporter,
@@ -76,6 +89,8 @@ async def serve_instance(settings: Settings, bus: Bus, reporter: InstanceReporte
     await endpoint.start(bus)
     load_stop = asyncio.Event()
     loads = asyncio.create_task(handlers.publish_load_forever(load_stop))
+    watch = asyncio.create_task(watch_placement(reporter, bus, stop,
+                                                settings.engine_placement_check_interval))
     try:
         await reporter.move(InstanceState.RUNNING, None)
         log.info("serving %s as instance %s", handlers.model_name, reporter.instance.name)
@@ -89,9 +104,36 @@ async def serve_instance(settings: Settings, bus: Bus, reporter: InstanceReporte
     except Gone as exc:
         log.info("stopping: %s", exc)
     finally:
+        watch.cancel()
         load_stop.set()
         await loads
         await endpoint.stop()
+
+
+async def watch_placement(reporter: InstanceReporter, bus: Bus, stop: asyncio.Event,
+                          every_s: float) -> None:
+    """Re-read the instance every `every_s` and after each NATS reconnection; set `stop` (drain
+    and exit) once it shows this engine's placement is over. A registry that cannot answer
+    fences nothing: engines serve through a registry outage."""
+    wake = asyncio.Event()
+    bus.on_reconnect.append(wake.set)
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(wake.wait(), every_s)
+            wake.clear()
+            try:
+                await reporter.refresh()
+            except Gone as exc:
+                log.warning("fenced: %s; this engine stops taking requests and drains", exc)
+                stop.set()
+                return
+            except ShoalError as exc:
+                log.info("cannot check the placement now (%s); serving on", exc.message)
+            except Exception:  # noqa: BLE001 - a bug here must not end the serving
+                log.exception("the placement check failed; serving on")
+    finally:
+        bus.on_reconnect.remove(wake.set)
 
 
 async def _until_stop_or_failure(failure: Callable[[], str | None],

@@ -36,7 +36,9 @@ def instance_public(row: InstanceRow) -> InstancePublic:
         tp=placement.tp if placement else 1, pp=placement.pp if placement else 1,
         subordinate_workers=placement.subordinate_workers if placement else [],
         warnings=placement.warnings if placement else [],
-        restart_count=row.restart_count, created_at=row.created_at, updated_at=row.updated_at,
+        restart_count=row.restart_count,
+        placement_generation=placement.generation if placement else 0,
+        created_at=row.created_at, updated_at=row.updated_at,
         state_changed_at=row.state_changed_at, version=row.version,
         run_revision=row.run_revision or 0,
     )

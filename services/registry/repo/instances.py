@@ -3,7 +3,8 @@
 A transition names the version it read; an illegal move or a stale version is refused before
 anything is written. SCHEDULED takes a placement; back to PENDING clears it. A transition to the
 same state only updates the message (the scheduler's "why not placed" on PENDING instances).
-The scheduler's writes carry a leader fence, checked in the same transaction (fencing.py).
+The scheduler's writes carry a leader fence, checked in the same transaction (fencing.py); a
+worker's and an engine's name the placement they serve (shared/placement_fence.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from shoal.services.registry.repo.common import (
 )
 from shoal.services.registry.repo.convert import instance_public
 from shoal.services.registry.repo.fencing import check_fence
+from shoal.shared.placement_fence import check_placement
 from shoal.shared.db.base import new_id
 from shoal.shared.db.tables import InstanceRow, ModelRow, WorkerRow
 from shoal.shared.errors import InvalidRequest, NotFound
@@ -70,6 +72,7 @@ class InstanceRepo:
             await check_fence(s, req.fence)
             row = await get_or_404(s, InstanceRow, req.id, "instance")
             check_version(row.version, req.version, f"instance {row.name!r}")
+            check_placement(f"instance {row.name!r}", _generation(row), req.placement_generation)
             current = InstanceState(row.state)
             if req.state is not current:
                 check_transition(current, req.state)
@@ -79,7 +82,9 @@ class InstanceRepo:
                 row.state_changed_at = utcnow()
             if worker is not None and req.placement is not None:
                 row.worker_id, row.worker_name = worker.id, worker.name
-                row.placement = req.placement.model_dump(mode="json")
+                # the version it was read at: unique to this placement (versions only grow)
+                row.placement = req.placement.model_copy(
+                    update={"generation": row.version}).model_dump(mode="json")
             elif req.state is InstanceState.PENDING:
                 row.worker_id = row.worker_name = row.placement = None
             row.state_message = req.state_message
@@ -115,3 +120,10 @@ class InstanceRepo:
         if worker is None:
             raise NotFound(f"worker {req.placement.worker_id!r} not found")
         return worker
+
+
+def _generation(row: InstanceRow) -> int | None:
+    """The generation of the row's placement; None when it is not placed."""
+    if row.placement is None:
+        return None
+    return int(row.placement.get("generation", 0))

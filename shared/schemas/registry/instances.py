@@ -41,6 +41,10 @@ class Placement(Wire):
     pp: int = 1
     subordinate_workers: list[SubordinateWorker] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
+    generation: int = 0
+    """Set by the registry when the placement is written (the row's version then, so every
+    placement of one instance has its own): what a worker's and an engine's writes name, so
+    those of an earlier placement (a worker back from a partition) are refused."""
 
 
 class LeaderFence(Wire):
@@ -73,6 +77,8 @@ class InstancePublic(Wire):
     subordinate_workers: list[SubordinateWorker] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     restart_count: int = 0
+    placement_generation: int = 0
+    """The current placement's generation (Placement.generation); 0 while PENDING."""
     created_at: datetime
     updated_at: datetime
     state_changed_at: datetime
@@ -92,6 +98,10 @@ class InstanceTransition(Wire):
     restart_count: int | None = Field(default=None, ge=0)
     fence: LeaderFence | None = None
     """Set by the scheduler (only the leader's write is accepted); None for everyone else."""
+    placement_generation: int | None = None
+    """Set by the worker and the engine: the placement they serve. Refused (409
+    stale_placement) once the instance has been placed anew or unplaced since: a stale engine
+    back from a partition cannot move the replica that now runs elsewhere."""
 
 
 class InstanceFilter(Wire):

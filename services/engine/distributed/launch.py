@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shoal.services.engine.distributed.reach import CONNECT_TIMEOUT_S
+
 RANK_MODULE = "shoal.services.engine.distributed.rank_process"
 
 
@@ -47,6 +49,8 @@ class RankLaunch:
     watch_parent: bool = True
     visible_gpus: tuple[int, ...] | None = None
     """CUDA_VISIBLE_DEVICES for the rank (a worker's GPUs of the instance); None: inherited."""
+    connect_timeout: float = CONNECT_TIMEOUT_S
+    """Seconds rank 0's host may stay unreachable before the rank fails (distributed/reach.py)."""
 
     @classmethod
     def build(cls, *, rank: int, config: Mapping[str, Any], cores: Sequence[int],
@@ -74,6 +78,8 @@ class RankLaunch:
             cmd += ["--instance-id", self.instance_id]
         if self.watch_parent:
             cmd.append("--watch-parent")
+        if self.connect_timeout != CONNECT_TIMEOUT_S:
+            cmd += ["--connect-timeout", str(self.connect_timeout)]
         return cmd
 
     def env(self, base: Mapping[str, str]) -> dict[str, str]:
@@ -101,9 +107,13 @@ class RankLaunch:
         parser.add_argument("--cores", default="", help="CPU cores for this rank, e.g. 2,3")
         parser.add_argument("--watch-parent", action="store_true",
                             help="exit when the process that started this rank is gone")
+        parser.add_argument("--connect-timeout", type=float, default=CONNECT_TIMEOUT_S,
+                            help="seconds rank 0's host may stay unreachable before this rank "
+                            f"fails (default {CONNECT_TIMEOUT_S:g})")
         args = parser.parse_args(argv)
         return cls(rank=args.rank, init_method=args.init_method,
                    config=json.loads(args.config),
                    cores=tuple(int(c) for c in args.cores.split(",") if c),
                    model_dir=args.model_dir, cache_dir=args.cache_dir,
-                   instance_id=args.instance_id, watch_parent=args.watch_parent)
+                   instance_id=args.instance_id, watch_parent=args.watch_parent,
+                   connect_timeout=args.connect_timeout)

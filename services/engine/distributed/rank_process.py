@@ -19,6 +19,8 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from shoal.services.engine.distributed.reach import CONNECT_TIMEOUT_S, wait_for_rank0
+
 RENDEZVOUS_TIMEOUT_S = 300
 """How long a rank waits for the others at the rendezvous (and a collective for its peers)."""
 
@@ -46,11 +48,12 @@ def main(argv: list[str] | None = None) -> int:
 
         model_dir = prepare_model(config.model,
                                   Path(launch.cache_dir) if launch.cache_dir else None)
-    serve_rank(config, model_dir, launch.rank, launch.init_method)
+    serve_rank(config, model_dir, launch.rank, launch.init_method, launch.connect_timeout)
     return 0
 
 
-def serve_rank(config: object, model_dir: Path, rank: int, init_method: str) -> None:
+def serve_rank(config: object, model_dir: Path, rank: int, init_method: str,
+               connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
     import torch.distributed as dist
 
     from shoal.services.engine.distributed.parallel_state import ParallelContext
@@ -62,6 +65,9 @@ def serve_rank(config: object, model_dir: Path, rank: int, init_method: str) -> 
 
         torch.cuda.set_device(config.device)  # type: ignore[attr-defined]
     host, port = parse_init_method(init_method)
+    # fail in seconds, naming the address, when rank 0's host cannot be reached at all
+    wait_for_rank0(host, port, rank=rank, unreachable_after=connect_timeout,
+                   give_up_after=RENDEZVOUS_TIMEOUT_S)
     timeout = timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
     store = dist.TCPStore(host, port, tp * pp, is_master=False, timeout=timeout)
     store.set(joined_key(rank), str(os.getpid()))  # rank 0 waits for these (executor.py)

@@ -149,3 +149,21 @@ def expert_gemv(x: torch.Tensor, stacked: torch.Tensor, ids: torch.Tensor,
     [k], bias [E, N] -> [k, N] (row j: expert ids[j] on x's row j, or its only row); with
     `scales` [k] (routing weights) -> [1, N], the scaled rows summed."""
     return torch.ops.shoal_cpu.expert_gemv(x, stacked, ids, bias, scales)
+
+
+Q8_MAX_ROWS = 16
+"""GGUF layers run steps of fewer rows than this through the int8-activation kernel
+(`gguf_matmul_q8`, csrc/cpu_gguf.cpp) where it is built: at 8 rows it was 1.3-1.7x the
+dequantise + bf16 GEMM path, level at 16, 0.7-0.8x at 32 (benchmarks/gguf_kernels.py, one
+thread, 4096 x 2048): per row it spends four vector ops on 64 weights (dot, convert, two
+scalings), a bf16 GEMM two."""
+
+Q8_INT8_MAX_ROWS = 1
+"""Shoal's int8 layers run steps of up to this many rows through `int8_matmul_q8`: 1.5x
+`torch._weight_int8pack_mm` at one row, level at two."""
+
+
+def q8_available(in_features: int) -> bool:
+    """Whether the int8-activation VNNI kernels are built (AVX-512 VNNI under -march=native)
+    and take rows of `in_features` (a multiple of 64)."""
+    return in_features % 64 == 0 and load() and hasattr(torch.ops.shoal_cpu, "gguf_matmul_q8")

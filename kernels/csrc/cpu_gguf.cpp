@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -54,6 +55,27 @@ inline u8x16 bytes(const uint8_t* p) {
 }
 
 inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof(v)); }
+inline void put(uint8_t* p, u8x16 v) { std::memcpy(p, &v, sizeof(v)); }
+
+typedef uint8_t u8x32 __attribute__((vector_size(32)));
+inline u8x32 bytes32(const uint8_t* p) {
+  u8x32 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void put32(uint8_t* p, u8x32 v) { std::memcpy(p, &v, sizeof(v)); }
+
+// v in n consecutive floats (the int8 path's scale of each int32 lane: 4 weights).
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef float f32x4 __attribute__((vector_size(16)));
+inline void lanes8(float* p, float v) {
+  const f32x8 x = f32x8{} + v;
+  std::memcpy(p, &x, sizeof(x));
+}
+inline void lanes4(float* p, float v) {
+  const f32x4 x = f32x4{} + v;
+  std::memcpy(p, &x, sizeof(x));
+}
 
 typedef int32_t i32x16 __attribute__((vector_size(16 * sizeof(int32_t))));
 
@@ -104,8 +126,9 @@ inline u8x16 fifth_bits(uint32_t qh, int first) {
   return __builtin_convertvector(bits, u8x16);
 }
 
-// Each type: QK weights a block, B bytes a block, and `unpack` (block -> QK floats), written
-// 16 weights at a time.
+// Each type: QK weights a block, B bytes a block, `unpack` (block -> QK floats), written 16
+// weights at a time, and `q8` (block -> QK unsigned codes c; w = s * c + o with s given for each
+// 4 weights (QK / 4 floats: one per int32 lane of the int8 path below) and o per 16).
 struct Q4_0 {
   static constexpr int QK = 32, B = 18;
   static void unpack(const uint8_t* b, float* y) {
@@ -113,6 +136,14 @@ struct Q4_0 {
     const u8x16 q = bytes(b + 2);
     store(y, d * (to_float(q & 0xF) - 8.f));
     store(y + 16, d * (to_float(q >> 4) - 8.f));
+  }
+  static void q8(const uint8_t* b, uint8_t* c, float* s, float* o) {
+    const float d = half(b);
+    const u8x16 q = bytes(b + 2);
+    put(c, q & 0xF);
+    put(c + 16, q >> 4);
+    lanes8(s, d);
+    o[0] = o[1] = -8.f * d;
   }
 };
 
@@ -123,6 +154,14 @@ struct Q4_1 {
     const u8x16 q = bytes(b + 4);
     store(y, d * to_float(q & 0xF) + m);
     store(y + 16, d * to_float(q >> 4) + m);
+  }
+  static void q8(const uint8_t* b, uint8_t* c, float* s, float* o) {
+    const float d = half(b), m = half(b + 2);
+    const u8x16 q = bytes(b + 4);
+    put(c, q & 0xF);
+    put(c + 16, q >> 4);
+    lanes8(s, d);
+    o[0] = o[1] = m;
   }
 };
 
@@ -136,6 +175,16 @@ struct Q5_0 {
     store(y, d * (to_float((q & 0xF) | fifth_bits(qh, 0)) - 16.f));
     store(y + 16, d * (to_float((q >> 4) | fifth_bits(qh, 16)) - 16.f));
   }
+  static void q8(const uint8_t* b, uint8_t* c, float* s, float* o) {
+    const float d = half(b);
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    const u8x16 q = bytes(b + 6);
+    put(c, (q & 0xF) | fifth_bits(qh, 0));
+    put(c + 16, (q >> 4) | fifth_bits(qh, 16));
+    lanes8(s, d);
+    o[0] = o[1] = -16.f * d;
+  }
 };
 
 struct Q5_1 {
@@ -148,6 +197,16 @@ struct Q5_1 {
     store(y, d * to_float((q & 0xF) | fifth_bits(qh, 0)) + m);
     store(y + 16, d * to_float((q >> 4) | fifth_bits(qh, 16)) + m);
   }
+  static void q8(const uint8_t* b, uint8_t* c, float* s, float* o) {
+    const float d = half(b), m = half(b + 2);
+    uint32_t qh;
+    std::memcpy(&qh, b + 4, 4);
+    const u8x16 q = bytes(b + 8);
+    put(c, (q & 0xF) | fifth_bits(qh, 0));
+    put(c + 16, (q >> 4) | fifth_bits(qh, 16));
+    lanes8(s, d);
+    o[0] = o[1] = m;
+  }
 };
 
 struct Q8_0 {
@@ -158,6 +217,12 @@ struct Q8_0 {
     std::memcpy(q, b + 2, 32);
     store(y, d * to_float(q[0]));
     store(y + 16, d * to_float(q[1]));
+  }
+  static void q8(const uint8_t* b, uint8_t* c, float* s, float* o) {  // codes w + 128
+    const float d = half(b);
+    put32(c, bytes32(b + 2) ^ 0x80);
+    lanes8(s, d);
+    o[0] = o[1] = -128.f * d;
   }
 };
 
@@ -178,6 +243,23 @@ struct Q4_K {  // d, dmin (fp16), 12 bytes of 6-bit scales/mins, 128 bytes of ni
       store(y + 16, d1 * to_float(qb & 0xF) - m1);
       store(y + 32, d2 * to_float(qa >> 4) - m2);
       store(y + 48, d2 * to_float(qb >> 4) - m2);
+    }
+  }
+  static void q8(const uint8_t* b, uint8_t* c, float* s, float* o) {
+    const float d = half(b), dmin = half(b + 2);
+    const uint8_t* scales = b + 4;
+    const uint8_t* q = b + 16;
+    for (int j = 0; j < 4; ++j, q += 32, c += 64, s += 16, o += 4) {
+      int sc, m;
+      scale_min_k4(2 * j, scales, &sc, &m);
+      lanes8(s, d * sc);
+      o[0] = o[1] = -dmin * m;
+      scale_min_k4(2 * j + 1, scales, &sc, &m);
+      lanes8(s + 8, d * sc);
+      o[2] = o[3] = -dmin * m;
+      const u8x32 v = bytes32(q);
+      put32(c, v & 0xF);
+      put32(c + 32, v >> 4);
     }
   }
 };
@@ -203,6 +285,24 @@ struct Q5_K {  // d, dmin, 12 bytes of scales/mins, 32 bytes of fifth bits, 128 
       store(y + 48, d2 * to_float((qb >> 4) | (((hb >> s2) & 1) << 4)) - m2);
     }
   }
+  static void q8(const uint8_t* b, uint8_t* c, float* s, float* o) {
+    const float d = half(b), dmin = half(b + 2);
+    const uint8_t* scales = b + 4;
+    const u8x32 h = bytes32(b + 16);
+    const uint8_t* ql = b + 48;
+    for (int j = 0; j < 4; ++j, ql += 32, c += 64, s += 16, o += 4) {
+      int sc, m;
+      scale_min_k4(2 * j, scales, &sc, &m);
+      lanes8(s, d * sc);
+      o[0] = o[1] = -dmin * m;
+      scale_min_k4(2 * j + 1, scales, &sc, &m);
+      lanes8(s + 8, d * sc);
+      o[2] = o[3] = -dmin * m;
+      const u8x32 v = bytes32(ql);
+      put32(c, (v & 0xF) | (((h >> (2 * j)) & 1) << 4));
+      put32(c + 32, (v >> 4) | (((h >> (2 * j + 1)) & 1) << 4));
+    }
+  }
 };
 
 struct Q6_K {  // 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, d (fp16)
@@ -222,6 +322,23 @@ struct Q6_K {  // 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scal
         store(y + l + 64, (d * sc[is + 4]) * (to_float((qa >> 4) | (((h >> 4) & 3) << 4)) - 32.f));
         store(y + l + 96, (d * sc[is + 6]) * (to_float((qb >> 4) | (((h >> 6) & 3) << 4)) - 32.f));
       }
+    }
+  }
+  static void q8(const uint8_t* b, uint8_t* c, float* s, float* o) {
+    const uint8_t* ql = b;
+    const uint8_t* qh = b + 128;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = half(b + 208);
+    for (int g = 0; g < 16; ++g) {  // group g of 16 weights has scale sc[g]
+      lanes4(s + 4 * g, d * sc[g]);
+      o[g] = -32.f * d * sc[g];
+    }
+    for (int n = 0; n < 2; ++n, c += 128, ql += 64, qh += 32) {
+      const u8x32 qa = bytes32(ql), qb = bytes32(ql + 32), h = bytes32(qh);
+      put32(c, (qa & 0xF) | ((h & 3) << 4));
+      put32(c + 32, (qb & 0xF) | (((h >> 2) & 3) << 4));
+      put32(c + 64, (qa >> 4) | (((h >> 4) & 3) << 4));
+      put32(c + 96, (qb >> 4) | (((h >> 6) & 3) << 4));
     }
   }
 };
@@ -287,6 +404,142 @@ void dequantize(const uint8_t* w, Out* y, int64_t K, int64_t N) {
   });
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// The int8 path (`gguf_matmul_q8`, `int8_matmul_q8`): the rows of x are quantised once per call
+// to int8 in blocks of 32 (d = max |x| / 127, as llama.cpp's Q8_0 activations), and each weight
+// row is unpacked into unsigned codes with w = s * c + o per group of 16. A row's dot product is
+// then sum over groups of s * d * (c . q) + o * (d * sum q): c . q is one VNNI instruction
+// (vpdpbusd: unsigned bytes x signed bytes, 64 pairs into 16 int32 lanes) per 64 weights, in
+// place of 64 byte -> float conversions and FMAs. Q8_0's signed weights become unsigned codes
+// w + 128 with o = -128 s: exact, as the offset uses the same quantised sums. The codes of
+// four weight rows (a tile, in L1) meet up to four rows of x at a time, so a batch's rows read
+// each weight once.
+#define SHOAL_Q8 1
+
+// x [M, K] quantised: q int8 [M, K]; lane [M, K / 4], the block's d for each int32 lane of a
+// vpdpbusd (4 values); gsum [M, K / 16], d * the sum of q over each group of 16.
+struct QuantX {
+  int64_t M = 0, K = 0;
+  std::vector<int8_t> q;
+  std::vector<float> lane, gsum;
+};
+
+QuantX quantize_rows(const float* x, int64_t M, int64_t K) {
+  QuantX r;
+  r.M = M;
+  r.K = K;
+  r.q.resize(M * K);
+  r.lane.resize(M * K / 4);
+  r.gsum.resize(M * K / 16);
+  for (int64_t i = 0; i < M * K / 32; ++i) {  // block i of 32 values (K % 32 == 0)
+    const __m512 v0 = _mm512_loadu_ps(x + 32 * i), v1 = _mm512_loadu_ps(x + 32 * i + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(r.q.data() + 32 * i), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(r.q.data() + 32 * i + 16),
+                     _mm512_cvtsepi32_epi8(q1));
+    _mm256_storeu_ps(r.lane.data() + 8 * i, _mm256_set1_ps(d));
+    r.gsum[2 * i] = d * static_cast<float>(_mm512_reduce_add_epi32(q0));
+    r.gsum[2 * i + 1] = d * static_cast<float>(_mm512_reduce_add_epi32(q1));
+  }
+  return r;
+}
+
+// y[m0 + r, n + w] for R rows of x and W unpacked weight rows: codes c [W, K], scales s [W, K / 4]
+// (one per int32 lane), offsets o [W, K / 16].
+// RowScale: s is one scale for the whole row (Shoal's int8), applied once at the end.
+template <int R, int W, bool RowScale>
+void dot_tile(const uint8_t* c, const float* s, const float* o, const QuantX& x, int64_t m0,
+              float* y, int64_t N, int64_t n) {
+  const int64_t K = x.K, G = K / 16;
+  __m512 acc[R][W];
+  for (int r = 0; r < R; ++r)
+    for (int w = 0; w < W; ++w) acc[r][w] = _mm512_setzero_ps();
+  const int8_t* xq = x.q.data() + m0 * K;
+  const float* xl = x.lane.data() + m0 * (K / 4);
+  for (int64_t k = 0; k < K; k += 64) {
+    __m512i a[W];
+    __m512 sv[W];
+    for (int w = 0; w < W; ++w) {
+      a[w] = _mm512_loadu_si512(c + w * K + k);
+      if constexpr (!RowScale) sv[w] = _mm512_loadu_ps(s + w * (K / 4) + k / 4);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512i xv = _mm512_loadu_si512(xq + r * K + k);
+      const __m512 dx = _mm512_loadu_ps(xl + r * (K / 4) + k / 4);
+      for (int w = 0; w < W; ++w) {
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), a[w], xv);
+        const __m512 scale = RowScale ? dx : _mm512_mul_ps(sv[w], dx);
+        acc[r][w] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r][w]);
+      }
+    }
+  }
+  if constexpr (RowScale)
+    for (int r = 0; r < R; ++r)
+      for (int w = 0; w < W; ++w) acc[r][w] = _mm512_mul_ps(acc[r][w], _mm512_set1_ps(s[w * (K / 4)]));
+  for (int64_t g = 0; g < G; g += 16) {  // the offsets: o . gsum (G % 4 == 0)
+    const __mmask16 mask = G - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (G - g)) - 1);
+    for (int r = 0; r < R; ++r) {
+      const __m512 gs = _mm512_maskz_loadu_ps(mask, x.gsum.data() + (m0 + r) * G + g);
+      for (int w = 0; w < W; ++w)
+        acc[r][w] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, o + w * G + g), gs, acc[r][w]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int w = 0; w < W; ++w) y[(m0 + r) * N + n + w] = _mm512_reduce_add_ps(acc[r][w]);
+}
+
+template <int W, bool RowScale>
+void dot_rows(const uint8_t* c, const float* s, const float* o, const QuantX& x, float* y,
+              int64_t N, int64_t n) {
+  for (int64_t m0 = 0; m0 < x.M; m0 += 4) {
+    switch (std::min<int64_t>(x.M - m0, 4)) {
+      case 1: dot_tile<1, W, RowScale>(c, s, o, x, m0, y, N, n); break;
+      case 2: dot_tile<2, W, RowScale>(c, s, o, x, m0, y, N, n); break;
+      case 3: dot_tile<3, W, RowScale>(c, s, o, x, m0, y, N, n); break;
+      default: dot_tile<4, W, RowScale>(c, s, o, x, m0, y, N, n); break;
+    }
+  }
+}
+
+constexpr int kTile = 4;  // weight rows unpacked together
+
+// y [M, N] over N weight rows, `unpack(n, k0, k1, c, s, o)` giving weights [k0, k1) of row n
+// (codes c, lane scales s, offsets o: the row's buffers, from its start).
+template <bool RowScale = false, typename Unpack>
+void matmul_q8(const Unpack& unpack, const QuantX& x, float* y, int64_t N) {
+  const int64_t K = x.K, G = K / 16;
+  at::parallel_for(0, (N + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<uint8_t> c(kTile * K);
+    std::vector<float> s(kTile * K / 4), o(kTile * G);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * kTile, rows = std::min<int64_t>(kTile, N - n0);
+      for (int64_t i = 0; i < rows; ++i)
+        unpack(n0 + i, 0, K, c.data() + i * K, s.data() + i * K / 4, o.data() + i * G);
+      if (rows == kTile) {
+        dot_rows<kTile, RowScale>(c.data(), s.data(), o.data(), x, y, N, n0);
+      } else {
+        for (int64_t i = 0; i < rows; ++i)
+          dot_rows<1, RowScale>(c.data() + i * K, s.data() + i * K / 4, o.data() + i * G, x, y, N, n0 + i);
+      }
+    }
+  });
+}
+
+template <typename T>
+void gguf_q8(const uint8_t* w, const QuantX& x, float* y, int64_t N) {
+  const int64_t K = x.K, row_bytes = K / T::QK * T::B;
+  constexpr int groups = T::QK / 16;
+  matmul_q8([&](int64_t n, int64_t k0, int64_t k1, uint8_t* c, float* s, float* o) {
+    const uint8_t* row = w + n * row_bytes;
+    for (int64_t b = k0 / T::QK; b < k1 / T::QK; ++b)
+      T::q8(row + b * T::B, c + b * T::QK, s + b * T::QK / 4, o + b * groups);
+  }, x, y, N);
+}
+#endif  // AVX512 VNNI
+
 // Runs BODY with T bound to the block struct of ggml type id `type`.
 #define GGUF_DISPATCH(type, BODY)                                              \
   switch (type) {                                                              \
@@ -343,14 +596,67 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, int64_t K,
   return y;
 }
 
+#ifdef SHOAL_Q8
+void check_q8_x(const at::Tensor& x, int64_t K) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) == K,
+              "q8 matmul: x [M, K] fp32");
+  TORCH_CHECK(K % 64 == 0, "q8 matmul: K=", K, " is not a multiple of 64");
+}
+
+at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type) {
+  const int64_t K = x_in.size(-1), N = blocks.size(0);
+  check_q8_x(x_in, K);
+  check_blocks(blocks, type, K);
+  const auto x = x_in.contiguous();
+  auto y = at::empty({x.size(0), N}, x.options());
+  if (x.size(0) == 0 || N == 0) return y;
+  const QuantX xq = quantize_rows(x.data_ptr<float>(), x.size(0), K);
+  const uint8_t* wp = blocks.data_ptr<uint8_t>();
+  GGUF_DISPATCH(type, gguf_q8<T>(wp, xq, y.data_ptr<float>(), N));
+  return y;
+}
+
+// Shoal's own int8 (one scale per output row, w = scale * q, q in -127..127).
+at::Tensor int8_matmul_q8(const at::Tensor& x_in, const at::Tensor& qweight,
+                          const at::Tensor& scale_in) {
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kChar && qweight.is_contiguous(),
+              "int8_matmul_q8: qweight contiguous int8 [N, K]");
+  const int64_t K = qweight.size(1), N = qweight.size(0);
+  check_q8_x(x_in, K);
+  const auto scale = scale_in.to(at::kFloat).contiguous();
+  TORCH_CHECK(scale.numel() == N, "int8_matmul_q8: scale [N]");
+  const auto x = x_in.contiguous();
+  auto y = at::empty({x.size(0), N}, x.options());
+  if (x.size(0) == 0 || N == 0) return y;
+  const QuantX xq = quantize_rows(x.data_ptr<float>(), x.size(0), K);
+  const int8_t* wp = qweight.data_ptr<int8_t>();
+  const float* sp = scale.data_ptr<float>();
+  matmul_q8<true>([&](int64_t n, int64_t k0, int64_t k1, uint8_t* c, float* s, float* o) {
+    const uint8_t* row = reinterpret_cast<const uint8_t*>(wp + n * K);
+    for (int64_t k = k0; k < k1; k += 32) put32(c + k, bytes32(row + k) ^ 0x80);
+    std::fill(s + k0 / 4, s + k1 / 4, sp[n]);
+    std::fill(o + k0 / 16, o + k1 / 16, -128.f * sp[n]);
+  }, xq, y.data_ptr<float>(), N);
+  return y;
+}
+#endif
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(shoal_cpu, m) {
   m.def("gguf_matmul(Tensor x, Tensor blocks, int type) -> Tensor");
   m.def("gguf_dequantize(Tensor blocks, int type, int K, ScalarType dtype) -> Tensor");
+#ifdef SHOAL_Q8
+  m.def("gguf_matmul_q8(Tensor x, Tensor blocks, int type) -> Tensor");
+  m.def("int8_matmul_q8(Tensor x, Tensor qweight, Tensor scale) -> Tensor");
+#endif
 }
 
 TORCH_LIBRARY_IMPL(shoal_cpu, CPU, m) {
   m.impl("gguf_matmul", gguf_matmul);
   m.impl("gguf_dequantize", gguf_dequantize);
+#ifdef SHOAL_Q8
+  m.impl("gguf_matmul_q8", gguf_matmul_q8);
+  m.impl("int8_matmul_q8", int8_matmul_q8);
+#endif
 }

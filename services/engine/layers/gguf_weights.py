@@ -3,10 +3,14 @@ for a .gguf model on one CPU rank).
 
 - Q8_0, Q4_0, Q5_0, Q5_1 and the K-quants Q4_K, Q5_K, Q6_K (what Q8_0 / Q4_K_M / Q5_K_M / Q6_K
   files hold) stay as the file's bytes, one row of blocks per output row, and run the C++ ops of
-  kernels/csrc/cpu_gguf.cpp (`GGUFBlockLinear`): below `MANY_ROWS` tokens a step a matmul that
-  unpacks each block in L1 as it streams past (the weight is read at its stored size), from there
-  each weight is unpacked for the step into bf16 (fp32 without a bf16 GEMM) and runs through
-  oneDNN's GEMM, as the bf16 model's prefill does.
+  kernels/csrc/cpu_gguf.cpp (`GGUFBlockLinear`): below `cpu_ops.Q8_MAX_ROWS` tokens a step,
+  where AVX-512 VNNI is built, the step's rows are quantised to int8 blocks of 32 and each
+  weight block's codes meet them in integer dot products (`gguf_matmul_q8`, llama.cpp's way;
+  Q8_0 below `MANY_ROWS` stays on the float path, as fast there and exact); without VNNI, below
+  `MANY_ROWS` a matmul that unpacks each block to floats in L1 as it streams past
+  (`gguf_matmul`, exact: the tests' reference). Either reads the weight at its stored size.
+  From there each weight is unpacked for the step into bf16 (fp32 without a bf16 GEMM) and runs
+  through oneDNN's GEMM, as the bf16 model's prefill does.
 - Q4_1 stores each row in blocks of 32 weights: an fp16 step d, an fp16 minimum m and 32 4-bit
   codes q, w = d * q + m. torch's int4 CPU layout is group-wise affine over groups of 32 along the
   input (w = scale * (q - 8) + zero), so a block maps onto a group with the same codes, scale = d
@@ -28,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shoal.kernels import cpu_ops
 from shoal.services.engine.config import ConfigError
 from shoal.services.engine.layers.cpu_weights import (
     INT4_GROUP,
@@ -39,6 +44,7 @@ from shoal.services.engine.layers.cpu_weights import (
 Q4_1_BLOCK_BYTES = 20
 """fp16 d, fp16 m, 16 bytes of codes (ggml's block_q4_1)."""
 Q4_1 = 3
+Q8_0 = 8
 BLOCK_TYPES = {2: "Q4_0", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 """ggml type ids the C++ ops run as stored (kernels/csrc/cpu_gguf.cpp), by name."""
 FLOAT_TYPES = {0: "F32", 1: "F16", 30: "BF16"}
@@ -79,17 +85,27 @@ class GGUFBlockLinear:
         self.in_features = in_features
         self.bias = None if bias is None else bias.detach()
         self.gemm_dtype = torch.bfloat16 if bf16_gemm_available() else torch.float32
+        self.q8 = cpu_ops.q8_available(in_features)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= MANY_ROWS:
+        rows = x.shape[0]
+        if rows < MANY_ROWS or (self.q8 and rows < cpu_ops.Q8_MAX_ROWS):
+            xf = x.float().contiguous()
+            outs = [self._few_rows(xf, t, b) for t, b in self.parts]
+        else:
             xg = x.to(self.gemm_dtype)
             outs = [F.linear(xg, dequantize(b, t, self.in_features, self.gemm_dtype))
                     for t, b in self.parts]
-        else:
-            xf = x.float().contiguous()
-            outs = [torch.ops.shoal_cpu.gguf_matmul(xf, b, t) for t, b in self.parts]
         out = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)).to(x.dtype)
         return out if self.bias is None else out + self.bias
+
+    def _few_rows(self, xf: torch.Tensor, ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
+        """int8 activations where built, but Q8_0 below MANY_ROWS: its float unpacking (8-bit
+        codes straight to floats) was as fast as the int8 path at one and two rows, and exact
+        (benchmarks/gguf_kernels.py)."""
+        if self.q8 and (ggml_type != Q8_0 or xf.shape[0] >= MANY_ROWS):
+            return torch.ops.shoal_cpu.gguf_matmul_q8(xf, blocks, ggml_type)
+        return torch.ops.shoal_cpu.gguf_matmul(xf, blocks, ggml_type)
 
     def dequantized(self) -> torch.Tensor:
         return torch.cat([dequantize(b, t, self.in_features) for t, b in self.parts])

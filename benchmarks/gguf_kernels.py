@@ -162,8 +162,11 @@ def prefill(args: argparse.Namespace) -> None:
         layers: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
             "bf16": OneDNNLinear(dense.to(torch.bfloat16), None),
             "int8": Int8Linear(dense, None), "int4": Int4Linear(dense, None)}
-        for t in (8, 12, 14):
+        for t in (8, 12, 14):  # unpacked each step, and from a kept bf16 copy
             layers[TYPES[t][0]] = GGUFBlockLinear([(t, random_blocks(t, n, k))], k, None)
+            layers[f"{TYPES[t][0]} kept"] = kept = GGUFBlockLinear(
+                [(t, random_blocks(t, n, k))], k, None)
+            kept.keep_many_rows()
         for tokens in (int(v) for v in args.tokens.split(",")):
             x = torch.randn(tokens, k).to(torch.bfloat16)
             best = interleaved({name: (lambda f=f: f(x)) for name, f in layers.items()},

@@ -397,7 +397,13 @@ void dequantize(const uint8_t* w, Out* y, int64_t K, int64_t N) {
           T::unpack(src, dst);
         } else {
           T::unpack(src, buf);
+#ifdef __AVX512BF16__  // 16 at a time (round to nearest even, as c10::BFloat16)
+          for (int i = 0; i < T::QK; i += 16)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(buf + i)));
+#else
           for (int i = 0; i < T::QK; ++i) dst[i] = static_cast<Out>(buf[i]);
+#endif
         }
       }
     }

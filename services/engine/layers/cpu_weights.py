@@ -224,6 +224,22 @@ def resolve_quantization(quantization: str | None, model: str, world_size: int) 
     return quantization
 
 
+def keep_many_rows_copies(layers: dict[str, Callable[..., torch.Tensor]]) -> str:
+    """Give the GGUF block layers a ManyRows copy of their weight for prefill and batches when
+    those copies take under an eighth of memory (as keep_plain_weights): else every such step
+    unpacks each weight afresh, which cost a 512-token prefill at 1B shapes 1.4-2x bf16's time
+    (benchmarks/gguf_kernels.py --prefill). Returns the start line's note."""
+    from shoal.services.engine.layers.gguf_weights import GGUFBlockLinear
+
+    blocks = [k for k in layers.values() if isinstance(k, GGUFBlockLinear)]
+    extra = sum(k.dense_numel() for k in blocks) * (2 if bf16_gemm_available() else 1)
+    if not blocks or not keep_plain_weights(extra, None):
+        return ""
+    for kernel in blocks:
+        kernel.keep_many_rows()
+    return f"; from {MANY_ROWS} rows {ManyRows.describe()} (+{extra / 2**20:.0f} MiB kept for it)"
+
+
 def gguf_summary(layers: dict[str, Callable[..., torch.Tensor]]) -> str:
     """'Q4_K x 97, Q6_K x 25, ...': which block kernels a GGUF's layers got (the start line)."""
     from shoal.services.engine.layers.gguf_weights import BLOCK_TYPES, GGUFBlockLinear
@@ -280,6 +296,7 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
     elif quantization == "gguf":
         used = f"the GGUF's own blocks ({gguf_summary(layers)}; {len(dense)} unquantised layers"
         used += " fp32 oneDNN), int8 from the dequantised weight for any other layer"
+        used += keep_many_rows_copies(layers)
         make = head = Int8Linear  # a layer stored in another type (Q2_K, IQ...): int8
         for name in dense:
             module = model.get_submodule(name)

@@ -9,8 +9,9 @@ for a .gguf model on one CPU rank).
   Q8_0 below `MANY_ROWS` stays on the float path, as fast there and exact); without VNNI, below
   `MANY_ROWS` a matmul that unpacks each block to floats in L1 as it streams past
   (`gguf_matmul`, exact: the tests' reference). Either reads the weight at its stored size.
-  From there each weight is unpacked for the step into bf16 (fp32 without a bf16 GEMM) and runs
-  through oneDNN's GEMM, as the bf16 model's prefill does.
+  From there a copy of the weight unpacked once (bf16, packed for oneDNN: `ManyRows`) runs the
+  GEMM as the bf16 model's prefill does, where those copies take under an eighth of memory;
+  else each weight is unpacked for the step into bf16 (fp32 without a bf16 GEMM) first.
 - Q4_1 stores each row in blocks of 32 weights: an fp16 step d, an fp16 minimum m and 32 4-bit
   codes q, w = d * q + m. torch's int4 CPU layout is group-wise affine over groups of 32 along the
   input (w = scale * (q - 8) + zero), so a block maps onto a group with the same codes, scale = d
@@ -38,6 +39,7 @@ from shoal.services.engine.layers.cpu_weights import (
     INT4_GROUP,
     MANY_ROWS,
     Int4Linear,
+    ManyRows,
     bf16_gemm_available,
 )
 
@@ -45,6 +47,9 @@ Q4_1_BLOCK_BYTES = 20
 """fp16 d, fp16 m, 16 bytes of codes (ggml's block_q4_1)."""
 Q4_1 = 3
 Q8_0 = 8
+FLOAT_FEW_ROWS = {Q8_0}
+"""Types whose steps of fewer than MANY_ROWS rows keep the float block matmul where the int8 one
+is built (see GGUFBlockLinear._few_rows)."""
 BLOCK_TYPES = {2: "Q4_0", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 """ggml type ids the C++ ops run as stored (kernels/csrc/cpu_gguf.cpp), by name."""
 FLOAT_TYPES = {0: "F32", 1: "F16", 30: "BF16"}
@@ -86,12 +91,15 @@ class GGUFBlockLinear:
         self.bias = None if bias is None else bias.detach()
         self.gemm_dtype = torch.bfloat16 if bf16_gemm_available() else torch.float32
         self.q8 = cpu_ops.q8_available(in_features)
+        self.many: ManyRows | None = None  # (keep_many_rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         if rows < MANY_ROWS or (self.q8 and rows < cpu_ops.Q8_MAX_ROWS):
             xf = x.float().contiguous()
             outs = [self._few_rows(xf, t, b) for t, b in self.parts]
+        elif self.many is not None:
+            outs = [self.many(x)]
         else:
             xg = x.to(self.gemm_dtype)
             outs = [F.linear(xg, dequantize(b, t, self.in_features, self.gemm_dtype))
@@ -103,12 +111,20 @@ class GGUFBlockLinear:
         """int8 activations where built, but Q8_0 below MANY_ROWS: its float unpacking (8-bit
         codes straight to floats) was as fast as the int8 path at one and two rows, and exact
         (benchmarks/gguf_kernels.py)."""
-        if self.q8 and (ggml_type != Q8_0 or xf.shape[0] >= MANY_ROWS):
+        if self.q8 and (ggml_type not in FLOAT_FEW_ROWS or xf.shape[0] >= MANY_ROWS):
             return torch.ops.shoal_cpu.gguf_matmul_q8(xf, blocks, ggml_type)
         return torch.ops.shoal_cpu.gguf_matmul(xf, blocks, ggml_type)
 
     def dequantized(self) -> torch.Tensor:
         return torch.cat([dequantize(b, t, self.in_features) for t, b in self.parts])
+
+    def dense_numel(self) -> int:
+        return sum(b.shape[0] for _, b in self.parts) * self.in_features
+
+    def keep_many_rows(self) -> None:
+        """Keep the weight unpacked once for the many-rows GEMM (layers/cpu_weights.py,
+        `keep_many_rows_copies`): prefill then runs at the bf16 model's speed."""
+        self.many = ManyRows(self.dequantized())
 
 
 class GGUFSource:

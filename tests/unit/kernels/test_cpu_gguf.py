@@ -108,3 +108,19 @@ def test_refuses_what_it_cannot_read() -> None:
         torch.ops.shoal_cpu.gguf_matmul(torch.randn(1, 512), raw, 12)
     with pytest.raises(RuntimeError, match="unsupported ggml type"):
         torch.ops.shoal_cpu.gguf_matmul(torch.randn(1, 256), raw, 10)  # Q2_K
+
+
+def test_a_kept_many_rows_copy_is_the_unpacked_weight() -> None:
+    """keep_many_rows_copies (when the copies fit in an eighth of memory, as these do): steps
+    from Q8_MAX_ROWS rows run the kept copy's GEMM, which matches the per-step unpacking."""
+    from shoal.services.engine.layers.cpu_weights import keep_many_rows_copies
+    from shoal.services.engine.layers.gguf_weights import GGUFBlockLinear
+
+    raw = torch.from_numpy(random_blocks(12, 24, 512))
+    fresh = GGUFBlockLinear([(12, raw)], 512, None)
+    kept = GGUFBlockLinear([(12, raw)], 512, None)
+    assert "kept for it" in keep_many_rows_copies({"a": kept}) and kept.many is not None
+    x = torch.randn(33, 512, generator=torch.Generator().manual_seed(0))
+    ref = F.linear(x, theirs(raw.numpy(), 12, 24, 512))
+    for layer in (fresh, kept):
+        torch.testing.assert_close(layer(x), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())

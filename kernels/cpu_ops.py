@@ -2,7 +2,8 @@
 place (csrc/cpu_attention.cpp), instead of gathering K/V into a padded copy first; RMSNorm (with
 its residual add) and rotary embedding as one pass each (csrc/cpu_norm_rotary.cpp); the fp32
 matmul of a step of one or two tokens (csrc/cpu_gemv.cpp, used by layers/cpu_weights.py), and
-an MoE's chosen experts at one token in one call (`expert_gemv`, used by layers/moe.py).
+an MoE's chosen experts at one token in one call (`expert_gemv`), and a whole MoE layer of a small
+step, router to combined output, in one call (`moe_forward`, csrc/cpu_moe.cpp; layers/moe.py).
 
 The op is compiled by torch.utils.cpp_extension with the machine's g++ (-O3 -march=native) at
 first use, or by `make install`, and cached in the environment that runs it
@@ -33,7 +34,7 @@ from shoal.kernels.paged_attention import prefill_chunk
 
 SOURCES = [Path(__file__).with_name("csrc") / name
            for name in ("cpu_attention.cpp", "cpu_norm_rotary.cpp", "cpu_gemv.cpp",
-                        "cpu_gguf.cpp")]
+                        "cpu_gguf.cpp", "cpu_moe.cpp")]
 NAME = "shoal_cpu_ops"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-DNDEBUG"]
 """-fopenmp compiles at::parallel_for's OpenMP loop; it links against torch's own libgomp."""
@@ -167,3 +168,23 @@ def q8_available(in_features: int) -> bool:
     """Whether the int8-activation VNNI kernels are built (AVX-512 VNNI under -march=native)
     and take rows of `in_features` (a multiple of 64)."""
     return in_features % 64 == 0 and load() and hasattr(torch.ops.shoal_cpu, "gguf_matmul_q8")
+
+
+MOE_MAX_ROWS = 8
+"""Steps of up to this many tokens run a whole MoE layer as `moe_forward`; larger ones sort the
+tokens by expert and run each expert's oneDNN GEMM (layers/moe.py): at 8 rows (8 experts of 768,
+top-2, one thread) the two tie, from 16 rows oneDNN's packed GEMM wins (docs/figures.md)."""
+
+
+def moe_forward(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None,
+                w13: torch.Tensor, b13: torch.Tensor | None, w2: torch.Tensor,
+                b2: torch.Tensor | None, top_k: int, renormalize: bool,
+                swiglu: tuple[float, float] | None = None) -> torch.Tensor:
+    """A whole MoE layer's experts, float32: x [T, K], router [E, K] (+ [E]), w13 [E, 2I, K]
+    (gate rows, then up rows; + [E, 2I]), w2 [E, H, I] (+ [E, H]) -> [T, H], the routed experts'
+    outputs scaled by their weights and summed. `renormalize`: softmax over the top-k logits
+    (gpt-oss's top-k-first too), else the top-k of the full softmax. `swiglu` (alpha, limit):
+    gpt-oss's clamped SwiGLU instead of SiLU(gate) * up."""
+    alpha, limit = swiglu or (0.0, 0.0)
+    return torch.ops.shoal_cpu.moe_forward(x, router_w, router_b, w13, b13, w2, b2, top_k,
+                                           renormalize, 0 if swiglu is None else 1, alpha, limit)

@@ -37,6 +37,7 @@ from torch import nn
 
 from shoal.services.engine.distributed.parallel_state import ParallelContext
 from shoal.services.engine.layers import mxfp4
+from shoal.services.engine.layers.activation import ClampedSwiGLU
 from shoal.services.engine.layers.linear import default_weight_loader
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]
@@ -271,11 +272,37 @@ class FusedMoE(nn.Module):
         self.shared_expert = shared_expert
         self.shared_expert_gate = Router(hidden_size, 1) if shared_expert is not None else None
 
+    def fused(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The whole layer (router, top-k, experts, combine) as one C++ call for a step of up to
+        cpu_ops.MOE_MAX_ROWS tokens over the plain fp32 stacks, else None (this rank's partial)."""
+        experts = self.experts
+        if experts.stacked_gemv is None or x.dtype != torch.float32:
+            return None
+        from shoal.kernels import cpu_ops
+
+        if x.shape[0] > cpu_ops.MOE_MAX_ROWS:
+            return None
+        act = experts.activation
+        if act is silu_and_mul:
+            swiglu = None
+        elif isinstance(act, ClampedSwiGLU):
+            swiglu = (act.alpha, act.limit)
+        else:
+            return None
+        w13, w2 = experts.stacked_gemv
+        # gpt-oss's top-k-first is the renormalised softmax over the top-k logits
+        return cpu_ops.moe_forward(x, self.gate.weight, self.gate.bias, w13, experts.w13_bias,
+                                   w2, experts.w2_bias, self.top_k,
+                                   self.renormalize or self.topk_first, swiglu)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
-        logits = self.gate(x)
-        weights, ids = (route_topk_first(logits, self.top_k) if self.topk_first
-                        else route(logits, self.top_k, self.renormalize))
-        out = self.parallel.all_reduce(self.experts(x, weights, ids))
+        partial = self.fused(x)
+        if partial is None:
+            logits = self.gate(x)
+            weights, ids = (route_topk_first(logits, self.top_k) if self.topk_first
+                            else route(logits, self.top_k, self.renormalize))
+            partial = self.experts(x, weights, ids)
+        out = self.parallel.all_reduce(partial)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from shoal.services.engine.distributed.parallel_state import ParallelContext
 from shoal.services.engine.frontend.llm import LLM
 from shoal.services.engine.layers.cpu_weights import prepare_cpu_weights
-from shoal.services.engine.layers.moe import FusedMoE, expert_target, route
+from shoal.services.engine.layers.moe import FusedMoE, expert_target, route, silu_and_mul
 from shoal.services.engine.models.llama import LlamaMLP
 from shoal.services.engine.models.moe_models import MIXTRAL_PROJECTIONS, QWEN_PROJECTIONS
 from shoal.services.engine.sampling_params import SamplingParams
@@ -149,3 +149,35 @@ def test_the_engine_runs_a_quantised_moe(quantization: str,
         out = llm.generate([prompt], params, use_tqdm=False)[0]
         assert f"{quantization} weights" in llm.engine.runner.settings
     assert len(out.outputs[0].token_ids) == 8
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 5, 8, 17, 64])
+@pytest.mark.parametrize("variant", ["qwen", "softmax-first", "gpt-oss"])
+def test_moe_forward_matches_the_torch_path(tokens: int, variant: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """cpu_ops.moe_forward (the whole layer in one C++ call) against the same layer's torch
+    path: widths that are not multiples of the kernel's vector or row block, 1..64 rows (experts
+    with one row and with many), renormalised or not, gpt-oss's biases, router bias, top-k-first
+    and clamped SwiGLU, and a shared expert added outside."""
+    from shoal.kernels import cpu_ops
+    from shoal.services.engine.layers.activation import ClampedSwiGLU
+
+    monkeypatch.setattr(cpu_ops, "MOE_MAX_ROWS", 64)  # the kernel at more rows than it is used for
+    gpt_oss = variant == "gpt-oss"
+    torch.manual_seed(tokens)
+    layer = FusedMoE(5, 3 if gpt_oss else 2, 37, 21, variant == "qwen", ParallelContext.single(),
+                     None if gpt_oss else LlamaMLP(_Cfg37(), False, ParallelContext.single()),
+                     bias=gpt_oss, activation=ClampedSwiGLU(1.702, 1.5) if gpt_oss
+                     else silu_and_mul, topk_first=gpt_oss)
+    for p in layer.parameters():
+        p.data.normal_(0, 0.5)
+    x = torch.randn(tokens, 37)
+    with torch.no_grad():
+        expected = layer(x)  # stacked_gemv unset: the torch path
+        layer.experts.stacked_gemv = (layer.experts.w13.data, layer.experts.w2.data)
+        assert layer.fused(x) is not None
+        torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
+
+
+class _Cfg37:
+    hidden_size, intermediate_size = 37, 19

@@ -1,0 +1,270 @@
+// A whole mixture-of-experts layer of a small step (decode: 1 to a few dozen tokens) in one
+// call, fp32: router logits, top-k and softmax, then every chosen expert's gate/up matmul, its
+// activation, and its down matmul scaled by the routing weight and summed per token.
+//
+// Why: at decode a layer's work is small (SmolLM2 width: ~2.7 MB of weights for two experts at
+// one token) and the torch path pays a dozen op dispatches for it (router linear, topk, softmax,
+// chunk, silu, mul, and per expert a sort, gathers and two matmuls): ~100 us a layer of overhead
+// on a single thread, a third of the step. Here the step's (token, expert) pairs are grouped by
+// expert in C++, and each unit of work (8 weight rows of every active expert) multiplies them by
+// all of that expert's rows while they are in cache: each chosen expert's weights are read once
+// per step whatever its number of rows, and no Python loop runs over experts.
+//
+// Work is split over output columns (at::parallel_for, as cpu_gemv.cpp): gate/up rows in the
+// first phase, down rows in the second, so each thread streams its own slice of every active
+// expert's weights and owns its output columns (no atomics, a fixed summation order).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int kLanes = 16;
+typedef float vec __attribute__((vector_size(kLanes * sizeof(float))));
+
+inline vec load(const float* p) {
+  vec v;
+  std::memcpy(&v, p, sizeof(v));  // an unaligned load
+  return v;
+}
+
+inline float sum_lanes(vec v) {
+  float s = 0.f;
+  for (int i = 0; i < kLanes; ++i) s += v[i];
+  return s;
+}
+
+// out[m * R + r] = x[m] . w[r] for M rows of x (row stride K) and R rows of w (row stride K):
+// M * R accumulators in registers while the R weight rows stream past once. `next` (or null):
+// the R rows to be read after these, fetched into cache one line per row per step meanwhile, so
+// the memory keeps streaming while this tile computes (the units hop between experts and between
+// gate and up rows, which the hardware prefetcher does not foresee).
+template <int M, int R>
+void tile(const float* x, const float* w, int64_t K, float* out, const float* next = nullptr) {
+  vec acc[M][R] = {};
+  int64_t k = 0;
+  for (; k + kLanes <= K; k += kLanes) {
+    if (next != nullptr)
+      for (int r = 0; r < R; ++r) __builtin_prefetch(next + r * K + k);
+    vec wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = load(w + r * K + k);
+    for (int m = 0; m < M; ++m) {
+      const vec xv = load(x + m * K + k);
+      for (int r = 0; r < R; ++r) acc[m][r] += xv * wv[r];
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    for (int r = 0; r < R; ++r) {
+      float s = sum_lanes(acc[m][r]);
+      for (int64_t t = k; t < K; ++t) s += x[m * K + t] * w[r * K + t];
+      out[m * R + r] = s;
+    }
+  }
+}
+
+constexpr int64_t kBlock = 8;  // weight rows per unit of parallel work
+
+// out [M, kBlock] (row stride kBlock) = x [M, K] . w [rows <= kBlock, K]^T; columns past `rows`
+// are left alone. The weight block (8 rows, 18 KB at K = 576) stays in L1 across the row chunks;
+// the first chunk prefetches `next` (the kBlock rows read after these, or null).
+void block(const float* x, int64_t M, const float* w, int64_t rows, int64_t K, float* out,
+           const float* next) {
+  float t[4 * kBlock];
+  int64_t m = 0;
+  if (rows == kBlock) {
+    for (; m + 4 <= M; m += 4) {
+      tile<4, 4>(x + m * K, w, K, t, m == 0 ? next : nullptr);
+      tile<4, 4>(x + m * K, w + 4 * K, K, t + 16, m == 0 && next ? next + 4 * K : nullptr);
+      for (int i = 0; i < 4; ++i)
+        for (int r = 0; r < 4; ++r) {
+          out[(m + i) * kBlock + r] = t[i * 4 + r];
+          out[(m + i) * kBlock + 4 + r] = t[16 + i * 4 + r];
+        }
+    }
+    for (; m + 2 <= M; m += 2)
+      tile<2, kBlock>(x + m * K, w, K, out + m * kBlock, m == 0 ? next : nullptr);
+    for (; m < M; ++m) tile<1, kBlock>(x + m * K, w, K, out + m * kBlock, m == 0 ? next : nullptr);
+    return;
+  }
+  for (; m < M; ++m)  // the last, short block of a projection
+    for (int64_t r = 0; r < rows; ++r) tile<1, 1>(x + m * K, w + r * K, K, out + m * kBlock + r);
+}
+
+inline float silu(float g) { return g / (1.f + std::exp(-g)); }
+
+// Activation codes: 0 = SiLU(gate) * up; 1 = gpt-oss's clamped SwiGLU (alpha, limit).
+inline float activate(int act, float g, float u, float alpha, float limit) {
+  if (act == 0) return silu(g) * u;
+  g = std::min(g, limit);
+  u = std::min(std::max(u, -limit), limit);
+  return (u + 1.f) * (g / (1.f + std::exp(-alpha * g)));
+}
+
+at::Tensor opt_float(const c10::optional<at::Tensor>& t, int64_t n0, int64_t n1, const char* what) {
+  if (!t.has_value()) return at::Tensor();
+  auto c = t->to(at::kFloat).contiguous();
+  TORCH_CHECK(c.dim() == (n1 < 0 ? 1 : 2) && c.size(0) == n0 && (n1 < 0 || c.size(1) == n1),
+              what, " has the wrong shape");
+  return c;
+}
+
+// x [T, K] -> [T, H]: sum over the top_k experts e of token t of weight(t, e) * expert_e(x[t]),
+// expert_e(v) = w2[e] . act(w13[e] . v + b13[e]) + b2[e]; w13 [E, 2I, K] (gate rows, then up
+// rows), w2 [E, H, I]. Routing (weights as layers/moe.py's `route`): `renormalize` -> softmax over
+// the top-k logits (also gpt-oss's top-k-first); else the top-k of the softmax over all logits.
+at::Tensor moe_forward(const at::Tensor& x_in, const at::Tensor& router_w,
+                       const c10::optional<at::Tensor>& router_b_in, const at::Tensor& w13,
+                       const c10::optional<at::Tensor>& b13_in, const at::Tensor& w2,
+                       const c10::optional<at::Tensor>& b2_in, int64_t top_k, bool renormalize,
+                       int64_t act, double alpha_in, double limit_in) {
+  TORCH_CHECK(w13.dim() == 3 && w13.is_contiguous() && w13.scalar_type() == at::kFloat &&
+                  w2.dim() == 3 && w2.is_contiguous() && w2.scalar_type() == at::kFloat,
+              "moe_forward takes contiguous float32 stacks w13 [E, 2I, K] and w2 [E, H, I]");
+  const int64_t E = w13.size(0), I2 = w13.size(1), K = w13.size(2), H = w2.size(1);
+  const int64_t I = I2 / 2;
+  TORCH_CHECK(I2 % 2 == 0 && w2.size(0) == E && w2.size(2) == I, "w13 / w2 shapes disagree");
+  const auto x = x_in.to(at::kFloat).contiguous();
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [T, K]");
+  const auto rw = router_w.to(at::kFloat).contiguous();
+  TORCH_CHECK(rw.dim() == 2 && rw.size(0) == E && rw.size(1) == K, "router weight must be [E, K]");
+  TORCH_CHECK(top_k >= 1 && top_k <= E, "top_k must be in [1, experts]");
+  TORCH_CHECK(act == 0 || act == 1, "act is 0 (SiLU and mul) or 1 (clamped SwiGLU)");
+  const auto rb = opt_float(router_b_in, E, -1, "router bias");
+  const auto b13 = opt_float(b13_in, E, I2, "w13 bias");
+  const auto b2 = opt_float(b2_in, E, H, "w2 bias");
+  const int64_t T = x.size(0), P = T * top_k;
+  auto y = at::zeros({T, H}, x.options());
+  if (T == 0 || H == 0) return y;
+  const float* xp = x.data_ptr<float>();
+  const float* rwp = rw.data_ptr<float>();
+  const float* rbp = rb.defined() ? rb.data_ptr<float>() : nullptr;
+  const float* w13p = w13.data_ptr<float>();
+  const float* w2p = w2.data_ptr<float>();
+  const float* b13p = b13.defined() ? b13.data_ptr<float>() : nullptr;
+  const float* b2p = b2.defined() ? b2.data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  const float alpha = static_cast<float>(alpha_in), limit = static_cast<float>(limit_in);
+
+  // Router logits [T, E], in blocks of 8 experts over all T rows.
+  std::vector<float> logits(T * E);
+  const int64_t rblocks = (E + kBlock - 1) / kBlock;
+  at::parallel_for(0, rblocks, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> out(T * kBlock);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t e0 = b * kBlock, len = std::min(kBlock, E - e0);
+      block(xp, T, rwp + e0 * K, len, K, out.data(), nullptr);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t r = 0; r < len; ++r)
+          logits[t * E + e0 + r] = out[t * kBlock + r] + (rbp ? rbp[e0 + r] : 0.f);
+    }
+  });
+
+  // Top-k (ties to the lower id) and the routing weights, per token.
+  std::vector<int64_t> ids(P);
+  std::vector<float> wts(P);
+  std::vector<int64_t> order(E);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* l = logits.data() + t * E;
+    for (int64_t e = 0; e < E; ++e) order[e] = e;
+    std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                      [&](int64_t a, int64_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    const float top = l[order[0]];
+    float denom = 0.f;
+    if (renormalize) {
+      for (int64_t j = 0; j < top_k; ++j) denom += std::exp(l[order[j]] - top);
+    } else {
+      for (int64_t e = 0; e < E; ++e) denom += std::exp(l[e] - top);
+    }
+    for (int64_t j = 0; j < top_k; ++j) {
+      ids[t * top_k + j] = order[j];
+      wts[t * top_k + j] = std::exp(l[order[j]] - top) / denom;
+    }
+  }
+
+  // Pairs grouped by expert: expert e's rows are [start[e], start[e + 1]) of xs.
+  std::vector<int64_t> start(E + 1, 0), tok(P);
+  std::vector<float> pw(P);
+  for (int64_t p = 0; p < P; ++p) ++start[ids[p] + 1];
+  for (int64_t e = 0; e < E; ++e) start[e + 1] += start[e];
+  std::vector<float> xs(P * K);
+  {
+    std::vector<int64_t> fill(start.begin(), start.end() - 1);
+    for (int64_t p = 0; p < P; ++p) {
+      const int64_t q = fill[ids[p]]++;
+      tok[q] = p / top_k;
+      pw[q] = wts[p];
+      std::memcpy(xs.data() + q * K, xp + (p / top_k) * K, K * sizeof(float));
+    }
+  }
+  std::vector<int64_t> active;
+  for (int64_t e = 0; e < E; ++e)
+    if (start[e + 1] > start[e]) active.push_back(e);
+
+  // Phase 1: h [P, I] = act(gate, up). A unit is 8 gate rows and their 8 up rows of one expert;
+  // units run expert by expert, so a thread streams each expert's rows in address order.
+  const int64_t na = static_cast<int64_t>(active.size());
+  const int64_t blocks1 = (I + kBlock - 1) / kBlock;
+  std::vector<float> h(P * I);
+  at::parallel_for(0, na * blocks1, 1, [&](int64_t u0, int64_t u1) {
+    std::vector<float> g(P * kBlock), u(P * kBlock);
+    for (int64_t unit = u0; unit < u1; ++unit) {
+      const int64_t a = unit / blocks1, e = active[a], n0 = (unit % blocks1) * kBlock;
+      const int64_t len = std::min(kBlock, I - n0), s = start[e], n = start[e + 1] - s;
+      const float* we = w13p + e * I2 * K;
+      const float* next = n0 + kBlock < I ? we + (n0 + kBlock) * K  // this expert's next gate rows
+                          : a + 1 < na  ? w13p + active[a + 1] * I2 * K  // the next expert's
+                                        : nullptr;
+      block(xs.data() + s * K, n, we + n0 * K, len, K, g.data(), we + (I + n0) * K);
+      block(xs.data() + s * K, n, we + (I + n0) * K, len, K, u.data(), next);
+      const float* be = b13p ? b13p + e * I2 : nullptr;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t r = 0; r < len; ++r) {
+          float gv = g[i * kBlock + r], uv = u[i * kBlock + r];
+          if (be) gv += be[n0 + r], uv += be[I + n0 + r];
+          h[(s + i) * I + n0 + r] = activate(static_cast<int>(act), gv, uv, alpha, limit);
+        }
+    }
+  });
+
+  // Phase 2: d [P, H] = weight * (w2[e] . h + b2[e]), 8 down rows of one expert per unit, then
+  // each token's rows summed (one writer per output row: no atomics, a fixed order).
+  const int64_t blocks2 = (H + kBlock - 1) / kBlock;
+  std::vector<float> d(P * H);
+  at::parallel_for(0, na * blocks2, 1, [&](int64_t u0, int64_t u1) {
+    std::vector<float> part(P * kBlock);
+    for (int64_t unit = u0; unit < u1; ++unit) {
+      const int64_t a = unit / blocks2, e = active[a], n0 = (unit % blocks2) * kBlock;
+      const int64_t len = std::min(kBlock, H - n0), s = start[e], n = start[e + 1] - s;
+      const float* next = n0 + kBlock < H ? w2p + (e * H + n0 + kBlock) * I
+                          : a + 1 < na  ? w2p + active[a + 1] * H * I
+                                        : nullptr;
+      block(h.data() + s * I, n, w2p + (e * H + n0) * I, len, I, part.data(), next);
+      const float* be = b2p ? b2p + e * H + n0 : nullptr;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t r = 0; r < len; ++r)
+          d[(s + i) * H + n0 + r] = pw[s + i] * (part[i * kBlock + r] + (be ? be[r] : 0.f));
+    }
+  });
+  for (int64_t q = 0; q < P; ++q) {
+    float* out = yp + tok[q] * H;
+    const float* dq = d.data() + q * H;
+    for (int64_t c = 0; c < H; ++c) out[c] += dq[c];
+  }
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(shoal_cpu, m) {
+  m.def(
+      "moe_forward(Tensor x, Tensor router_w, Tensor? router_b, Tensor w13, Tensor? b13, "
+      "Tensor w2, Tensor? b2, int top_k, bool renormalize, int act, float alpha, float limit) "
+      "-> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(shoal_cpu, CPU, m) { m.impl("moe_forward", moe_forward); }

@@ -584,21 +584,31 @@ at::Tensor gguf_matmul(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   return y;
 }
 
+// Into `out` [N, K] (fp32 or bf16, contiguous): a caller's reused buffer, so a large weight's
+// unpacking does not pay a fresh allocation's page faults each step (~10 ms for 33 MB here).
+void gguf_dequantize_into(const at::Tensor& blocks, int64_t type, const at::Tensor& out) {
+  TORCH_CHECK(out.dim() == 2 && out.is_contiguous() && out.size(0) == blocks.size(0),
+              "gguf_dequantize: out must be a contiguous [N, K] tensor");
+  const int64_t K = out.size(1), N = out.size(0);
+  check_blocks(blocks, type, K);
+  TORCH_CHECK(out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16,
+              "gguf_dequantize: fp32 or bf16");
+  if (N == 0) return;
+  const uint8_t* wp = blocks.data_ptr<uint8_t>();
+  if (out.scalar_type() == at::kFloat) {
+    float* yp = out.data_ptr<float>();
+    GGUF_DISPATCH(type, (dequantize<T, float>(wp, yp, K, N)));
+  } else {
+    c10::BFloat16* yp = out.data_ptr<c10::BFloat16>();
+    GGUF_DISPATCH(type, (dequantize<T, c10::BFloat16>(wp, yp, K, N)));
+  }
+}
+
 at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, int64_t K,
                            at::ScalarType dtype) {
   check_blocks(blocks, type, K);
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "gguf_dequantize: fp32 or bf16");
-  const int64_t N = blocks.size(0);
-  auto y = at::empty({N, K}, blocks.options().dtype(dtype));
-  if (N == 0) return y;
-  const uint8_t* wp = blocks.data_ptr<uint8_t>();
-  if (dtype == at::kFloat) {
-    float* yp = y.data_ptr<float>();
-    GGUF_DISPATCH(type, (dequantize<T, float>(wp, yp, K, N)));
-  } else {
-    c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
-    GGUF_DISPATCH(type, (dequantize<T, c10::BFloat16>(wp, yp, K, N)));
-  }
+  auto y = at::empty({blocks.size(0), K}, blocks.options().dtype(dtype));
+  gguf_dequantize_into(blocks, type, y);
   return y;
 }
 
@@ -652,6 +662,7 @@ at::Tensor int8_matmul_q8(const at::Tensor& x_in, const at::Tensor& qweight,
 TORCH_LIBRARY_FRAGMENT(shoal_cpu, m) {
   m.def("gguf_matmul(Tensor x, Tensor blocks, int type) -> Tensor");
   m.def("gguf_dequantize(Tensor blocks, int type, int K, ScalarType dtype) -> Tensor");
+  m.def("gguf_dequantize_into(Tensor blocks, int type, Tensor(a!) out) -> ()");
 #ifdef SHOAL_Q8
   m.def("gguf_matmul_q8(Tensor x, Tensor blocks, int type) -> Tensor");
   m.def("int8_matmul_q8(Tensor x, Tensor qweight, Tensor scale) -> Tensor");
@@ -661,6 +672,7 @@ TORCH_LIBRARY_FRAGMENT(shoal_cpu, m) {
 TORCH_LIBRARY_IMPL(shoal_cpu, CPU, m) {
   m.impl("gguf_matmul", gguf_matmul);
   m.impl("gguf_dequantize", gguf_dequantize);
+  m.impl("gguf_dequantize_into", gguf_dequantize_into);
 #ifdef SHOAL_Q8
   m.impl("gguf_matmul_q8", gguf_matmul_q8);
   m.impl("int8_matmul_q8", int8_matmul_q8);

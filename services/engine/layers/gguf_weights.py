@@ -26,6 +26,7 @@ parts are stored in different types (Q4_K_M keeps v in Q6_K) runs one matmul per
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +75,24 @@ def dequantize(blocks: torch.Tensor, ggml_type: int, cols: int,
     return torch.ops.shoal_cpu.gguf_dequantize(blocks, ggml_type, cols, dtype)
 
 
+_scratch = threading.local()
+
+
+def _unpacked(blocks: torch.Tensor, ggml_type: int, cols: int, dtype: torch.dtype
+              ) -> torch.Tensor:
+    """The weight unpacked for one step into this thread's buffer of its shape (reused: a fresh
+    tensor of tens of MB pays its page faults every step: a 512-token step at 8192 x 2048 ran at
+    0.67x of bf16's time, 0.92x with the buffer; the GEMM is done with it before the next layer's
+    unpacking)."""
+    buffers: dict[tuple[int, int, torch.dtype], torch.Tensor] = _scratch.__dict__.setdefault(
+        "buffers", {})
+    key = (blocks.shape[0], cols, dtype)
+    if key not in buffers:
+        buffers[key] = torch.empty(blocks.shape[0], cols, dtype=dtype)
+    torch.ops.shoal_cpu.gguf_dequantize_into(blocks, ggml_type, buffers[key])
+    return buffers[key]
+
+
 class GGUFBlockLinear:
     """y = x W^T + b with W kept as a GGUF file's blocks: `parts` [(ggml type, blocks [N_i, row
     bytes])] stacked by output rows (a packed layer's q/k/v may differ in type)."""
@@ -102,7 +121,7 @@ class GGUFBlockLinear:
             outs = [self.many(x)]
         else:
             xg = x.to(self.gemm_dtype)
-            outs = [F.linear(xg, dequantize(b, t, self.in_features, self.gemm_dtype))
+            outs = [F.linear(xg, _unpacked(b, t, self.in_features, self.gemm_dtype))
                     for t, b in self.parts]
         out = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)).to(x.dtype)
         return out if self.bias is None else out + self.bias

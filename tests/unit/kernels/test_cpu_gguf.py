@@ -124,3 +124,12 @@ def test_a_kept_many_rows_copy_is_the_unpacked_weight() -> None:
     ref = F.linear(x, theirs(raw.numpy(), 12, 24, 512))
     for layer in (fresh, kept):
         torch.testing.assert_close(layer(x), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+def test_unpacking_into_a_reused_buffer_is_the_same() -> None:
+    raw = torch.from_numpy(random_blocks(14, 9, 512))
+    out = torch.full((9, 512), float("nan"), dtype=torch.bfloat16)
+    torch.ops.shoal_cpu.gguf_dequantize_into(raw, 14, out)
+    assert torch.equal(out, torch.ops.shoal_cpu.gguf_dequantize(raw, 14, 512, torch.bfloat16))
+    with pytest.raises(RuntimeError, match="contiguous \\[N, K\\]"):
+        torch.ops.shoal_cpu.gguf_dequantize_into(raw, 14, torch.empty(8, 512))

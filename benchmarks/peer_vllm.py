@@ -250,7 +250,8 @@ def main() -> None:
     logs = {e.label: RESULTS / f"peer_vllm-{stamp}-{e.label}.log" for e in engines}
     result: dict[str, Any] = {"model": folder, "args": vars(args), "cpu_count": os.cpu_count(),
                               "ceiling": ceiling(folder), "engines": {}, "runs": {},
-                              "bandwidth": measure_bandwidth(), "load_start": os.getloadavg()}
+                              "bandwidth": measure_bandwidth(), "load_start": os.getloadavg(),
+                              "failed": {}}  # engines that exited mid-run: the others go on
     print(f"fp32 ceiling {result['ceiling']['tokens_per_s']:.0f} tok/s (MKL, all threads), "
           f"{result['ceiling']['onednn_tokens_per_s']:.0f} tok/s (oneDNN, 1 thread x cores); "
           f"read bandwidth {result['bandwidth']['one_thread'] / 1e9:.1f} GB/s (1 thread), "
@@ -268,7 +269,14 @@ def main() -> None:
             order = engines if rnd % 2 == 0 else engines[::-1]
             for name, job in workloads(args, vocab, rnd).items():
                 for engine in order:
-                    run = engine.run(job, logs[engine.label])
+                    if engine.label in result["failed"]:
+                        continue
+                    try:
+                        run = engine.run(job, logs[engine.label])
+                    except RuntimeError as exc:  # (killed: out of memory on a shared machine)
+                        result["failed"][engine.label] = f"{name}, round {rnd + 1}: {exc}"
+                        print(f"{engine.label} failed in {name}: {exc}", flush=True)
+                        continue
                     run["tokens_per_s"] = (run["prompt_tokens"] if name == "prefill"
                                            else run["output_tokens"]) / run["seconds"]
                     result["runs"].setdefault(name, {}).setdefault(engine.label, []).append(run)
@@ -336,6 +344,8 @@ def report(result: dict[str, Any], reference: str) -> None:
         print(f"start {label}: {info['start_s']:.1f} s")
     print("load average at start {:.1f} {:.1f} {:.1f}, at end {:.1f} {:.1f} {:.1f}".format(
         *result["load_start"], *result["load_end"]))
+    for label, why in result["failed"].items():
+        print(f"{label} exited during {why.splitlines()[0]}")
     result["summary"] = summary
 
 

@@ -3,7 +3,12 @@ CLI deploys the bundled model into it, the gateway answers a chat and a streamed
 OpenAI SDK from the host), a worker container that dies comes back with its instance RUNNING,
 a recreated worker neither converts the model nor builds the C++ ops again (the cache
 volume), and the stack goes on serving, and recording events, when one of its three NATS
-servers is killed under traffic (the event stream is replicated on all three).
+servers is killed under traffic (the event stream is replicated on all three). Then a second
+worker container (its own network namespace: another host) serves a pipeline-parallel instance
+with the first, and the first is cut off (`docker network disconnect`) under a stream: it goes
+NOT_READY, its instance RUNNING on the second, and when it is connected again its stale engine
+is fenced (stopped; never two copies of the replica). tests/compose/fast-liveness.yaml makes
+heartbeats and rescheduling take seconds.
 Run by `make compose-test` (SHOAL_COMPOSE_TEST=1: it needs Docker and the image built,
 a few minutes), never by `make test`; the stack is torn down with its volumes at the end.
 """
@@ -40,7 +45,9 @@ pytestmark = [
 def compose(*args: str, check: bool = True, timeout: float = 600) -> str:
     env = dict(os.environ, SHOAL_COMPOSE_NATS_PORT=NATS_PORT,
                SHOAL_COMPOSE_GATEWAY_PORT=GATEWAY_PORT)
-    done = subprocess.run([*COMPOSE, "-p", PROJECT, *args], cwd=ROOT, env=env, text=True,
+    files = ["-f", "compose.yaml", "-f", "tests/compose/fast-liveness.yaml"]
+    done = subprocess.run([*COMPOSE, "-p", PROJECT, *files, *args], cwd=ROOT, env=env,
+                          text=True,
                           capture_output=True, timeout=timeout)
     if check and done.returncode != 0:
         raise AssertionError(f"{' '.join(args)}: {done.returncode}\n{done.stdout}{done.stderr}")
@@ -83,19 +90,27 @@ def until(what: str, check, timeout: float, every: float = 2.0):  # noqa: ANN001
     raise AssertionError(f"{what}: not within {timeout:.0f}s (last: {last!r})")
 
 
-def instance_states() -> list[str]:
-    done = shoal("instances", "list", "--model", MODEL, "--json", timeout=60)
+def instances(model: str = MODEL) -> list[dict]:
+    done = shoal("instances", "list", "--model", model, "--json", timeout=60)
     assert done.returncode == 0, done.stderr
-    return [i["state"] for i in json.loads(done.stdout)]
+    return list(json.loads(done.stdout))
 
 
-def chat(content: str = "What is the capital of France?") -> str:
+def instance_states() -> list[str]:
+    return [i["state"] for i in instances()]
+
+
+def worker_states() -> dict[str, str]:
+    return {w["name"]: w["state"] for w in json.loads(shoal("workers", "list", "--json").stdout)}
+
+
+def chat(content: str = "What is the capital of France?", model: str = MODEL) -> str:
     from openai import OpenAI
 
     client = OpenAI(base_url=f"http://127.0.0.1:{GATEWAY_PORT}/v1", api_key="none",
                     max_retries=0, timeout=120)
     answer = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": content}], temperature=0,
+        model=model, messages=[{"role": "user", "content": content}], temperature=0,
         max_tokens=16)
     return answer.choices[0].message.content or ""
 
@@ -112,7 +127,7 @@ def cache_listing() -> str:
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[None]:
-    compose("down", "-v", "--remove-orphans", check=False)
+    compose("--profile", "two-workers", "down", "-v", "--remove-orphans", check=False)
     try:
         compose("up", "-d", *SERVICES)
         until("the gateway answers", lambda: httpx.get(
@@ -122,7 +137,8 @@ def stack() -> Iterator[None]:
         logs = compose("logs", "--no-color", "--tail", "200", check=False)
         (ROOT / "test-output").mkdir(exist_ok=True)
         (ROOT / "test-output" / "compose-logs.txt").write_text(logs)
-        compose("down", "-v", "--remove-orphans", "-t", "20", check=False)
+        compose("--profile", "two-workers", "down", "-v", "--remove-orphans", "-t", "20",
+                check=False)
 
 
 def test_the_cli_names_the_namespace_it_missed(stack: None) -> None:
@@ -242,3 +258,83 @@ def test_losing_one_nats_server_under_traffic(stack: None) -> None:
                                lambda: (lambda r: r if r[1] > before else None)(
                                    asyncio.run(_events_stream())), 60, 1.0)
     assert leader_after not in (None, victim)
+
+
+def _stream_outcome(out: dict[str, object]) -> None:
+    """One long streamed chat; how it ended (tokens, error) into `out`."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"http://127.0.0.1:{GATEWAY_PORT}/v1", api_key="none",
+                    max_retries=0, timeout=300)
+    out["tokens"] = 0
+    try:
+        stream = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Count to one hundred."}],
+            temperature=0, max_tokens=400, stream=True, extra_body={"ignore_eos": True})
+        for chunk in stream:
+            out["tokens"] = int(out["tokens"]) + bool(chunk.choices and
+                                                      chunk.choices[0].delta.content)
+        out["end"] = "complete"
+    except Exception as exc:  # noqa: BLE001 - the error event the stream ends with
+        out["end"] = f"error: {exc}"
+
+
+def test_two_worker_hosts_pipeline_and_a_partition(stack: None) -> None:
+    """worker-2 joins; SmolLM2 with pp=2 spread over both answers; then worker-1 (serving the
+    plain SmolLM2) is disconnected from the network under a stream and connected again."""
+    import threading
+
+    compose("--profile", "two-workers", "up", "-d", "--no-deps", "worker-2")
+    until("worker-2 READY", lambda: worker_states().get("worker-2") == "READY", 300)
+    smol = worker_exec("python -c 'from shoal.services.engine import smollm2_gguf_path; "
+                       "print(smollm2_gguf_path())'").strip()
+    started = time.monotonic()
+    done = shoal("models", "deploy", "smol-pp2", "--source", smol, "--device", "cpu", "--pp",
+                 "2", "--placement", "spread", "--max-model-len", "512", "--wait", timeout=2400)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [pp] = instances("smol-pp2")
+    assert pp["pp"] == 2 and {pp["worker_name"]} | {
+        s["worker_name"] for s in pp["subordinate_workers"]} == {"worker-1", "worker-2"}, pp
+    assert "Paris" in until("a chat across the two hosts", lambda: chat(model="smol-pp2"), 120)
+    print(f"pp=2 across worker-1 and worker-2: RUNNING in {time.monotonic() - started:.0f}s")
+    assert shoal("models", "delete", "smol-pp2").returncode == 0
+
+    until("the instance RUNNING on worker-1", lambda: [
+        (i["worker_name"], i["state"]) for i in instances()] == [("worker-1", "RUNNING")], 600)
+    container = compose("ps", "-q", "worker").strip()
+    network = f"{PROJECT}_default"
+    out: dict[str, object] = {}
+    streamer = threading.Thread(target=_stream_outcome, args=(out,), daemon=True)
+    streamer.start()
+    until("tokens on the stream", lambda: int(out.get("tokens", 0)) >= 5, 120, 0.2)
+    subprocess.run(["docker", "network", "disconnect", network, container], check=True)
+    cut = time.monotonic()
+    until("worker-1 NOT_READY", lambda: worker_states().get("worker-1") == "NOT_READY", 120, 0.5)
+    not_ready = time.monotonic() - cut
+    streamer.join(180)
+    assert "end" in out, "the stream on the cut worker hung"
+    until("the instance RUNNING on worker-2", lambda: [
+        (i["worker_name"], i["state"]) for i in instances()] == [("worker-2", "RUNNING")], 900)
+    moved = time.monotonic() - cut
+
+    subprocess.run(["docker", "network", "connect", "--alias", "worker", network, container],
+                   check=True)
+    healed = time.monotonic()
+    seen: set[tuple[str, str]] = set()
+
+    def stale_engine_gone() -> bool:
+        now = instances()
+        assert len(now) == 1, f"two copies of one replica: {now}"
+        seen.add((now[0]["worker_name"], now[0]["state"]))
+        left = compose("exec", "-T", "worker", "sh", "-c",
+                       "pgrep -f 'shoal engine' || true").strip()
+        return not left
+
+    until("the stale engine on worker-1 stopped", stale_engine_gone, 180, 1.0)
+    fenced = time.monotonic() - healed
+    assert seen == {("worker-2", "RUNNING")}, seen
+    until("worker-1 READY again", lambda: worker_states().get("worker-1") == "READY", 120)
+    assert "Paris" in until("a chat after the heal", chat, 120)
+    print(f"partition of worker-1: NOT_READY in {not_ready:.0f}s, RUNNING on worker-2 "
+          f"{moved:.0f}s after the cut, the stream ended {out['end']!r} after "
+          f"{out['tokens']} tokens; the stale engine stopped {fenced:.0f}s after the heal")

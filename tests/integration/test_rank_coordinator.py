@@ -78,3 +78,21 @@ async def test_plan_exits_and_silence(settings: Settings) -> None:
     finally:
         await coordinator.stop()
         await bus.close()
+
+
+async def test_silence_counts_from_the_start_not_from_the_preparation(settings: Settings) -> None:
+    """The coordinator is made before the model files are prepared and hears heartbeats only
+    once started: a preparation longer than the heartbeat timeout is no silence (compose's
+    short timeouts failed every pp start at once)."""
+    quick = settings.model_copy(update={"heartbeat_timeout": 0.5, "distributed_host": "127.0.0.1"})
+    bus = await Bus.connect(quick, name="rank-coordinator-prep")
+    coordinator = RankCoordinator(bus, quick, instance(),
+                                  EngineConfig(model="/m", device="cpu", pipeline_parallel_size=2))
+    await asyncio.sleep(0.8)  # preparing the model files
+    await coordinator.start()
+    try:
+        await coordinator._check_silence()
+        assert coordinator.failure_message() is None
+    finally:
+        await coordinator.stop()
+        await bus.close()

@@ -82,6 +82,10 @@ class RankCoordinator:
 
     async def start(self) -> None:
         subjects = self.bus.subjects
+        # silence counts from now: the model files were being prepared since construction,
+        # and heartbeats are heard only from here on (a heartbeat timeout shorter than the
+        # preparation failed every start at once)
+        self._last_seen = {w.worker_id: time.monotonic() for w in self.layout[1:]}
         self._subs = [
             await self.bus.nc.subscribe(subjects.ranks(self.instance.id), cb=self._on_plan),
             await self.bus.subscribe(subjects.rank_exits(self.instance.id), RankExit,

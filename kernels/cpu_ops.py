@@ -153,8 +153,9 @@ def expert_gemv(x: torch.Tensor, stacked: torch.Tensor, ids: torch.Tensor,
 
 
 Q8_MAX_ROWS = 16
-"""GGUF layers run steps of fewer rows than this through the int8-activation kernel
-(`gguf_matmul_q8`, csrc/cpu_gguf.cpp) where it is built: at 8 rows it was 1.3-1.7x the
+"""GGUF layers without a kept bf16 copy (gguf_weights.KEPT_FROM_ROWS) run steps of fewer rows
+than this through the int8-activation kernel (`gguf_matmul_q8`, csrc/cpu_gguf.cpp) where it is
+built: at 8 rows it was 1.3-1.7x the
 dequantise + bf16 GEMM path, level at 16, 0.7-0.8x at 32 (benchmarks/gguf_kernels.py, one
 thread, 4096 x 2048): per row it spends four vector ops on 64 weights (dot, convert, two
 scalings), a bf16 GEMM two."""

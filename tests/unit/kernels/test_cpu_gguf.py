@@ -133,3 +133,17 @@ def test_unpacking_into_a_reused_buffer_is_the_same() -> None:
     assert torch.equal(out, torch.ops.shoal_cpu.gguf_dequantize(raw, 14, 512, torch.bfloat16))
     with pytest.raises(RuntimeError, match="contiguous \\[N, K\\]"):
         torch.ops.shoal_cpu.gguf_dequantize_into(raw, 14, torch.empty(8, 512))
+
+
+def test_a_kept_copy_takes_steps_from_kept_from_rows() -> None:
+    from shoal.services.engine.layers.gguf_weights import KEPT_FROM_ROWS, GGUFBlockLinear
+
+    raw = torch.from_numpy(random_blocks(12, 8, 256))
+    layer = GGUFBlockLinear([(12, raw)], 256, None)
+    layer.keep_many_rows()
+    calls = []
+    many = layer.many
+    layer.many = lambda x: calls.append(x.shape[0]) or many(x)  # type: ignore[assignment]
+    for rows in (1, KEPT_FROM_ROWS - 1, KEPT_FROM_ROWS, 20):
+        layer(torch.randn(rows, 256))
+    assert calls == [KEPT_FROM_ROWS, 20]

@@ -173,8 +173,9 @@ def q8_available(in_features: int) -> bool:
 
 MOE_MAX_ROWS = 8
 """Steps of up to this many tokens run a whole MoE layer as `moe_forward`; larger ones sort the
-tokens by expert and run each expert's oneDNN GEMM (layers/moe.py): at 8 rows (8 experts of 768,
-top-2, one thread) the two tie, from 16 rows oneDNN's packed GEMM wins (docs/figures.md)."""
+tokens by expert and run each expert's oneDNN GEMM (layers/moe.py): one layer of 8 experts of
+768, top-2, one thread, took 0.55-0.96x the torch path's time at 1-8 rows, 1.07x at 16, 1.7x at
+32 (benchmarks/moe_layer.py, docs/figures.md "Issue 28")."""
 
 
 def moe_forward(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None,

@@ -2,17 +2,19 @@
 // call, fp32: router logits, top-k and softmax, then every chosen expert's gate/up matmul, its
 // activation, and its down matmul scaled by the routing weight and summed per token.
 //
-// Why: at decode a layer's work is small (SmolLM2 width: ~2.7 MB of weights for two experts at
-// one token) and the torch path pays a dozen op dispatches for it (router linear, topk, softmax,
-// chunk, silu, mul, and per expert a sort, gathers and two matmuls): ~100 us a layer of overhead
-// on a single thread, a third of the step. Here the step's (token, expert) pairs are grouped by
-// expert in C++, and each unit of work (8 weight rows of every active expert) multiplies them by
-// all of that expert's rows while they are in cache: each chosen expert's weights are read once
-// per step whatever its number of rows, and no Python loop runs over experts.
+// Why: at decode a layer's work is small (SmolLM2 width, 8 experts of 768, top-2: 10.6 MB of
+// weights at one token) and the torch path pays a dozen op dispatches for it (router linear,
+// topk, softmax, chunk, silu, mul, and per expert a sort, gathers and two matmuls). Here the
+// step's (token, expert) pairs are grouped by expert in C++, and each unit of work (8 weight rows
+// of one expert) multiplies them by all of that expert's rows while they are in L1: each chosen
+// expert's weights are read once per step whatever its number of rows, and no Python loop runs
+// over experts (benchmarks/moe_layer.py; docs/figures.md "Issue 28").
 //
-// Work is split over output columns (at::parallel_for, as cpu_gemv.cpp): gate/up rows in the
-// first phase, down rows in the second, so each thread streams its own slice of every active
-// expert's weights and owns its output columns (no atomics, a fixed summation order).
+// Work is split over units of 8 weight rows of one active expert (at::parallel_for, as
+// cpu_gemv.cpp), taken expert by expert in address order: the gate rows, then the up rows, then
+// the down rows, so each thread streams a contiguous slice as a plain GEMV does (one pass over
+// gate and up rows alternating 18 KB blocks 1.8 MB apart streamed worse, 1.05x the per-expert
+// GEMVs' time at one token in a 12-layer stack, against 0.91-0.95x in two passes).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -205,31 +207,34 @@ at::Tensor moe_forward(const at::Tensor& x_in, const at::Tensor& router_w,
   for (int64_t e = 0; e < E; ++e)
     if (start[e + 1] > start[e]) active.push_back(e);
 
-  // Phase 1: h [P, I] = act(gate, up). A unit is 8 gate rows and their 8 up rows of one expert;
-  // units run expert by expert, so a thread streams each expert's rows in address order.
+  // Phase 1: h [P, I] = act(gate, up), in two passes over units of 8 rows of one expert, expert
+  // by expert: the gate rows (kept in h), then the up rows (h becomes the activation). Each pass
+  // reads every active expert's rows in address order, one stream as a plain GEMV's.
   const int64_t na = static_cast<int64_t>(active.size());
   const int64_t blocks1 = (I + kBlock - 1) / kBlock;
   std::vector<float> h(P * I);
-  at::parallel_for(0, na * blocks1, 1, [&](int64_t u0, int64_t u1) {
-    std::vector<float> g(P * kBlock), u(P * kBlock);
-    for (int64_t unit = u0; unit < u1; ++unit) {
-      const int64_t a = unit / blocks1, e = active[a], n0 = (unit % blocks1) * kBlock;
-      const int64_t len = std::min(kBlock, I - n0), s = start[e], n = start[e + 1] - s;
-      const float* we = w13p + e * I2 * K;
-      const float* next = n0 + kBlock < I ? we + (n0 + kBlock) * K  // this expert's next gate rows
-                          : a + 1 < na  ? w13p + active[a + 1] * I2 * K  // the next expert's
-                                        : nullptr;
-      block(xs.data() + s * K, n, we + n0 * K, len, K, g.data(), we + (I + n0) * K);
-      block(xs.data() + s * K, n, we + (I + n0) * K, len, K, u.data(), next);
-      const float* be = b13p ? b13p + e * I2 : nullptr;
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t r = 0; r < len; ++r) {
-          float gv = g[i * kBlock + r], uv = u[i * kBlock + r];
-          if (be) gv += be[n0 + r], uv += be[I + n0 + r];
-          h[(s + i) * I + n0 + r] = activate(static_cast<int>(act), gv, uv, alpha, limit);
+  for (int pass = 0; pass < 2; ++pass) {
+    at::parallel_for(0, na * blocks1, 1, [&](int64_t u0, int64_t u1) {
+      std::vector<float> g(P * kBlock);
+      for (int64_t unit = u0; unit < u1; ++unit) {
+        const int64_t a = unit / blocks1, e = active[a], n0 = (unit % blocks1) * kBlock;
+        const int64_t len = std::min(kBlock, I - n0), s = start[e], n = start[e + 1] - s;
+        const float* rows = w13p + (e * I2 + pass * I + n0) * K;
+        const float* next = n0 + kBlock < I ? rows + kBlock * K  // this expert's next rows
+                            : a + 1 < na  ? w13p + (active[a + 1] * I2 + pass * I) * K
+                                          : nullptr;
+        block(xs.data() + s * K, n, rows, len, K, g.data(), next);
+        const float* be = b13p ? b13p + e * I2 + pass * I + n0 : nullptr;
+        for (int64_t i = 0; i < n; ++i) {
+          float* hr = h.data() + (s + i) * I + n0;
+          for (int64_t r = 0; r < len; ++r) {
+            const float v = g[i * kBlock + r] + (be ? be[r] : 0.f);
+            hr[r] = pass == 0 ? v : activate(static_cast<int>(act), hr[r], v, alpha, limit);
+          }
         }
-    }
-  });
+      }
+    });
+  }
 
   // Phase 2: d [P, H] = weight * (w2[e] . h + b2[e]), 8 down rows of one expert per unit, then
   // each token's rows summed (one writer per output row: no atomics, a fixed order).

@@ -1,8 +1,8 @@
 """Same-run A/B of the MoE layer's one-token path (batch 1, 1 thread): Shoal on one random-weight
 Qwen3-MoE folder twice, one engine with `stacked_gemv` cleared (each expert's own kernels, the
-path before cpu_ops.moe_forward and expert_gemv), and the dense model of the active size (benchmarks/moe_decode's
-models, `layers` deep); rounds interleaved, the order flipped every round. Ratios below 1: the
-first engine named is faster.
+path before cpu_ops.moe_forward and expert_gemv), and the dense model of the active size
+(benchmarks/moe_decode's models, `layers` deep); rounds interleaved, the order flipped every
+round. Ratios below 1: the first engine named is faster.
 
     .venv/bin/python -m benchmarks.moe_fused_ab LAYERS ROUNDS
 """

@@ -253,6 +253,21 @@ def test_cpu_pipeline_stages_spread_when_asked() -> None:
     assert r.placement.claim.ram > sub.claim.ram > 0
 
 
+def test_cpu_vllm_goes_across_workers_only_when_asked() -> None:
+    """vLLM-CPU has no Ray executor: the scheduler never chooses a split it would refuse (the
+    instance would go to ERROR and be restarted again and again); `spread` still asks for it."""
+    model = profile(40)  # ~150 GiB in float32 on CPU
+    fleet = [worker("a", ram_gib=100), worker("b", ram_gib=100)]
+    r = plan_placement(spec(device="cpu", pp=2, backend="vllm"), fleet, [], profile=model)
+    assert not r.ok and "no Ray executor" in r.reason
+    r = plan_placement(spec(device="cpu", pp=2, backend="vllm", placement_strategy="spread"),
+                       fleet, [], profile=model)
+    assert r.ok and len(r.placement.subordinate_workers) == 1
+    small = plan_placement(spec(device="cpu", pp=2, backend="vllm"), fleet, [],
+                           profile=profile(1.5))
+    assert small.ok and not small.placement.subordinate_workers
+
+
 def test_vllm_spans_workers_over_ray_and_a_custom_server_stays_on_one() -> None:
     """vllm across workers runs on Ray (its head on the main worker, followers on the others):
     the scheduler places it across as it does our engine; a custom server is one process, kept

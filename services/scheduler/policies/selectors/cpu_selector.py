@@ -8,13 +8,16 @@ model's whole claim whatever the ranks.
 With pp > 1 (and `distributed`, the default) the pipeline stages may go to several workers: when
 no worker alone fits, or when the user asks for it with placement_strategy `spread`, the stages
 are split evenly over 2..pp workers (shared/schemas/ranks.py `split_stages`, the split the
-engine uses too) and each worker claims its stages' share of the RAM.
+engine uses too) and each worker claims its stages' share of the RAM. A vLLM instance goes
+across CPU workers only when asked (`spread`): vLLM's CPU build has no Ray executor ("current
+platform cpu does not support ray"), so choosing that split for the user would place it to fail.
 """
 
 from __future__ import annotations
 
 from shoal.services.scheduler.policies.base import Candidate, PlacementRequest, Stage
 from shoal.services.scheduler.policies.fleet import FleetIndex, WorkerSlot
+from shoal.shared.schemas.backends import BackendKind
 from shoal.shared.schemas.ranks import split_stages
 from shoal.shared.units import fmt_bytes, fmt_pct
 
@@ -39,6 +42,8 @@ class CpuSelector:
             if slot.ram_allocatable >= need and _cores(slot) >= tp * pp:
                 return [Candidate(worker=slot, gpu_indexes=[], ram_claim=need, tp=tp, pp=pp,
                                   selector=self.name)]
+        if across and request.model.backend is BackendKind.VLLM:
+            return []  # vLLM-CPU has no Ray executor: across only when asked (above)
         return self._across(index, request, allowed, tp, pp, need) if across else []
 
     def _across(self, index: FleetIndex, request: PlacementRequest, allowed: set[str] | None,
@@ -73,7 +78,9 @@ class CpuSelector:
         tp, pp = request.fixed_parallelism() or (1, 1)
         ranks = tp * pp
         notes = []
-        if pp > 1 and request.model.spans_workers() and len(eligible) > 1:
+        if pp > 1 and request.model.backend is BackendKind.VLLM and not request.spread:
+            notes.append(NO_RAY_ON_CPU)
+        elif pp > 1 and request.model.spans_workers() and len(eligible) > 1:
             top = max(eligible, key=lambda s: (s.ram_allocatable, s.name))
             second = sorted((s.ram_allocatable for s in eligible), reverse=True)[1]
             notes.append(
@@ -100,6 +107,11 @@ class CpuSelector:
             f"{fmt_bytes(best.ram_total)} ({fmt_pct(best.ram_fullness())} claimed), "
             f"{fmt_bytes(need - best.ram_allocatable)} short."
         ]
+
+
+NO_RAY_ON_CPU = ("vLLM's CPU build has no Ray executor (\"current platform cpu does not support "
+                 "ray\"): its pipeline stages stay on one worker unless placement_strategy "
+                 "spread asks for several.")
 
 
 def _cores(slot: WorkerSlot) -> int:

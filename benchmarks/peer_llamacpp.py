@@ -170,23 +170,28 @@ def run_file(args: argparse.Namespace, label: str, gguf: Path, names: list[str],
 
 def report(result: dict[str, Any]) -> None:
     """One line per file and engine; the bound at the best bandwidth this run measured."""
-    from benchmarks.bound import fraction_of_bound
-
     bandwidth = max(result["bandwidth"]["best"], result["bandwidth_end"]["best"])
     print(f"\nbandwidth bound at {bandwidth / 1e9:.1f} GB/s (the best read this run)")
     for label, file in result["files"].items():
-        for name, entry in file["engines"].items():
-            entry["fraction_of_bound"] = fraction_of_bound(entry["median_tok_s"],
-                                                           entry["weight_bytes"], bandwidth)
-            line = (f"{label:14s} {name:9s} median {entry['median_tok_s']:6.1f} tok/s  best "
-                    f"{entry['best_tok_s']:6.1f}  x llama.cpp {entry['ratio_vs_llamacpp']:.2f}  "
-                    f"{100 * entry['fraction_of_bound']:.0f}% of the bound "
-                    f"({entry['weight_bytes'] / 1e9:.2f} GB a token)")
-            if "ttft_s" in entry:
-                line += (f"; prefill {result['prefill_len']}: TTFT "
-                         f"{1000 * entry['ttft_s']:.0f} ms, {entry['prefill_tok_s']:.0f} prompt "
-                         f"tok/s, x llama.cpp {entry['prefill_ratio_vs_llamacpp']:.2f}")
-            print(line, flush=True)
+        report_file(label, file, result["prefill_len"], bandwidth)
+
+
+def report_file(label: str, file: dict[str, Any], prefill_len: int, bandwidth: float) -> None:
+    """A file's lines: printed as soon as it is done too (a 1B file takes minutes to load)."""
+    from benchmarks.bound import fraction_of_bound
+
+    for name, entry in file["engines"].items():
+        entry["fraction_of_bound"] = fraction_of_bound(entry["median_tok_s"],
+                                                       entry["weight_bytes"], bandwidth)
+        line = (f"{label:14s} {name:9s} median {entry['median_tok_s']:6.1f} tok/s  best "
+                f"{entry['best_tok_s']:6.1f}  x llama.cpp {entry['ratio_vs_llamacpp']:.2f}  "
+                f"{100 * entry['fraction_of_bound']:.0f}% of the bound "
+                f"({entry['weight_bytes'] / 1e9:.2f} GB a token)")
+        if "ttft_s" in entry:
+            line += (f"; prefill {prefill_len}: TTFT "
+                     f"{1000 * entry['ttft_s']:.0f} ms, {entry['prefill_tok_s']:.0f} prompt "
+                     f"tok/s, x llama.cpp {entry['prefill_ratio_vs_llamacpp']:.2f}")
+        print(line, flush=True)
 
 
 def main() -> None:
@@ -244,6 +249,7 @@ def main() -> None:
                               "prefill_len": args.prefill_len, "load_start": load, "files": {}}
     for label, gguf in files.items():
         result["files"][label] = run_file(args, label, Path(gguf), names, threads)
+        report_file(label, result["files"][label], args.prefill_len, bandwidth["best"])
     result["load_end"] = os.getloadavg()
     again = measure_bandwidth()  # a busy machine reads slower: the bound is the best seen
     result["bandwidth_end"] = again

@@ -1,11 +1,15 @@
-"""One MoE layer, the one-call C++ path (`cpu_ops.moe_forward`) against the torch path (the
-step's tokens sorted by expert, each active expert's own kernels: the GEMV up to 2 rows, oneDNN
-from 3), same process, rounds interleaved (issue 28). The layer is benchmarks/moe_decode's: 8
-experts of 768, top-2, hidden 576, fp32 with the CPU kernels `prepare_cpu_weights` gives it.
-Its 42 MB of experts mostly fit a 32 MB L3, so the figures are the layer's compute and op
-overhead more than the memory stream a whole model's decode sees (benchmarks/moe_decode).
+"""MoE layers alone, three paths, same process, rounds interleaved (issue 28): `moe_forward` (the
+whole layer in one C++ call, cpu_ops.moe_forward), `before` (the path it replaced: torch routing,
+then at one token the k experts in two `expert_gemv` calls, at more tokens the step sorted by
+expert and each active expert's own kernels, the GEMV up to 2 rows, oneDNN from 3), and
+`per_expert` (`stacked_gemv` cleared: each expert's own kernels even at one token). The layer is
+benchmarks/moe_decode's: 8 experts of 768, top-2, hidden 576, fp32, with the CPU kernels
+`prepare_cpu_weights` gives it. One layer's 42 MB of experts mostly fit a 32 MB L3, so
+`--layers 1` measures compute and op overhead; `--layers 12` chains 12 layers (500 MB) so the
+weights stream from memory as in a model's decode.
 
-    .venv/bin/python -m benchmarks.moe_layer [--threads 1] [--rows 1,2,8,16,32,64] [--rounds 7]
+    .venv/bin/python -m benchmarks.moe_layer [--layers 1] [--threads 1] [--rows 1,2,8,16,32,64]
+        [--rounds 7]
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ import time
 
 import torch
 
+MODES = ("before", "per_expert", "moe_forward")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rows", default="1,2,8,16,32,64")
     parser.add_argument("--rounds", type=int, default=7)
@@ -29,36 +36,46 @@ def main() -> None:
     from shoal.services.engine.layers.moe import FusedMoE
 
     torch.manual_seed(0)
-    layer = FusedMoE(8, 2, 576, 768, True, ParallelContext.single())
-    for p in layer.parameters():
-        p.data.normal_(0, 0.05)
-    prepare_cpu_weights(torch.nn.Sequential(layer), None)
+    layers = [FusedMoE(8, 2, 576, 768, True, ParallelContext.single())
+              for _ in range(args.layers)]
+    for layer in layers:
+        for p in layer.parameters():
+            p.data.normal_(0, 0.05)
+    prepare_cpu_weights(torch.nn.Sequential(*layers), None)
+    stacks = [layer.experts.stacked_gemv for layer in layers]
     limit = cpu_ops.MOE_MAX_ROWS
 
-    def once(x: torch.Tensor, fused: bool, n: int) -> float:
-        cpu_ops.MOE_MAX_ROWS = 1 << 30 if fused else 0
-        for _ in range(3):
-            layer(x)
-        start = time.perf_counter()
-        for _ in range(n):
-            layer(x)
-        return (time.perf_counter() - start) / n * 1e6
+    def once(rows: int, mode: str, n: int) -> float:
+        """Microseconds per layer call, `n` steps through every layer."""
+        cpu_ops.MOE_MAX_ROWS = 1 << 30 if mode == "moe_forward" else 0
+        for layer, stack in zip(layers, stacks):
+            layer.experts.stacked_gemv = None if mode == "per_expert" else stack
+        xs = [torch.randn(rows, 576) for _ in range(n + 2)]
+        start = 0.0
+        for i, x in enumerate(xs):
+            if i == 2:
+                start = time.perf_counter()
+            for layer in layers:
+                x = x + 0.1 * layer(x)
+        return (time.perf_counter() - start) / n / len(layers) * 1e6
 
-    print(f"one MoE layer, {args.threads} thread(s), us per call (best / median of "
-          f"{args.rounds} interleaved rounds); today's limit MOE_MAX_ROWS = {limit}")
+    print(f"{args.layers} MoE layer(s), {args.threads} thread(s), us per layer call (best / "
+          f"median of {args.rounds} interleaved rounds); MOE_MAX_ROWS = {limit}")
     with torch.no_grad():
         for rows in (int(r) for r in args.rows.split(",")):
-            x, n = torch.randn(rows, 576), max(10, 200 // rows)
-            runs: dict[bool, list[float]] = {False: [], True: []}
+            n = max(4, 200 // rows // args.layers)
+            runs: dict[str, list[float]] = {m: [] for m in MODES}
             for _ in range(args.rounds):
-                for fused in (False, True):
-                    runs[fused].append(once(x, fused, n))
-            torch_path, fused_path = sorted(runs[False]), sorted(runs[True])
+                for mode in MODES:
+                    runs[mode].append(once(rows, mode, n))
             mid = args.rounds // 2
-            print(f"rows {rows:4d}: torch path {torch_path[0]:8.1f} / {torch_path[mid]:8.1f}  "
-                  f"moe_forward {fused_path[0]:8.1f} / {fused_path[mid]:8.1f}  "
-                  f"ratio (best) {fused_path[0] / torch_path[0]:.2f}")
+            cells = "  ".join(f"{m} {sorted(v)[0]:8.1f} / {sorted(v)[mid]:8.1f}"
+                              for m, v in runs.items())
+            ratio = min(runs["moe_forward"]) / min(runs["before"])
+            print(f"rows {rows:4d}: {cells}  moe_forward / before (best) {ratio:.2f}")
     cpu_ops.MOE_MAX_ROWS = limit
+    for layer, stack in zip(layers, stacks):
+        layer.experts.stacked_gemv = stack
 
 
 if __name__ == "__main__":

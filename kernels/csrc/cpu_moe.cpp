@@ -43,16 +43,18 @@ inline float sum_lanes(vec v) {
 
 // out[m * R + r] = x[m] . w[r] for M rows of x (row stride K) and R rows of w (row stride K):
 // M * R accumulators in registers while the R weight rows stream past once. `next` (or null):
-// the R rows to be read after these, fetched into cache one line per row per step meanwhile, so
-// the memory keeps streaming while this tile computes (the units hop between experts and between
-// gate and up rows, which the hardware prefetcher does not foresee).
+// the R rows to be read after these, fetched into L2 one line per row per step meanwhile, so the
+// memory keeps streaming while this tile computes (the units hop from one expert to the next,
+// which the hardware prefetcher does not foresee). Into L2, not L1: the current block must stay
+// in L1 for the tile's other row chunks (in a 12-layer stack, 0.84-0.89x the per-expert GEMVs'
+// time at 1-8 tokens with the L2 hint, 0.86-1.0x with the L1 one).
 template <int M, int R>
 void tile(const float* x, const float* w, int64_t K, float* out, const float* next = nullptr) {
   vec acc[M][R] = {};
   int64_t k = 0;
   for (; k + kLanes <= K; k += kLanes) {
     if (next != nullptr)
-      for (int r = 0; r < R; ++r) __builtin_prefetch(next + r * K + k);
+      for (int r = 0; r < R; ++r) __builtin_prefetch(next + r * K + k, 0, 2);
     vec wv[R];
     for (int r = 0; r < R; ++r) wv[r] = load(w + r * K + k);
     for (int m = 0; m < M; ++m) {

@@ -148,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
             proc.kill()
         RESULTS.mkdir(parents=True, exist_ok=True)
         shutil.copy(root / "serve.log", RESULTS / "served_offline-serve.log")
+        if (root / "stack" / "logs").is_dir():  # the engine's (threads, contention guard)
+            shutil.copytree(root / "stack" / "logs", RESULTS / "served_offline-logs",
+                            dirs_exist_ok=True)
         shutil.rmtree(root, ignore_errors=True)  # the stack's database and stream
     summary = report(runs)
     out = RESULTS / f"served_offline-{time.strftime('%Y%m%d-%H%M%S')}.json"

@@ -314,6 +314,8 @@ ENTRIES: list[Entry] = [
          "benchmarks take minutes each"),
     Skip("make peer-vllm", "builds vLLM's CPU venv; benchmarks take minutes"),
     Skip("make peer-llamacpp", "builds llama.cpp (10 minutes); benchmarks take minutes"),
+    Skip(".venv/bin/python -m loadtests.served_offline",
+         "a benchmark: a 1B model served and offline, minutes (docs/figures.md)"),
     Skip("shoal/       the `shoal` command", "the repository's layout, not a command"),
 ]
 

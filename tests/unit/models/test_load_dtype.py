@@ -15,7 +15,7 @@ from shoal.kernels import select_ops
 from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.models.registry import model_class
 from shoal.services.engine.runner import model_runner
-from shoal.services.engine.runner.loader import building_in, load_weights
+from shoal.services.engine.runner.loader import building_in, load_model_weights
 from shoal.services.engine.runner.model_runner import ModelRunner
 
 CPU = torch.device("cpu")
@@ -27,11 +27,11 @@ def test_a_bf16_runner_loads_into_bf16_parameters(tmp_path: Path,
     folder = save_tiny_model("llama", tmp_path / "llama")
     seen: list[set[torch.dtype]] = []
 
-    def loading(model: torch.nn.Module, model_dir: Path) -> None:
+    def loading(model: torch.nn.Module, model_dir: Path, load_format: str = "auto") -> None:
         seen.append({p.dtype for p in model.parameters()})
-        load_weights(model, model_dir)
+        load_model_weights(model, model_dir, load_format)
 
-    monkeypatch.setattr(model_runner, "load_weights", loading)
+    monkeypatch.setattr(model_runner, "load_model_weights", loading)
     runner = ModelRunner(EngineConfig(model=str(folder), dtype="bfloat16", device="cpu",
                                       block_size=4, num_kv_blocks=16), folder)
     assert seen == [{torch.bfloat16}]

@@ -6,8 +6,9 @@
 #   bash benchmarks/device/run.sh engine     # Llama-3-8B shape: batch-1 bound, 64/256 seqs, HF
 #   bash benchmarks/device/run.sh parallel   # TP=8 Llama-3-70B terms: a rank's matmuls, NCCL
 #                                            # all-reduce across the visible GPUs (2 or more)
-#   bash benchmarks/device/run.sh check      # tests, kernels and engine in one call, each under
-#                                            # its own time limit (about 9 minutes in all)
+#   bash benchmarks/device/run.sh parity     # the whole device parity matrix (~6 minutes)
+#   bash benchmarks/device/run.sh check      # kernel tests, quick parity, kernels and engine in
+#                                            # one call, each under its own limit (~9 minutes)
 # Each step fits one 10-minute call; results land in $OUT (or benchmarks/results).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,14 +32,22 @@ case "${1:-all}" in
     python3 benchmarks/device/parallel_tp.py --out "$out/parallel_tp.json" ;;
   all)
     python3 -m benchmarks.gpu_kernels --out "$out/gpu_all.json" ;;
-  check)  # one lent call: a step that runs out of its limit is cut, the next still runs
+  parity)  # every family x bf16/fp16 x graphs+prefix on/off (52 cases, ~7 s each)
+    python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfE --tb=short \
+      tests/unit/kernels_triton/test_device_parity.py 2>&1 | tee "$out/gpu_parity.log" ;;
+  check)  # one lent call (~9 min): a step that runs out of its limit is interrupted (SIGINT, so
+    # pytest still prints what failed so far) and the next still runs
     rc=0
-    timeout 360 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/unit/kernels_triton \
-      2>&1 | tee "$out/gpu_tests.log" || rc=1
-    timeout 90 python3 -m benchmarks.gpu_kernels --skip-engine --out "$out/gpu_kernels.json" \
+    K="tests/unit/kernels_triton --deselect tests/unit/kernels_triton/test_device_parity.py"
+    timeout -s INT -k 15 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfE \
+      --tb=short $K 2>&1 | tee "$out/gpu_tests.log" || rc=1
+    SHOAL_DEVICE_PARITY=quick timeout -s INT -k 15 130 python3 -m pytest -q -p no:cacheprovider \
+      -o addopts="" -rfE --tb=short tests/unit/kernels_triton/test_device_parity.py 2>&1 \
+      | tee "$out/gpu_parity.log" || rc=1
+    timeout 60 python3 -m benchmarks.gpu_kernels --skip-engine --out "$out/gpu_kernels.json" \
       2>&1 | tail -40 || rc=1
-    timeout 120 python3 -m benchmarks.gpu_kernels --skip-kernels --skip-transformers \
+    timeout 150 python3 -m benchmarks.gpu_kernels --skip-kernels --skip-transformers \
       --out "$out/gpu_engine.json" 2>&1 | tail -40 || rc=1
     exit $rc ;;
-  *) echo "usage: $0 tests|kernels|engine|parallel|all|check" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|parity|kernels|engine|parallel|all|check" >&2; exit 2 ;;
 esac

@@ -9,8 +9,10 @@ leaks and drift. Not part of `make test`.
 gateway's queue non-empty). Every `--window` seconds it prints the window's requests, errors by
 status, p50/p99 end-to-end latency, and the resident memory (RSS) of every process of the stack
 (`shoal up` and everything it started: servers, services, engines, found through the data dir's
-stack.json). At the end: memory of each process at start and end, errors, and the p99 drift
-(last window's p99 over the first's), as a table and as JSON under loadtests/results/.
+stack.json), the CPU seconds each process used in the window, and the machine's own speed
+then (a fixed matmul probe: on a shared machine throughput follows it). At the end: memory of
+each process at start and end, errors, and the p99 drift (last window's p99 over the first's),
+as a table and as JSON under loadtests/results/.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -35,6 +38,8 @@ class Window:
     started: float
     latencies: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
+    chunks: int = 0  # streamed content chunks (about one per token): a sag in requests with
+    # steady chunks per request is the stack slowing, not shorter answers
 
     def quantile(self, q: float) -> float:
         if len(self.latencies) < 2:
@@ -73,6 +78,21 @@ def stack_processes(data_dir: Path) -> dict[str, psutil.Process]:
     return found
 
 
+def cpu_seconds(procs: dict[str, psutil.Process]) -> dict[str, float]:
+    """CPU time (user + system) each process has used so far (Postgres: with its backends);
+    per-window differences show which process takes more of the cores as the hour goes on."""
+    out = {}
+    for name, proc in procs.items():
+        try:
+            times = [proc.cpu_times()]
+            if name == "postgres":
+                times += [c.cpu_times() for c in proc.children()]
+        except psutil.Error:
+            continue
+        out[name] = sum(t.user + t.system for t in times)
+    return out
+
+
 def rss_mib(procs: dict[str, psutil.Process]) -> dict[str, float]:
     """Resident memory of each process (Postgres: with its backends), in MiB."""
     out = {}
@@ -87,6 +107,29 @@ def rss_mib(procs: dict[str, psutil.Process]) -> dict[str, float]:
     return out
 
 
+PROBE = """
+import time, torch
+torch.set_num_threads(2)
+a, b = torch.randn(768, 768), torch.randn(768, 2048)
+start, n = time.perf_counter(), 0
+while time.perf_counter() - start < 2.0:
+    a @ b
+    n += 1
+print(n / (time.perf_counter() - start))
+"""
+
+
+async def machine_speed() -> float:
+    """Fixed fp32 matmuls per second on two threads for 2 s, in a child process so the streams
+    keep flowing: on a shared machine the CPU's own speed drifts by 10-30 % over minutes (the
+    2026-11-28 hour: 53-71), so each window's throughput is also given per unit of this probe
+    (it competes with the stack for those 2 s: about 1 % of a 5-minute window)."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", PROBE,
+                                                stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    return float(out.decode().strip() or "nan")
+
+
 async def one_stream(client: openai.AsyncOpenAI, model: str, max_tokens: int,
                      windows: list[Window]) -> None:
     started = time.monotonic()
@@ -94,8 +137,9 @@ async def one_stream(client: openai.AsyncOpenAI, model: str, max_tokens: int,
         stream = await client.chat.completions.create(
             model=model, stream=True, max_tokens=max_tokens, temperature=0.7,
             messages=[{"role": "user", "content": "Tell me a short story about a river."}])
-        async for _chunk in stream:
-            pass
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                windows[-1].chunks += 1
         windows[-1].latencies.append(time.monotonic() - started)
     except openai.APIStatusError as exc:
         windows[-1].errors[str(exc.status_code)] += 1
@@ -108,6 +152,7 @@ async def one_stream(client: openai.AsyncOpenAI, model: str, max_tokens: int,
 async def soak(args: argparse.Namespace) -> dict[str, object]:
     procs = stack_processes(args.data_dir)
     memory_start = rss_mib(procs)
+    cpu_before = cpu_seconds(procs)
     pids_start = {name: proc.pid for name, proc in procs.items()}
     client = openai.AsyncOpenAI(base_url=f"{args.base_url}/v1", api_key=args.api_key,
                                 max_retries=0, timeout=120)
@@ -121,20 +166,29 @@ async def soak(args: argparse.Namespace) -> dict[str, object]:
 
     tasks = [asyncio.create_task(worker()) for _ in range(args.concurrency)]
     report = []
-    print(f"{'t (s)':>7} {'requests':>8} {'errors':>7} {'p50 s':>7} {'p99 s':>7}  RSS MiB")
+    print(f"{'t (s)':>7} {'requests':>8} {'errors':>7} {'p50 s':>7} {'p99 s':>7}  RSS MiB  "
+          "CPU s in the window")
     while time.monotonic() < deadline:
         await asyncio.sleep(min(args.window, max(0.0, deadline - time.monotonic())))
         done = windows[-1]
         windows.append(Window(time.monotonic()))
+        speed = await machine_speed()
         procs = stack_processes(args.data_dir)  # a restarted process is found again
         memory = rss_mib(procs)
+        cpu_now = cpu_seconds(procs)
+        cpu = {k: v - cpu_before[k] for k, v in cpu_now.items() if k in cpu_before}
+        cpu_before = cpu_now
         row = {"t": round(time.monotonic() - windows[0].started), "requests": len(done.latencies),
-               "errors": dict(done.errors), "p50_s": done.quantile(0.5),
-               "p99_s": done.quantile(0.99), "rss_mib": memory}
+               "chunks": done.chunks, "errors": dict(done.errors), "p50_s": done.quantile(0.5),
+               "p99_s": done.quantile(0.99), "rss_mib": memory, "cpu_s": cpu,
+               "machine_speed": speed, "requests_per_speed": len(done.latencies) / speed}
         report.append(row)
         print(f"{row['t']:>7} {row['requests']:>8} {sum(done.errors.values()):>7} "
               f"{row['p50_s']:>7.2f} {row['p99_s']:>7.2f}  "
-              + " ".join(f"{k}={v:.0f}" for k, v in memory.items()), flush=True)
+              + " ".join(f"{k}={v:.0f}" for k, v in memory.items())
+              + "  CPU s: " + " ".join(f"{k}={v:.0f}" for k, v in cpu.items())
+              + f"  chunks={done.chunks} machine={speed:.1f} requests/machine="
+              f"{len(done.latencies) / speed:.1f}", flush=True)
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
     await client.close()

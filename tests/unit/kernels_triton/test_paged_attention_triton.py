@@ -168,6 +168,10 @@ def test_soft_capped_scores(num_splits: int, window: int | None) -> None:
     _check(case, torch.float32, window, softcap=0.5)
     decodes = paged_case([1, 1, 1], [2, 30, 64], 4, 1, 16, 8, torch.float16, gen)
     _check(decodes, torch.float16, window, softcap=0.5, num_splits=num_splits)
+    # a 16-bit prefill (Gemma 2 serves in bf16/fp16; only fp32 prefills were checked before
+    # the second GPU run's gemma2 question)
+    half = paged_case([7, 1, 1, 5, 1], [0, 3, 40, 9, 21], 8, 2, 32, 4, torch.float16, gen)
+    _check(half, torch.float16, window, softcap=0.5)
     uncapped = paged_attention_triton(case.q, case.k_cache, case.v_cache, case.block_tables,
                                       case.seq_lens, case.query_start_loc, case.scale, window)
     capped = paged_attention_triton(case.q, case.k_cache, case.v_cache, case.block_tables,
@@ -189,6 +193,11 @@ def test_attention_sinks(num_splits: int, window: int | None) -> None:
     _check(case, torch.float32, window, softcap=0.5, sinks=sinks)
     decodes = paged_case([1, 1, 1], [2, 30, 64], 4, 1, 16, 8, torch.float16, gen)
     _check(decodes, torch.float16, window, sinks=sinks[:4].half(), num_splits=num_splits)
+    # a 16-bit prefill with the model's float32 sinks, and with a soft-cap (gpt-oss serves in
+    # bf16/fp16; only fp32 prefills were checked before the second GPU run's gpt_oss question)
+    half = paged_case([7, 1, 1, 5, 1], [0, 3, 40, 9, 21], 8, 2, 32, 4, torch.float16, gen)
+    _check(half, torch.float16, window, sinks=sinks)
+    _check(half, torch.float16, window, softcap=0.5, sinks=sinks)
     plain = paged_attention_triton(case.q, case.k_cache, case.v_cache, case.block_tables,
                                    case.seq_lens, case.query_start_loc, case.scale, window)
     sunk = paged_attention_triton(case.q, case.k_cache, case.v_cache, case.block_tables,

@@ -1,6 +1,6 @@
 """Does the engine core slow down as it serves thousands of requests? `shoal.LLM` on the bundled
 model serves the soak's request (32 chats at once, 64 tokens, temperature 0.7) round after round;
-before each round a fixed matmul probe (2 s, 2 threads) reads the machine's own speed, so a slower
+before each round loadtests/machine_probe.py (2 s) reads the machine's own speed, so a slower
 machine and a slower engine can be told apart: the rate per unit of probe stays flat unless the
 engine itself ages. Not part of `make test`.
 
@@ -15,19 +15,10 @@ import time
 
 import torch
 
+from loadtests.machine_probe import probe
 from shoal.services.engine.frontend.llm import LLM
 from shoal.services.engine.model_prep import smollm2_gguf_path
 from shoal.services.engine.sampling_params import SamplingParams
-
-
-def probe(seconds: float = 2.0) -> float:
-    """fp32 768x768 @ 768x2048 matmuls per second (the soak's machine probe)."""
-    a, b = torch.randn(768, 768), torch.randn(768, 2048)
-    start, n = time.perf_counter(), 0
-    while time.perf_counter() - start < seconds:
-        a @ b
-        n += 1
-    return n / (time.perf_counter() - start)
 
 
 def main() -> None:
@@ -51,8 +42,9 @@ def main() -> None:
               f"{speed:5.1f}  per probe {rate / speed:5.2f}", flush=True)
     rows = rows[1:] or rows  # the first round warms the engine up
     tenth = max(1, len(rows) // 6)
-    for name, part in (("first", rows[:tenth]), ("middle", rows[len(rows) // 2 - tenth // 2:]
-                                                  [:tenth]), ("last", rows[-tenth:])):
+    middle = len(rows) // 2 - tenth // 2
+    for name, part in (("first", rows[:tenth]), ("middle", rows[middle:middle + tenth]),
+                       ("last", rows[-tenth:])):
         print(f"{name:>6} {len(part)} rounds: {statistics.median(r for r, _ in part):.1f} tok/s, "
               f"probe {statistics.median(s for _, s in part):.1f}, per probe "
               f"{statistics.median(r / s for r, s in part):.2f}")

@@ -38,8 +38,9 @@ class Window:
     started: float
     latencies: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
-    chunks: int = 0  # streamed content chunks (about one per token): a sag in requests with
-    # steady chunks per request is the stack slowing, not shorter answers
+    chunks: int = 0
+    """Streamed content chunks (about one per token): fewer requests with steady chunks per
+    request is the stack slowing, not shorter answers."""
 
     def quantile(self, q: float) -> float:
         if len(self.latencies) < 2:
@@ -78,15 +79,18 @@ def stack_processes(data_dir: Path) -> dict[str, psutil.Process]:
     return found
 
 
+def with_backends(name: str, proc: psutil.Process) -> list[psutil.Process]:
+    """A process and, for Postgres, its backends: what each figure of that name sums over."""
+    return [proc, *proc.children()] if name == "postgres" else [proc]
+
+
 def cpu_seconds(procs: dict[str, psutil.Process]) -> dict[str, float]:
-    """CPU time (user + system) each process has used so far (Postgres: with its backends);
-    per-window differences show which process takes more of the cores as the hour goes on."""
+    """CPU time (user + system) each process has used so far; per-window differences show which
+    process takes more of the cores as the hour goes on."""
     out = {}
     for name, proc in procs.items():
         try:
-            times = [proc.cpu_times()]
-            if name == "postgres":
-                times += [c.cpu_times() for c in proc.children()]
+            times = [p.cpu_times() for p in with_backends(name, proc)]
         except psutil.Error:
             continue
         out[name] = sum(t.user + t.system for t in times)
@@ -94,37 +98,24 @@ def cpu_seconds(procs: dict[str, psutil.Process]) -> dict[str, float]:
 
 
 def rss_mib(procs: dict[str, psutil.Process]) -> dict[str, float]:
-    """Resident memory of each process (Postgres: with its backends), in MiB."""
+    """Resident memory of each process, in MiB."""
     out = {}
     for name, proc in procs.items():
         try:
-            rss = proc.memory_info().rss
-            if name == "postgres":
-                rss += sum(c.memory_info().rss for c in proc.children())
+            rss = sum(p.memory_info().rss for p in with_backends(name, proc))
         except psutil.Error:
             continue
         out[name] = rss / 2**20
     return out
 
 
-PROBE = """
-import time, torch
-torch.set_num_threads(2)
-a, b = torch.randn(768, 768), torch.randn(768, 2048)
-start, n = time.perf_counter(), 0
-while time.perf_counter() - start < 2.0:
-    a @ b
-    n += 1
-print(n / (time.perf_counter() - start))
-"""
+PROBE = Path(__file__).with_name("machine_probe.py")
 
 
 async def machine_speed() -> float:
-    """Fixed fp32 matmuls per second on two threads for 2 s, in a child process so the streams
-    keep flowing: on a shared machine the CPU's own speed drifts by 10-30 % over minutes (the
-    2026-11-28 hour: 53-71), so each window's throughput is also given per unit of this probe
-    (it competes with the stack for those 2 s: about 1 % of a 5-minute window)."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", PROBE,
+    """loadtests/machine_probe.py in a child process, so the streams keep flowing (it competes
+    with the stack for its 2 s: about 1 % of a 5-minute window)."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, str(PROBE),
                                                 stdout=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()
     return float(out.decode().strip() or "nan")
@@ -188,7 +179,7 @@ async def soak(args: argparse.Namespace) -> dict[str, object]:
               + " ".join(f"{k}={v:.0f}" for k, v in memory.items())
               + "  CPU s: " + " ".join(f"{k}={v:.0f}" for k, v in cpu.items())
               + f"  chunks={done.chunks} machine={speed:.1f} requests/machine="
-              f"{len(done.latencies) / speed:.1f}", flush=True)
+              f"{row['requests_per_speed']:.1f}", flush=True)
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
     await client.close()

@@ -19,6 +19,8 @@ export PYTHONUNBUFFERED=1 SHOAL_TEST_TOKENIZER_DIR=$PWD/.device/tokenizer
 # must stay as they are.
 python3 -m pip install -q --no-deps --no-index .device/whl/*.whl >/dev/null
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
+PYTEST="python3 -m pytest -q -p no:cacheprovider -o addopts= -rfE --tb=short"
+PARITY=tests/unit/kernels_triton/test_device_parity.py
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 case "${1:-all}" in
   tests)
@@ -33,16 +35,13 @@ case "${1:-all}" in
   all)
     python3 -m benchmarks.gpu_kernels --out "$out/gpu_all.json" ;;
   parity)  # every family x bf16/fp16 x graphs+prefix on/off (52 cases, ~7 s each)
-    python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfE --tb=short \
-      tests/unit/kernels_triton/test_device_parity.py 2>&1 | tee "$out/gpu_parity.log" ;;
+    $PYTEST $PARITY 2>&1 | tee "$out/gpu_parity.log" ;;
   check)  # one lent call (~9 min): a step that runs out of its limit is interrupted (SIGINT, so
     # pytest still prints what failed so far) and the next still runs
     rc=0
-    K="tests/unit/kernels_triton --deselect tests/unit/kernels_triton/test_device_parity.py"
-    timeout -s INT -k 15 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfE \
-      --tb=short $K 2>&1 | tee "$out/gpu_tests.log" || rc=1
-    SHOAL_DEVICE_PARITY=quick timeout -s INT -k 15 130 python3 -m pytest -q -p no:cacheprovider \
-      -o addopts="" -rfE --tb=short tests/unit/kernels_triton/test_device_parity.py 2>&1 \
+    timeout -s INT -k 15 200 $PYTEST tests/unit/kernels_triton --deselect $PARITY 2>&1 \
+      | tee "$out/gpu_tests.log" || rc=1
+    SHOAL_DEVICE_PARITY=quick timeout -s INT -k 15 130 $PYTEST $PARITY 2>&1 \
       | tee "$out/gpu_parity.log" || rc=1
     timeout 60 python3 -m benchmarks.gpu_kernels --skip-engine --out "$out/gpu_kernels.json" \
       2>&1 | tail -40 || rc=1

@@ -1,10 +1,13 @@
 """The quantised matmul kernels at 1B-like shapes, old against new against fp32 / bf16, same run.
 
 - decode (`--rows 1`): for each GGUF type (random blocks) the fp32 block matmul
-  (`gguf_matmul`: blocks unpacked to floats) against the int8-activation VNNI one
-  (`gguf_matmul_q8`), Shoal's int8 (`torch._weight_int8pack_mm` against `int8_matmul_q8`),
+  (`gguf_matmul`: blocks unpacked to floats, "old") against the int8-activation VNNI one
+  (`gguf_matmul_q8`, activations per 32, "new") and, for Q4_K / Q6_K, the one with activations
+  per 256 and the scales applied in integers (`gguf_matmul_q8k`, "q8k"), Shoal's int8
+  (`torch._weight_int8pack_mm` against `int8_matmul_q8`),
   the fp32 C++ GEMV and oneDNN's bf16 kernel over the same shape: ms a matmul and GB/s of
-  weight bytes (the weight's stored size / time), in interleaved rounds (best of each).
+  weight bytes (the weight's stored size / time) and that as a fraction of the read bandwidth
+  measured on as many threads (benchmarks/bound.py), in interleaved rounds (best of each).
 - batches (`--rows 8,16,32,64`): the same kernels against what a quantised layer runs from
   MANY_ROWS rows (dequantise the step's weight to bf16, then oneDNN's GEMM, for GGUF; a
   prepacked bf16 GEMM for int8 / int4): where the integer kernel stops winning.
@@ -130,24 +133,41 @@ def kernels_for(n: int, k: int, rows: int, ops: torch._ops._OpNamespace
         if hasattr(ops, "gguf_matmul_q8"):
             add(f"{name} new", size, lambda i, t=t: partial(ops.gguf_matmul_q8, x,
                                                             random_blocks(t, n, k, i), t))
+        if t in Q8K_TYPES and hasattr(ops, "gguf_matmul_q8k"):
+            add(f"{name} q8k", size, lambda i, t=t: partial(ops.gguf_matmul_q8k, x,
+                                                            random_blocks(t, n, k, i), t))
     return out
 
 
+Q8K_TYPES = {12, 14}
+"""Types with the per-256 activation kernel (`gguf_matmul_q8k`), printed as `<type> q8k`."""
+
+
 def decode(args: argparse.Namespace) -> None:
+    from benchmarks.bound import read_bandwidth
+
     ops = torch.ops.shoal_cpu
     n, k = (int(v) for v in args.shape.split("x"))
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
+        bandwidth = read_bandwidth(threads)
+        print(f"-- read bandwidth, {threads} threads: {bandwidth / 1e9:.1f} GB/s")
         for rows in (int(r) for r in args.rows.split(",")):
             kernels = kernels_for(n, k, rows, ops)
             best = interleaved({name: fn for name, (fn, _) in kernels.items()}, args.rounds,
                                args.inner)
             print(f"-- {n}x{k}, {rows} rows, {threads} threads")
             for name, (_, size) in kernels.items():
-                old = best.get(name.replace(" new", " old"))
-                ratio = f"  {old / best[name]:.2f}x old" if name.endswith(" new") else ""
-                print(f"{name:12s} {best[name] * 1e3:8.3f} ms  {size / best[name] / 1e9:6.1f} GB/s"
-                      f"{ratio}")
+                kind, _, variant = name.rpartition(" ")
+                old = best.get(f"{kind} old")
+                ratio = ""
+                if variant in ("new", "q8k") and old is not None:
+                    ratio = f"  {old / best[name]:.2f}x old"
+                if variant == "q8k" and f"{kind} new" in best:
+                    ratio += f"  {best[f'{kind} new'] / best[name]:.2f}x new"
+                rate = size / best[name]
+                print(f"{name:12s} {best[name] * 1e3:8.3f} ms  {rate / 1e9:6.1f} GB/s"
+                      f"  {rate / bandwidth:4.0%} of read{ratio}")
 
 
 def prefill(args: argparse.Namespace) -> None:

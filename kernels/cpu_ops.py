@@ -160,6 +160,20 @@ dequantise + bf16 GEMM path, level at 16, 0.7-0.8x at 32 (benchmarks/gguf_kernel
 thread, 4096 x 2048): per row it spends four vector ops on 64 weights (dot, convert, two
 scalings), a bf16 GEMM two."""
 
+Q8K_TYPES = frozenset({12, 14})
+"""ggml types (Q4_K, Q6_K) with `gguf_matmul_q8k`: activations quantised per 256 and each
+super-block's sub-block scales applied in integers (llama.cpp's Q8_K way), one float FMA a
+super-block instead of one a 64 weights: at one row 2.1x (Q4_K) and 2.5x (Q6_K) the per-32
+kernel, 1.1x / 1.4x at 8 rows, 0.9x / 1.6x at 15 (benchmarks/gguf_kernels.py, one thread)."""
+Q8K_MAX_ROWS = 8
+"""Steps of up to this many rows of a Q8K_TYPES weight run `gguf_matmul_q8k`."""
+
+
+def q8k_available(ggml_type: int) -> bool:
+    """Whether `gguf_matmul_q8k` is built (AVX-512 VNNI) and runs `ggml_type`."""
+    return ggml_type in Q8K_TYPES and load() and hasattr(torch.ops.shoal_cpu, "gguf_matmul_q8k")
+
+
 Q8_INT8_MAX_ROWS = 1
 """Shoal's int8 layers run steps of up to this many rows through `int8_matmul_q8`: 1.5x
 `torch._weight_int8pack_mm` at one row, level at two."""

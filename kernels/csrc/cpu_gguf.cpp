@@ -544,6 +544,191 @@ void gguf_q8(const uint8_t* w, const QuantX& x, float* y, int64_t N) {
       T::q8(row + b * T::B, c + b * T::QK, s + b * T::QK / 4, o + b * groups);
   }, x, y, N);
 }
+
+// The K-quants' one-row / few-row path (`gguf_matmul_q8k`, Q4_K and Q6_K): llama.cpp's way of
+// reading a super-block at the bandwidth. The rows of x are quantised once per call per
+// super-block of 256 (one float d each, as ggml's Q8_K), and a super-block's integer dot
+// products are scaled by its 6- or 8-bit sub-block scales in the integer domain (vpmaddwd), so
+// a super-block costs one int -> float conversion and one FMA per row of x instead of the
+// per-32 path's one a 64 weights (gguf_matmul_q8 above, still reachable for comparison).
+// The blocks are read as stored (no repacking): each 64-byte load of nibbles meets activations
+// stored in the order the load's low and high nibbles hold their weights.
+//
+// The integer sums stay in range: a vpdpbusd lane (4 products) is at most 4 * 63 * 127 = 32004
+// in magnitude (Q6_K's codes), so it is a valid int16 for vpmaddwd against the (scale, 0) pairs.
+struct QuantK {
+  int64_t M = 0, K = 0;
+  std::vector<int8_t> q;     // [M, K], each 256 in the weight type's order
+  std::vector<float> d;      // [M, K / 256]
+  std::vector<int16_t> s16;  // [M, K / 16]: sums of q over each 16 weights (natural order)
+  std::vector<int16_t> s32;  // [M, K / 32]
+};
+
+// Where weights 16g..16g+15 of a super-block go in q. Q4_K: a 64-byte load of the nibbles of
+// 128 weights holds weights 0..31 and 64..95 in its low nibbles, 32..63 and 96..127 in its high
+// ones (ggml's layout), so q holds each 128 as [0..31, 64..95, 32..63, 96..127]. Q6_K: natural.
+inline int position(bool q4k, int g) {
+  if (!q4k) return 16 * g;
+  const int w = 16 * g, c = (w % 128) / 32;
+  return (w / 128) * 128 + (c % 2) * 64 + (c / 2) * 32 + w % 32;
+}
+
+QuantK quantize_k(const float* x, int64_t M, int64_t K, bool q4k) {
+  QuantK r;
+  r.M = M;
+  r.K = K;
+  r.q.resize(M * K);
+  r.d.resize(M * K / 256);
+  r.s16.resize(M * K / 16);
+  r.s32.resize(M * K / 32);
+  for (int64_t i = 0; i < M * K / 256; ++i) {  // rows are contiguous and K % 256 == 0
+    const float* xs = x + 256 * i;
+    __m512 amax = _mm512_setzero_ps();
+    for (int g = 0; g < 16; ++g) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(xs + 16 * g)));
+    const float a = _mm512_reduce_max_ps(amax);
+    const __m512 id = _mm512_set1_ps(a > 0.f ? 127.f / a : 0.f);
+    r.d[i] = a / 127.f;
+    int16_t* s16 = r.s16.data() + 16 * i;
+    for (int g = 0; g < 16; ++g) {
+      const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xs + 16 * g), id));
+      s16[g] = static_cast<int16_t>(_mm512_reduce_add_epi32(v));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(r.q.data() + 256 * i + position(q4k, g)),
+                       _mm512_cvtsepi32_epi8(v));
+    }
+    for (int j = 0; j < 8; ++j) r.s32[8 * i + j] = static_cast<int16_t>(s16[2 * j] + s16[2 * j + 1]);
+  }
+  return r;
+}
+
+inline __m512i lanes_of(int a, int b) {  // int32 lanes 0-7 = a, 8-15 = b
+  return _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(a), _mm512_set1_epi32(b));
+}
+
+// Row n of a Q4_K weight against rows [m0, m0 + R) of x.
+template <int R>
+void q4k_row(const uint8_t* w, const QuantK& x, int64_t m0, float* y, int64_t N, int64_t n) {
+  const int64_t SB = x.K / 256;
+  __m512 acc[R];
+  __m128 accm[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    accm[r] = _mm_setzero_ps();
+  }
+  const __m512i nib = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
+  // sub-block scales of each load's low / high nibbles (lanes 0-7, 8-15; see position())
+  const __m512i i0 = lanes_of(0, 2), i1 = lanes_of(1, 3), i2 = lanes_of(4, 6), i3 = lanes_of(5, 7);
+  for (int64_t b = 0; b < SB; ++b, w += 144) {
+    const float d = half(w), dmin = half(w + 2);
+    uint32_t a, m, c;  // ggml's 12 bytes of 6-bit scales and mins -> 8 bytes of each
+    std::memcpy(&a, w + 4, 4);
+    std::memcpy(&m, w + 8, 4);
+    std::memcpy(&c, w + 12, 4);
+    const uint64_t scales = (a & 0x3f3f3f3fu) |
+        static_cast<uint64_t>((c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4)) << 32;
+    const uint64_t mins = (m & 0x3f3f3f3fu) |
+        static_cast<uint64_t>(((c >> 4) & 0x0f0f0f0fu) | (((m >> 6) & 0x03030303u) << 4)) << 32;
+    const __m512i sc = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(scales)));
+    const __m512i s0 = _mm512_permutexvar_epi32(i0, sc), s1 = _mm512_permutexvar_epi32(i1, sc);
+    const __m512i s2 = _mm512_permutexvar_epi32(i2, sc), s3 = _mm512_permutexvar_epi32(i3, sc);
+    const __m128i mn = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(mins)));
+    const __m512i w0 = _mm512_loadu_si512(w + 16), w1 = _mm512_loadu_si512(w + 80);
+    const __m512i l0 = _mm512_and_si512(w0, nib), h0 = _mm512_and_si512(_mm512_srli_epi16(w0, 4), nib);
+    const __m512i l1 = _mm512_and_si512(w1, nib), h1 = _mm512_and_si512(_mm512_srli_epi16(w1, 4), nib);
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (m0 + r) * SB + b;
+      const int8_t* q = x.q.data() + 256 * at;
+      const __m512i p0 = _mm512_madd_epi16(_mm512_dpbusd_epi32(zero, l0, _mm512_loadu_si512(q)), s0);
+      const __m512i p1 = _mm512_madd_epi16(_mm512_dpbusd_epi32(zero, h0, _mm512_loadu_si512(q + 64)), s1);
+      const __m512i p2 = _mm512_madd_epi16(_mm512_dpbusd_epi32(zero, l1, _mm512_loadu_si512(q + 128)), s2);
+      const __m512i p3 = _mm512_madd_epi16(_mm512_dpbusd_epi32(zero, h1, _mm512_loadu_si512(q + 192)), s3);
+      const __m512i p = _mm512_add_epi32(_mm512_add_epi32(p0, p1), _mm512_add_epi32(p2, p3));
+      const float dx = x.d[at];
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(d * dx), acc[r]);
+      const __m128i ms = _mm_madd_epi16(mn, _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.s32.data() + 8 * at)));
+      accm[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(ms), _mm_set1_ps(dmin * dx), accm[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    __m128 t = _mm_add_ps(accm[r], _mm_movehl_ps(accm[r], accm[r]));
+    t = _mm_add_ss(t, _mm_movehdup_ps(t));
+    y[(m0 + r) * N + n] = _mm512_reduce_add_ps(acc[r]) - _mm_cvtss_f32(t);
+  }
+}
+
+// Row n of a Q6_K weight: w = d * sc * (q - 32), q in 0..63; the -32 comes off as 32 * (the
+// scales . the sums of x over each 16).
+template <int R>
+void q6k_row(const uint8_t* w, const QuantK& x, int64_t m0, float* y, int64_t N, int64_t n) {
+  const int64_t SB = x.K / 256;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i nib = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(0x03);
+  const __m512i hi2 = _mm512_set1_epi8(0x30), zero = _mm512_setzero_si512();
+  // the 16 groups' scales: each 128-bit lane of a load is one group of 16
+  const __m512i i0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(4));
+  const __m512i i2 = _mm512_add_epi32(i0, _mm512_set1_epi32(8));
+  const __m512i i3 = _mm512_add_epi32(i0, _mm512_set1_epi32(12));
+  for (int64_t b = 0; b < SB; ++b, w += 210) {
+    const float d = half(w + 208);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 192)));
+    const __m512i sc = _mm512_cvtepu16_epi32(sc16);  // (scale, 0) int16 pairs
+    const __m512i s[4] = {_mm512_permutexvar_epi32(i0, sc), _mm512_permutexvar_epi32(i1, sc),
+                          _mm512_permutexvar_epi32(i2, sc), _mm512_permutexvar_epi32(i3, sc)};
+    __m512i lo[2], hi[2];
+    for (int h = 0; h < 2; ++h) {  // 128 weights: ql 64 bytes, qh 32
+      const __m512i ql = _mm512_loadu_si512(w + 64 * h);
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 32 * h));
+      // bytes 0-31 take their fifth and sixth bits from qh bits 0-1 (low nibbles) and 4-5
+      // (high), bytes 32-63 from bits 2-3 and 6-7
+      const __m512i hs = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+      lo[h] = _mm512_or_si512(_mm512_and_si512(ql, nib), _mm512_slli_epi16(_mm512_and_si512(hs, two), 4));
+      hi[h] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), nib), _mm512_and_si512(hs, hi2));
+    }
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (m0 + r) * SB + b;
+      const int8_t* q = x.q.data() + 256 * at;
+      const __m512i p0 = _mm512_madd_epi16(_mm512_dpbusd_epi32(zero, lo[0], _mm512_loadu_si512(q)), s[0]);
+      const __m512i p1 = _mm512_madd_epi16(_mm512_dpbusd_epi32(zero, hi[0], _mm512_loadu_si512(q + 64)), s[1]);
+      const __m512i p2 = _mm512_madd_epi16(_mm512_dpbusd_epi32(zero, lo[1], _mm512_loadu_si512(q + 128)), s[2]);
+      const __m512i p3 = _mm512_madd_epi16(_mm512_dpbusd_epi32(zero, hi[1], _mm512_loadu_si512(q + 192)), s[3]);
+      const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.s16.data() + 16 * at)));
+      const __m512i p = _mm512_sub_epi32(
+          _mm512_add_epi32(_mm512_add_epi32(p0, p1), _mm512_add_epi32(p2, p3)),
+          _mm512_slli_epi32(_mm512_zextsi256_si512(off), 5));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(d * x.d[at]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) y[(m0 + r) * N + n] = _mm512_reduce_add_ps(acc[r]);
+}
+
+template <template <int> class Row>
+void matmul_q8k(const uint8_t* w, int64_t row_bytes, const QuantK& x, float* y, int64_t N) {
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {  // a row's passes after the first read it from L1
+      const uint8_t* row = w + n * row_bytes;
+      for (int64_t m0 = 0; m0 < x.M; m0 += 4) {
+        switch (std::min<int64_t>(x.M - m0, 4)) {
+          case 1: Row<1>::run(row, x, m0, y, N, n); break;
+          case 2: Row<2>::run(row, x, m0, y, N, n); break;
+          case 3: Row<3>::run(row, x, m0, y, N, n); break;
+          default: Row<4>::run(row, x, m0, y, N, n); break;
+        }
+      }
+    }
+  });
+}
+
+template <int R> struct Q4KRow {
+  static void run(const uint8_t* w, const QuantK& x, int64_t m0, float* y, int64_t N, int64_t n) {
+    q4k_row<R>(w, x, m0, y, N, n);
+  }
+};
+template <int R> struct Q6KRow {
+  static void run(const uint8_t* w, const QuantK& x, int64_t m0, float* y, int64_t N, int64_t n) {
+    q6k_row<R>(w, x, m0, y, N, n);
+  }
+};
 #endif  // AVX512 VNNI
 
 // Runs BODY with T bound to the block struct of ggml type id `type`.
@@ -632,6 +817,22 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   return y;
 }
 
+// Q4_K (12) and Q6_K (14) only: activations quantised per 256 (see QuantK).
+at::Tensor gguf_matmul_q8k(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type) {
+  TORCH_CHECK(type == 12 || type == 14, "gguf_matmul_q8k: Q4_K (12) or Q6_K (14), not ", type);
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "gguf_matmul_q8k: x [M, K] fp32");
+  const int64_t K = x_in.size(1), N = blocks.size(0);
+  check_blocks(blocks, type, K);
+  const auto x = x_in.contiguous();
+  auto y = at::empty({x.size(0), N}, x.options());
+  if (x.size(0) == 0 || N == 0) return y;
+  const QuantK xq = quantize_k(x.data_ptr<float>(), x.size(0), K, type == 12);
+  const uint8_t* wp = blocks.data_ptr<uint8_t>();
+  if (type == 12) matmul_q8k<Q4KRow>(wp, blocks.size(1), xq, y.data_ptr<float>(), N);
+  else matmul_q8k<Q6KRow>(wp, blocks.size(1), xq, y.data_ptr<float>(), N);
+  return y;
+}
+
 // Shoal's own int8 (one scale per output row, w = scale * q, q in -127..127).
 at::Tensor int8_matmul_q8(const at::Tensor& x_in, const at::Tensor& qweight,
                           const at::Tensor& scale_in) {
@@ -666,6 +867,7 @@ TORCH_LIBRARY_FRAGMENT(shoal_cpu, m) {
 #ifdef SHOAL_Q8
   m.def("gguf_matmul_q8(Tensor x, Tensor blocks, int type) -> Tensor");
   m.def("int8_matmul_q8(Tensor x, Tensor qweight, Tensor scale) -> Tensor");
+  m.def("gguf_matmul_q8k(Tensor x, Tensor blocks, int type) -> Tensor");
 #endif
 }
 
@@ -676,5 +878,6 @@ TORCH_LIBRARY_IMPL(shoal_cpu, CPU, m) {
 #ifdef SHOAL_Q8
   m.impl("gguf_matmul_q8", gguf_matmul_q8);
   m.impl("int8_matmul_q8", int8_matmul_q8);
+  m.impl("gguf_matmul_q8k", gguf_matmul_q8k);
 #endif
 }

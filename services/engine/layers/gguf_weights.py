@@ -6,7 +6,9 @@ for a .gguf model on one CPU rank).
   kernels/csrc/cpu_gguf.cpp (`GGUFBlockLinear`): below `cpu_ops.Q8_MAX_ROWS` tokens a step,
   where AVX-512 VNNI is built, the step's rows are quantised to int8 blocks of 32 and each
   weight block's codes meet them in integer dot products (`gguf_matmul_q8`, llama.cpp's way;
-  Q8_0 below `MANY_ROWS` stays on the float path, as fast there and exact); without VNNI, below
+  Q8_0 below `MANY_ROWS` stays on the float path, as fast there and exact; Q4_K / Q6_K up to
+  `cpu_ops.Q8K_MAX_ROWS` rows quantise per 256 and scale in integers, `gguf_matmul_q8k`,
+  2-2.5x the per-32 kernel at one row); without VNNI, below
   `MANY_ROWS` a matmul that unpacks each block to floats in L1 as it streams past
   (`gguf_matmul`, exact: the tests' reference). Either reads the weight at its stored size.
   From there a copy of the weight unpacked once (bf16, packed for oneDNN: `ManyRows`) runs the
@@ -134,7 +136,10 @@ class GGUFBlockLinear:
     def _few_rows(self, xf: torch.Tensor, ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
         """int8 activations where built, but Q8_0 below MANY_ROWS: its float unpacking (8-bit
         codes straight to floats) was as fast as the int8 path at one and two rows, and exact
-        (benchmarks/gguf_kernels.py)."""
+        (benchmarks/gguf_kernels.py). Q4_K / Q6_K up to Q8K_MAX_ROWS rows: activations per 256
+        (`gguf_matmul_q8k`)."""
+        if xf.shape[0] <= cpu_ops.Q8K_MAX_ROWS and cpu_ops.q8k_available(ggml_type):
+            return torch.ops.shoal_cpu.gguf_matmul_q8k(xf, blocks, ggml_type)
         if self.q8 and (ggml_type not in FLOAT_FEW_ROWS or xf.shape[0] >= MANY_ROWS):
             return torch.ops.shoal_cpu.gguf_matmul_q8(xf, blocks, ggml_type)
         return torch.ops.shoal_cpu.gguf_matmul(xf, blocks, ggml_type)

@@ -147,3 +147,50 @@ def test_a_kept_copy_takes_steps_from_kept_from_rows() -> None:
     for rows in (1, KEPT_FROM_ROWS - 1, KEPT_FROM_ROWS, 20):
         layer(torch.randn(rows, 256))
     assert calls == [KEPT_FROM_ROWS, 20]
+
+
+Q8K_TYPES = [12, 14]
+"""Types `gguf_matmul_q8k` runs (activations per 256, scales applied in integers)."""
+
+
+def q8k_built() -> bool:
+    return hasattr(torch.ops.shoal_cpu, "gguf_matmul_q8k")
+
+
+@pytest.mark.skipif(not q8k_built(), reason="needs AVX-512 VNNI")
+@pytest.mark.parametrize("ggml_type", Q8K_TYPES, ids=lambda t: NAMES[t])
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 9])
+@pytest.mark.parametrize("shape", [(37, 768), (1, 256), (17, 2048)], ids=str)
+def test_q8k_is_exact_on_activations_int8_holds_exactly(threads: int, ggml_type: int, m: int,
+                                                        shape: tuple[int, int]) -> None:
+    """Activations that are whole numbers with a 127 in every 256 quantise without error, so
+    the kernel must give the dequantised matmul to float rounding: a wrong nibble, scale, min
+    or sum order shows up here, not hidden in quantisation noise."""
+    rows, cols = shape
+    raw = random_blocks(ggml_type, rows, cols, seed=m)
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randint(-127, 128, (m, cols), generator=gen).float()
+    x[:, ::256] = 127.0
+    ref = x.double() @ theirs(raw, ggml_type, rows, cols).double().t()
+    ours = torch.ops.shoal_cpu.gguf_matmul_q8k(x, torch.from_numpy(raw), ggml_type)
+    torch.testing.assert_close(ours.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+@pytest.mark.skipif(not q8k_built(), reason="needs AVX-512 VNNI")
+@pytest.mark.parametrize("ggml_type", Q8K_TYPES, ids=lambda t: NAMES[t])
+@pytest.mark.parametrize("m", [1, 2, 7])
+def test_q8k_matches_torch_within_int8_activation_error(threads: int, ggml_type: int,
+                                                        m: int) -> None:
+    rows, cols = 37, 1024
+    raw = random_blocks(ggml_type, rows, cols, seed=m)
+    x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
+    ref = x @ theirs(raw, ggml_type, rows, cols).t()
+    ours = torch.ops.shoal_cpu.gguf_matmul_q8k(x, torch.from_numpy(raw), ggml_type)
+    torch.testing.assert_close(ours, ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+@pytest.mark.skipif(not q8k_built(), reason="needs AVX-512 VNNI")
+def test_q8k_refuses_other_types() -> None:
+    with pytest.raises(RuntimeError, match="Q4_K \\(12\\) or Q6_K"):
+        torch.ops.shoal_cpu.gguf_matmul_q8k(torch.randn(1, 256),
+                                            torch.from_numpy(random_blocks(8, 4, 256)), 8)

@@ -1,6 +1,6 @@
 """Same-run A/B of the MoE layer's one-token path (batch 1, 1 thread): Shoal on one random-weight
-Qwen3-MoE folder twice, one engine with `stacked_gemv` cleared (each expert's own kernels, the
-path before cpu_ops.moe_forward and expert_gemv), and the dense model of the active size
+Qwen3-MoE folder twice, one engine with `packed` cleared (each expert's own oneDNN kernels, the
+path before cpu_ops.moe_forward), and the dense model of the active size
 (benchmarks/moe_decode's models, `layers` deep); rounds interleaved, the order flipped every
 round. Ratios below 1: the first engine named is faster.
 
@@ -39,7 +39,7 @@ def main() -> None:
     engines = {"moe_fused": make("moe"), "moe_per_expert": make("moe"), "dense": make("dense")}
     for module in engines["moe_per_expert"].engine.runner.model.modules():
         if isinstance(module, StackedExperts):
-            module.stacked_gemv = None
+            module.packed = None
     for engine in engines.values():
         decode_seconds_per_token(engine, 1, 4, 0)  # warm up
     print("load at start", os.getloadavg())

@@ -1,8 +1,7 @@
-"""MoE layers alone, three paths, same process, rounds interleaved (issue 28): `moe_forward` (the
-whole layer in one C++ call, cpu_ops.moe_forward), `before` (the path it replaced: torch routing,
-then at one token the k experts in two `expert_gemv` calls, at more tokens the step sorted by
-expert and each active expert's own kernels, the GEMV up to 2 rows, oneDNN from 3), and
-`per_expert` (`stacked_gemv` cleared: each expert's own kernels even at one token). The layer is
+"""MoE layers alone, two paths, same process, rounds interleaved (issue 28): `moe_forward` (the
+whole layer in one C++ call over the packed stacks, cpu_ops.moe_forward) and `per_expert` (torch
+routing, the step sorted by expert and each active expert's own oneDNN kernels, the path of steps
+over MOE_MAX_ROWS tokens). The layer is
 benchmarks/moe_decode's: 8 experts of 768, top-2, hidden 576, fp32, with the CPU kernels
 `prepare_cpu_weights` gives it. One layer's 42 MB of experts mostly fit a 32 MB L3, so
 `--layers 1` measures compute and op overhead; `--layers 12` chains 12 layers (500 MB) so the
@@ -19,7 +18,7 @@ import time
 
 import torch
 
-MODES = ("before", "per_expert", "moe_forward")
+MODES = ("per_expert", "moe_forward")
 
 
 def main() -> None:
@@ -42,14 +41,14 @@ def main() -> None:
         for p in layer.parameters():
             p.data.normal_(0, 0.05)
     prepare_cpu_weights(torch.nn.Sequential(*layers), None)
-    stacks = [layer.experts.stacked_gemv for layer in layers]
+    stacks = [layer.experts.packed for layer in layers]
     limit = cpu_ops.MOE_MAX_ROWS
 
     def once(rows: int, mode: str, n: int) -> float:
         """Microseconds per layer call, `n` steps through every layer."""
         cpu_ops.MOE_MAX_ROWS = 1 << 30 if mode == "moe_forward" else 0
         for layer, stack in zip(layers, stacks):
-            layer.experts.stacked_gemv = None if mode == "per_expert" else stack
+            layer.experts.packed = None if mode == "per_expert" else stack
         xs = [torch.randn(rows, 576) for _ in range(n + 2)]
         start = 0.0
         for i, x in enumerate(xs):
@@ -71,11 +70,11 @@ def main() -> None:
             mid = args.rounds // 2
             cells = "  ".join(f"{m} {sorted(v)[0]:8.1f} / {sorted(v)[mid]:8.1f}"
                               for m, v in runs.items())
-            ratio = min(runs["moe_forward"]) / min(runs["before"])
-            print(f"rows {rows:4d}: {cells}  moe_forward / before (best) {ratio:.2f}")
+            ratio = min(runs["moe_forward"]) / min(runs["per_expert"])
+            print(f"rows {rows:4d}: {cells}  moe_forward / per_expert (best) {ratio:.2f}")
     cpu_ops.MOE_MAX_ROWS = limit
     for layer, stack in zip(layers, stacks):
-        layer.experts.stacked_gemv = stack
+        layer.experts.packed = stack
 
 
 if __name__ == "__main__":

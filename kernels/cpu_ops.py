@@ -29,6 +29,7 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from shoal.kernels.paged_attention import prefill_chunk
 
@@ -192,15 +193,30 @@ tokens by expert and run each expert's oneDNN GEMM (layers/moe.py): one layer of
 32 (benchmarks/moe_layer.py, docs/figures.md "Issue 28")."""
 
 
+def moe_pack(w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert stacks w13 [E, 2I, K] (gate rows, then up rows) and w2 [E, H, I], float32 ->
+    `moe_forward`'s panels (csrc/cpu_moe.cpp): w13 [E, ceil(I / 16), K, 32], panel b's lanes 0-15
+    gate rows 16b.., lanes 16-31 the same up rows; w2 [E, ceil(H / 32), I, 32]; k-major, rows
+    past I / H zero. The same bytes (plus that padding): it replaces the plain stacks."""
+    e, i2, k = w13.shape
+    inter, hidden = i2 // 2, w2.shape[1]
+    nb1, nb2 = -(-inter // 16), -(-hidden // 32)
+    gate, up = (F.pad(half.float(), (0, 0, 0, nb1 * 16 - inter)).view(e, nb1, 16, k)
+                for half in w13.split(inter, dim=1))
+    w13p = torch.cat([gate, up], dim=2).transpose(2, 3).contiguous()
+    w2p = F.pad(w2.float(), (0, 0, 0, nb2 * 32 - hidden)).view(e, nb2, 32, inter)
+    return w13p, w2p.transpose(2, 3).contiguous()
+
+
 def moe_forward(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None,
                 w13: torch.Tensor, b13: torch.Tensor | None, w2: torch.Tensor,
                 b2: torch.Tensor | None, top_k: int, renormalize: bool,
                 swiglu: tuple[float, float] | None = None) -> torch.Tensor:
-    """A whole MoE layer's experts, float32: x [T, K], router [E, K] (+ [E]), w13 [E, 2I, K]
-    (gate rows, then up rows; + [E, 2I]), w2 [E, H, I] (+ [E, H]) -> [T, H], the routed experts'
-    outputs scaled by their weights and summed. `renormalize`: softmax over the top-k logits
-    (gpt-oss's top-k-first too), else the top-k of the full softmax. `swiglu` (alpha, limit):
-    gpt-oss's clamped SwiGLU instead of SiLU(gate) * up."""
+    """A whole MoE layer's experts, float32: x [T, K], router [E, K] (+ [E]), w13 / w2 the
+    stacks packed by `moe_pack` (+ biases [E, 2I] gate then up, [E, K]) -> [T, K], the routed
+    experts' outputs scaled by their weights and summed. `renormalize`: softmax over the top-k
+    logits (gpt-oss's top-k-first too), else the top-k of the full softmax. `swiglu` (alpha,
+    limit): gpt-oss's clamped SwiGLU instead of SiLU(gate) * up."""
     alpha, limit = swiglu or (0.0, 0.0)
     return torch.ops.shoal_cpu.moe_forward(x, router_w, router_b, w13, b13, w2, b2, top_k,
                                            renormalize, 0 if swiglu is None else 1, alpha, limit)

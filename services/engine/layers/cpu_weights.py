@@ -330,11 +330,16 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
             module.kernel = layers[name] if name in layers else head(module.weight, None)
         elif isinstance(module, StackedExperts):  # each expert's two matmuls, as a Linear's
             b13, b2 = module.w13_bias, module.w2_bias  # (gpt-oss's biases: None elsewhere)
-            module.kernels = [(make(module.w13[e], None if b13 is None else b13[e]),
-                               make(module.w2[e], None if b2 is None else b2[e]))
+            plain = isinstance(make, partial) and make.keywords.get("plain", False)
+            # Where the Linears keep plain fp32 weights for the GEMV, the experts keep theirs
+            # packed for moe_forward instead (the same bytes); their own kernels, for larger
+            # steps, are oneDNN's alone.
+            expert_make = OneDNNLinear if plain else make
+            module.kernels = [(expert_make(module.w13[e], None if b13 is None else b13[e]),
+                               expert_make(module.w2[e], None if b2 is None else b2[e]))
                               for e in range(module.num_experts)]
-            if getattr(module.kernels[0][0], "plain", None) is not None:  # views of the stacks
-                module.stacked_gemv = (module.w13.data, module.w2.data)
-            for param in (module.w13, module.w2):  # (a GEMV's plain weights: views of them)
+            if plain:
+                module.packed = cpu_ops.moe_pack(module.w13.data, module.w2.data)
+            for param in (module.w13, module.w2):
                 param.data = torch.empty(0, dtype=param.dtype)
     return used

@@ -131,9 +131,10 @@ class StackedExperts(nn.Module):
         """Per projection, the MXFP4 blocks or scales read before their partner."""
         self.kernels: list[tuple[Kernel, Kernel]] | None = None
         """Per expert, its (gate/up, down) CPU kernels, set after loading (cpu_weights.py)."""
-        self.stacked_gemv: tuple[torch.Tensor, torch.Tensor] | None = None
-        """(w13, w2) as float32 stacks where the CPU kernels keep plain weights for the GEMV:
-        a one-token step then runs its k experts in two C++ calls (`cpu_ops.expert_gemv`)."""
+        self.packed: tuple[torch.Tensor, torch.Tensor] | None = None
+        """(w13, w2) packed by `cpu_ops.moe_pack` where the CPU kernels would keep plain float32
+        weights for the GEMV (it replaces those plain stacks): a step of up to MOE_MAX_ROWS
+        tokens then runs the whole layer as one `cpu_ops.moe_forward` (FusedMoE.fused)."""
 
     def _rows(self, loaded: torch.Tensor, dim: int) -> torch.Tensor:
         """This rank's slice of a tensor whose `dim` is the full intermediate size."""
@@ -204,13 +205,6 @@ class StackedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [T, hidden], weights / ids [T, k] -> sum_j weights[t, j] * expert_{ids[t, j]}(x[t])."""
-        if x.shape[0] == 1 and self.stacked_gemv is not None:  # one token, C++ GEMV: 2 calls
-            from shoal.kernels import cpu_ops
-
-            w13, w2 = self.stacked_gemv
-            h = cpu_ops.expert_gemv(x, w13, ids[0], self.w13_bias)  # [k, 2 * inter]
-            h = self.activation(*h.chunk(2, dim=-1))  # [k, inter]
-            return cpu_ops.expert_gemv(h, w2, ids[0], self.w2_bias, weights[0])  # scaled, summed
         if x.shape[0] == 1:  # one token (a single stream's decode): no sort needed
             out = None
             for w, e in zip(weights[0], ids[0].tolist()):
@@ -274,9 +268,9 @@ class FusedMoE(nn.Module):
 
     def fused(self, x: torch.Tensor) -> torch.Tensor | None:
         """The whole layer (router, top-k, experts, combine) as one C++ call for a step of up to
-        cpu_ops.MOE_MAX_ROWS tokens over the plain fp32 stacks, else None (this rank's partial)."""
+        cpu_ops.MOE_MAX_ROWS tokens over the packed fp32 stacks, else None (this rank's partial)."""
         experts = self.experts
-        if experts.stacked_gemv is None or x.dtype != torch.float32:
+        if experts.packed is None or x.dtype != torch.float32:
             return None
         from shoal.kernels import cpu_ops
 
@@ -289,7 +283,7 @@ class FusedMoE(nn.Module):
             swiglu = (act.alpha, act.limit)
         else:
             return None
-        w13, w2 = experts.stacked_gemv
+        w13, w2 = experts.packed
         # gpt-oss's top-k-first is the renormalised softmax over the top-k logits
         return cpu_ops.moe_forward(x, self.gate.weight, self.gate.bias, w13, experts.w13_bias,
                                    w2, experts.w2_bias, self.top_k,

@@ -108,8 +108,8 @@ def test_each_expert_gets_the_cpu_kernels_of_a_linear(quantization: str | None,
         prepare_cpu_weights(torch.nn.Sequential(layer), quantization)
         assert layer.experts.kernels is not None and len(layer.experts.kernels) == EXPERTS
         assert layer.experts.w13.numel() == 0 and layer.gate.weight.numel() > 0  # router kept
-        # fp32 keeps plain weights for the GEMV: one token's experts run as two expert_gemv calls
-        assert (layer.experts.stacked_gemv is not None) == (quantization is None)
+        # fp32 keeps its stacks packed for moe_forward (a step of up to MOE_MAX_ROWS tokens)
+        assert (layer.experts.packed is not None) == (quantization is None)
         for rows in (1, 9):  # the single-token path and the grouped one
             got = layer(x[:rows])
             scale = expected[:rows].abs().max().item()
@@ -151,6 +151,27 @@ def test_the_engine_runs_a_quantised_moe(quantization: str,
     assert len(out.outputs[0].token_ids) == 8
 
 
+def test_moe_pack_lays_out_k_major_panels_with_gate_and_up_side_by_side() -> None:
+    """cpu_ops.moe_pack: w13 panel b holds gate rows 16b.. in lanes 0-15 and the same up rows in
+    lanes 16-31, w2 panel b down rows 32b..; k-major, zeros past the last row (21 and 37 rows:
+    neither a multiple of a panel)."""
+    from shoal.kernels import cpu_ops
+
+    experts, inter, hidden = 3, 21, 37
+    w13, w2 = torch.randn(experts, 2 * inter, hidden), torch.randn(experts, hidden, inter)
+    p13, p2 = cpu_ops.moe_pack(w13, w2)
+    assert p13.shape == (experts, 2, hidden, 32) and p2.shape == (experts, 2, inter, 32)
+    assert p13.is_contiguous() and p2.is_contiguous()
+    for e in range(experts):
+        for j in range(32):  # gate / up row j of expert e: panel j // 16, lane j % 16 (+ 16)
+            want = (w13[e, j], w13[e, inter + j]) if j < inter else (torch.zeros(hidden),) * 2
+            assert torch.equal(p13[e, j // 16, :, j % 16], want[0])
+            assert torch.equal(p13[e, j // 16, :, 16 + j % 16], want[1])
+        for j in range(64):
+            want2 = w2[e, j] if j < hidden else torch.zeros(inter)
+            assert torch.equal(p2[e, j // 32, :, j % 32], want2)
+
+
 @pytest.mark.parametrize("tokens", [1, 2, 5, 8, 17, 64])
 @pytest.mark.parametrize("variant", ["qwen", "softmax-first", "gpt-oss"])
 def test_moe_forward_matches_the_torch_path(tokens: int, variant: str,
@@ -163,6 +184,7 @@ def test_moe_forward_matches_the_torch_path(tokens: int, variant: str,
     from shoal.services.engine.layers.activation import ClampedSwiGLU
 
     monkeypatch.setattr(cpu_ops, "MOE_MAX_ROWS", 64)  # the kernel at more rows than it is used for
+    assert cpu_ops.load()
     gpt_oss = variant == "gpt-oss"
     torch.manual_seed(tokens)
     layer = FusedMoE(5, 3 if gpt_oss else 2, 37, 21, variant == "qwen", ParallelContext.single(),
@@ -173,10 +195,13 @@ def test_moe_forward_matches_the_torch_path(tokens: int, variant: str,
         p.data.normal_(0, 0.5)
     x = torch.randn(tokens, 37)
     with torch.no_grad():
-        expected = layer(x)  # stacked_gemv unset: the torch path
-        layer.experts.stacked_gemv = (layer.experts.w13.data, layer.experts.w2.data)
+        expected = layer(x)  # packed unset: the torch path
+        layer.experts.packed = cpu_ops.moe_pack(layer.experts.w13.data, layer.experts.w2.data)
         assert layer.fused(x) is not None
-        torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
+        # fp32 sums in another order (one lane per output, k in sequence): rounding relative
+        # to the layer's largest outputs (tens here), not to a cancelled one near zero
+        scale = expected.abs().max().item()
+        torch.testing.assert_close(layer(x), expected, atol=1e-6 * scale, rtol=1e-5)
 
 
 class _Cfg37:

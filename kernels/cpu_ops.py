@@ -2,8 +2,8 @@
 place (csrc/cpu_attention.cpp), instead of gathering K/V into a padded copy first; RMSNorm (with
 its residual add) and rotary embedding as one pass each (csrc/cpu_norm_rotary.cpp); the fp32
 matmul of a step of one or two tokens (csrc/cpu_gemv.cpp, used by layers/cpu_weights.py), and
-an MoE's chosen experts at one token in one call (`expert_gemv`), and a whole MoE layer of a small
-step, router to combined output, in one call (`moe_forward`, csrc/cpu_moe.cpp; layers/moe.py).
+a whole MoE layer of a small step, router to combined output, in one call over expert stacks
+packed at load (`moe_pack`, `moe_forward`, csrc/cpu_moe.cpp; layers/moe.py).
 
 The op is compiled by torch.utils.cpp_extension with the machine's g++ (-O3 -march=native) at
 first use, or by `make install`, and cached in the environment that runs it
@@ -142,15 +142,6 @@ GEMV_MAX_ROWS = 2
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [M <= GEMV_MAX_ROWS, K] @ weight [N, K]^T + bias, all float32, weight contiguous."""
     return torch.ops.shoal_cpu.gemv(x, weight, bias)
-
-
-def expert_gemv(x: torch.Tensor, stacked: torch.Tensor, ids: torch.Tensor,
-                bias: torch.Tensor | None = None, scales: torch.Tensor | None = None
-                ) -> torch.Tensor:
-    """An MoE's k chosen experts at one token, float32: x [1 or k, K], stacked [E, N, K], ids
-    [k], bias [E, N] -> [k, N] (row j: expert ids[j] on x's row j, or its only row); with
-    `scales` [k] (routing weights) -> [1, N], the scaled rows summed."""
-    return torch.ops.shoal_cpu.expert_gemv(x, stacked, ids, bias, scales)
 
 
 Q8_MAX_ROWS = 16

@@ -103,71 +103,12 @@ at::Tensor gemv(const at::Tensor& x_in, const at::Tensor& weight,
   return y;
 }
 
-// A mixture-of-experts layer's k chosen experts at one token (a single stream's decode), in one
-// call: row j of x (or its only row) times expert ids[j]'s weight of the stacked [E, N, K] plus
-// its bias of [E, N]. Without `scales`: y [k, N], one row per choice (gate/up). With `scales` [k]
-// (the routing weights): y [1, N] = sum_j scales[j] * row j (down, combined). One parallel loop
-// over all k experts' rows, so a step pays one op's overhead instead of several per expert.
-at::Tensor expert_gemv(const at::Tensor& x_in, const at::Tensor& stacked, const at::Tensor& ids_in,
-                       const c10::optional<at::Tensor>& bias_in,
-                       const c10::optional<at::Tensor>& scales_in) {
-  TORCH_CHECK(stacked.dim() == 3 && stacked.is_contiguous() && stacked.scalar_type() == at::kFloat,
-              "expert_gemv takes a contiguous float32 [experts, N, K] weight");
-  const auto ids = ids_in.to(at::kLong).contiguous();
-  const int64_t k = ids.numel(), E = stacked.size(0), N = stacked.size(1), K = stacked.size(2);
-  const auto x = x_in.to(at::kFloat).contiguous();
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K && (x.size(0) == 1 || x.size(0) == k),
-              "expert_gemv takes x [1 or k, K]");
-  const int64_t x_stride = x.size(0) == 1 ? 0 : K;
-  at::Tensor bias, scales;
-  if (bias_in.has_value()) {
-    bias = bias_in->to(at::kFloat).contiguous();
-    TORCH_CHECK(bias.dim() == 2 && bias.size(0) == E && bias.size(1) == N, "bias must be [E, N]");
-  }
-  if (scales_in.has_value()) {
-    scales = scales_in->to(at::kFloat).contiguous();
-    TORCH_CHECK(scales.numel() == k, "scales must be [k]");
-  }
-  const int64_t* idp = ids.data_ptr<int64_t>();
-  for (int64_t j = 0; j < k; ++j) TORCH_CHECK(idp[j] >= 0 && idp[j] < E, "expert id out of range");
-  auto y = at::zeros({scales.defined() ? 1 : k, N}, x.options());
-  if (k == 0 || N == 0) return y;
-  const float* xp = x.data_ptr<float>();
-  const float* wp = stacked.data_ptr<float>();
-  const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
-  const float* sp = scales.defined() ? scales.data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
-  const int64_t blocks = (N + kBlock - 1) / kBlock;
-  // One unit = kBlock rows of one expert (separate rows) or of every expert (combined).
-  at::parallel_for(0, sp == nullptr ? k * blocks : blocks, 1, [&](int64_t u0, int64_t u1) {
-    float part[kBlock];
-    for (int64_t u = u0; u < u1; ++u) {
-      const int64_t block = u % blocks, n0 = block * kBlock, len = std::min(kBlock, N - n0);
-      for (int64_t j = (sp == nullptr ? u / blocks : 0); j < (sp == nullptr ? u / blocks + 1 : k);
-           ++j) {
-        const int64_t e = idp[j];
-        const float* w = wp + (e * N + n0) * K;
-        const float* b = bp == nullptr ? nullptr : bp + e * N + n0;
-        if (sp == nullptr) {
-          rows<1, 8>(xp + j * x_stride, w, b, yp + j * N + n0, K, len, 0, len);
-        } else {
-          rows<1, 8>(xp + j * x_stride, w, b, part, K, len, 0, len);
-          for (int64_t r = 0; r < len; ++r) yp[n0 + r] += sp[j] * part[r];
-        }
-      }
-    }
-  });
-  return y;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(shoal_cpu, m) {
   m.def("gemv(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
-  m.def("expert_gemv(Tensor x, Tensor stacked, Tensor ids, Tensor? bias, Tensor? scales) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(shoal_cpu, CPU, m) {
   m.impl("gemv", gemv);
-  m.impl("expert_gemv", expert_gemv);
 }

@@ -117,27 +117,6 @@ def test_each_expert_gets_the_cpu_kernels_of_a_linear(quantization: str | None,
                                        rtol=tolerance)
 
 
-@pytest.mark.parametrize("rows", [1, 3])
-def test_expert_gemv_matches_a_loop_over_the_chosen_experts(rows: int) -> None:
-    """cpu_ops.expert_gemv (one token's experts in one C++ call): widths that are not multiples
-    of the kernel's vector (K) or row block (N), a repeated expert, with and without bias, the
-    rows separate or scaled and summed."""
-    from shoal.kernels import cpu_ops
-
-    gen = torch.Generator().manual_seed(0)
-    stacked = torch.randn(5, 21, 37, generator=gen)
-    bias = torch.randn(5, 21, generator=gen)
-    ids = torch.tensor([3, 0, 3])
-    x = torch.randn(rows, 37, generator=gen)
-    scales = torch.tensor([0.5, 0.25, 0.125])
-    for b in (None, bias):
-        expected = torch.stack([F.linear(x[j % rows], stacked[e], None if b is None else b[e])
-                                for j, e in enumerate(ids.tolist())])
-        torch.testing.assert_close(cpu_ops.expert_gemv(x, stacked, ids, b), expected)
-        torch.testing.assert_close(cpu_ops.expert_gemv(x, stacked, ids, b, scales),
-                                   (expected * scales[:, None]).sum(0, keepdim=True))
-
-
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
 def test_the_engine_runs_a_quantised_moe(quantization: str,
                                          tmp_path_factory: pytest.TempPathFactory) -> None:

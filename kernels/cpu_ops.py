@@ -26,7 +26,9 @@ import functools
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -89,6 +91,16 @@ def unavailable_reason() -> str | None:
     return None
 
 
+@functools.cache
+def op(name: str) -> Callable[..., Any]:
+    """The library op `name` as its default overload's C++ callable. Why: a decode step makes ~8
+    of these calls a layer, and `torch.ops.shoal_cpu.<name>(...)` spends ~5 us of a small op's
+    ~11 us (1 thread, this machine) finding the overload and crossing torch's Python dispatch
+    layers before the C++ dispatcher; this enters at the dispatcher (profiler records kept)."""
+    overload = getattr(torch.ops.shoal_cpu, name).default
+    return getattr(overload, "_op", overload)  # (a private attribute: the overload without it)
+
+
 LONG_CHUNK = 128
 """Prefill chunks of at least this many tokens go to the torch op (gather + SDPA): its GEMMs beat
 the C++ op's per-row dot products once the quadratic part dominates (at 128 tokens they tie,
@@ -101,9 +113,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     workspace: object = None, *, softcap: float | None = None,
                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """paged_attention.paged_attention's signature; `workspace` is not needed (no gather)."""
-    out = torch.ops.shoal_cpu.paged_attention(q, k_cache, v_cache, block_tables, seq_lens,
-                                              query_start_loc, scale, window or 0,
-                                              LONG_CHUNK - 1, softcap or 0.0, sinks)
+    out = op("paged_attention")(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                                scale, window or 0, LONG_CHUNK - 1, softcap or 0.0, sinks)
     if q.shape[0] - seq_lens.shape[0] + 1 >= LONG_CHUNK:  # some chunk may be long
         starts, lens = query_start_loc.tolist(), seq_lens.tolist()
         for i, seq_len in enumerate(lens):
@@ -116,7 +127,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                       v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    torch.ops.shoal_cpu.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
+    op("reshape_and_cache")(k, v, k_cache, v_cache, slot_mapping)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -124,14 +135,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """rms_norm.rms_norm's contract: (norm(x + residual), x + residual) with a residual."""
     if residual is None:
-        return torch.ops.shoal_cpu.rms_norm(x, weight, eps)
-    return torch.ops.shoal_cpu.fused_add_rms_norm(x, residual, weight, eps)
+        return op("rms_norm")(x, weight, eps)
+    return op("fused_add_rms_norm")(x, residual, weight, eps)
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                  cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """rotary.apply_rotary's contract (q [T, H, D], k [T, Hk, D]; new tensors)."""
-    return torch.ops.shoal_cpu.apply_rotary(q, k, positions, cos_sin)
+    return op("apply_rotary")(q, k, positions, cos_sin)
 
 
 GEMV_MAX_ROWS = 2
@@ -141,7 +152,7 @@ GEMV_MAX_ROWS = 2
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [M <= GEMV_MAX_ROWS, K] @ weight [N, K]^T + bias, all float32, weight contiguous."""
-    return torch.ops.shoal_cpu.gemv(x, weight, bias)
+    return op("gemv")(x, weight, bias)
 
 
 Q8_MAX_ROWS = 16
@@ -209,5 +220,5 @@ def moe_forward(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor 
     logits (gpt-oss's top-k-first too), else the top-k of the full softmax. `swiglu` (alpha,
     limit): gpt-oss's clamped SwiGLU instead of SiLU(gate) * up."""
     alpha, limit = swiglu or (0.0, 0.0)
-    return torch.ops.shoal_cpu.moe_forward(x, router_w, router_b, w13, b13, w2, b2, top_k,
-                                           renormalize, 0 if swiglu is None else 1, alpha, limit)
+    return op("moe_forward")(x, router_w, router_b, w13, b13, w2, b2, top_k, renormalize,
+                             0 if swiglu is None else 1, alpha, limit)

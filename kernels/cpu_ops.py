@@ -188,11 +188,12 @@ def q8_available(in_features: int) -> bool:
     return in_features % 64 == 0 and load() and hasattr(torch.ops.shoal_cpu, "gguf_matmul_q8")
 
 
-MOE_MAX_ROWS = 8
+MOE_MAX_ROWS = 64
 """Steps of up to this many tokens run a whole MoE layer as `moe_forward`; larger ones sort the
-tokens by expert and run each expert's oneDNN GEMM (layers/moe.py): one layer of 8 experts of
-768, top-2, one thread, took 0.55-0.96x the torch path's time at 1-8 rows, 1.07x at 16, 1.7x at
-32 (benchmarks/moe_layer.py, docs/figures.md "Issue 28")."""
+tokens by expert and run each expert's oneDNN GEMM (layers/moe.py). Over the packed panels, one
+thread, 4-12 layers of 8 experts of 768, top-2 (benchmarks/moe_layer.py, a loaded machine, load
+2-4): 0.47-0.6x the per-expert path's time at 1-64 rows, 0.8x at 128, 0.76-0.86x at 256-512;
+64 keeps prefill chunks on oneDNN until 2 threads are measured on a quiet machine."""
 
 
 def moe_pack(w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

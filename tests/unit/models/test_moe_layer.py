@@ -101,6 +101,8 @@ def test_stacked_and_per_expert_checkpoints_load_the_same_weights() -> None:
                                                      ("int4", 0.15)])
 def test_each_expert_gets_the_cpu_kernels_of_a_linear(quantization: str | None,
                                                       tolerance: float) -> None:
+    from shoal.kernels import cpu_ops
+
     layer = _moe(True, True)
     x = torch.randn(9, HIDDEN)
     with torch.no_grad():
@@ -110,8 +112,11 @@ def test_each_expert_gets_the_cpu_kernels_of_a_linear(quantization: str | None,
         assert layer.experts.w13.numel() == 0 and layer.gate.weight.numel() > 0  # router kept
         # fp32 keeps its stacks packed for moe_forward (a step of up to MOE_MAX_ROWS tokens)
         assert (layer.experts.packed is not None) == (quantization is None)
-        for rows in (1, 9):  # the single-token path and the grouped one
-            got = layer(x[:rows])
+        for rows, limit in ((1, None), (9, None), (9, 0)):  # (0: each expert's own kernels)
+            with pytest.MonkeyPatch.context() as patch:
+                if limit is not None:
+                    patch.setattr(cpu_ops, "MOE_MAX_ROWS", limit)
+                got = layer(x[:rows])
             scale = expected[:rows].abs().max().item()
             torch.testing.assert_close(got, expected[:rows], atol=tolerance * scale,
                                        rtol=tolerance)
@@ -151,7 +156,7 @@ def test_moe_pack_lays_out_k_major_panels_with_gate_and_up_side_by_side() -> Non
             assert torch.equal(p2[e, j // 32, :, j % 32], want2)
 
 
-@pytest.mark.parametrize("tokens", [1, 2, 5, 8, 17, 64])
+@pytest.mark.parametrize("tokens", [1, 2, 5, 8, 17, 64, 100])
 @pytest.mark.parametrize("variant", ["qwen", "softmax-first", "gpt-oss"])
 def test_moe_forward_matches_the_torch_path(tokens: int, variant: str,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
@@ -162,7 +167,7 @@ def test_moe_forward_matches_the_torch_path(tokens: int, variant: str,
     from shoal.kernels import cpu_ops
     from shoal.services.engine.layers.activation import ClampedSwiGLU
 
-    monkeypatch.setattr(cpu_ops, "MOE_MAX_ROWS", 64)  # the kernel at more rows than it is used for
+    monkeypatch.setattr(cpu_ops, "MOE_MAX_ROWS", 128)  # the kernel past the rows it is used for
     assert cpu_ops.load()
     gpt_oss = variant == "gpt-oss"
     torch.manual_seed(tokens)

@@ -177,6 +177,18 @@ def q8k_available(ggml_type: int) -> bool:
     return ggml_type in Q8K_TYPES and load() and hasattr(torch.ops.shoal_cpu, "gguf_matmul_q8k")
 
 
+PACKED_TYPES = frozenset({12})
+"""ggml types (Q4_K) that GGUF layers repack once at load into 16 rows interleaved
+(`gguf_repack`, csrc/cpu_gguf.cpp) and run below Q8_MAX_ROWS rows as `gguf_matmul_packed`:
+each int8 dot-product lane is one output row, a sub-block's scale is applied once per 32
+weights, 1.3-2.3x `gguf_matmul_q8k` (benchmarks/gguf_kernels.py)."""
+
+
+def packed_available(ggml_type: int) -> bool:
+    """Whether `ggml_type` is repacked at load (PACKED_TYPES, the kernels built)."""
+    return ggml_type in PACKED_TYPES and load() and hasattr(torch.ops.shoal_cpu, "gguf_repack")
+
+
 Q8_INT8_MAX_ROWS = 1
 """Shoal's int8 layers run steps of up to this many rows through `int8_matmul_q8`: 1.5x
 `torch._weight_int8pack_mm` at one row, level at two."""

@@ -729,6 +729,149 @@ template <int R> struct Q6KRow {
     q6k_row<R>(w, x, m0, y, N, n);
   }
 };
+
+// Q4_K repacked at load (`gguf_repack`, `gguf_matmul_packed`): 16 weight rows interleaved, so
+// each vpdpbusd lane belongs to one output row and meets 4 activations broadcast to all lanes.
+// A sub-block's 32 weights then sum in one int32 lane before its scale is applied (one vpmulld
+// per 16 rows' sub-block, not one vpmaddwd a 64 weights), the 6-bit scales and mins are bytes
+// already, and 16 rows' results come out as one vector: about a third of the vector work a
+// super-block of the stored layout needs (gguf_matmul_q8k). Activations: per 256, natural order.
+//
+// A group of 16 rows, each super-block (2368 bytes, 148 a row; 144 stored):
+//   0 d[16] fp16, 32 dmin[16] fp16, 64 scales[8 sub-blocks][16 rows],
+//   192 mins[4 pairs of sub-blocks][16 rows][2], 320 nibbles[32 chunks][16 rows][4 bytes]
+//   (chunk c: bytes 4c..4c+3 of the row's 128, as stored). Rows past N are zeros.
+constexpr int kGroup = 16;
+constexpr int64_t kQ4KPacked = 2368;
+
+inline void q4k_scales(const uint8_t* q, uint8_t* sc, uint8_t* m) {
+  for (int j = 0; j < 8; ++j) {
+    int s, n;
+    scale_min_k4(j, q, &s, &n);
+    sc[j] = static_cast<uint8_t>(s);
+    m[j] = static_cast<uint8_t>(n);
+  }
+}
+
+void repack_q4k(const uint8_t* w, uint8_t* out, int64_t N, int64_t SB) {
+  const int64_t row_bytes = SB * 144;
+  at::parallel_for(0, (N + kGroup - 1) / kGroup, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t b = 0; b < SB; ++b) {
+        uint8_t* p = out + (g * SB + b) * kQ4KPacked;
+        for (int r = 0; r < kGroup && g * kGroup + r < N; ++r) {
+          const uint8_t* src = w + (g * kGroup + r) * row_bytes + b * 144;
+          std::memcpy(p + 2 * r, src, 2);
+          std::memcpy(p + 32 + 2 * r, src + 2, 2);
+          uint8_t sc[8], m[8];
+          q4k_scales(src + 4, sc, m);
+          for (int j = 0; j < 8; ++j) {
+            p[64 + 16 * j + r] = sc[j];
+            p[192 + 32 * (j / 2) + 2 * r + j % 2] = m[j];
+          }
+          for (int c = 0; c < 32; ++c) std::memcpy(p + 320 + 64 * c + 4 * r, src + 16 + 4 * c, 4);
+        }
+      }
+  });
+}
+
+void unrepack_q4k(const uint8_t* p0, uint8_t* w, int64_t N, int64_t SB) {
+  const int64_t row_bytes = SB * 144;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t b = 0; b < SB; ++b) {
+        const uint8_t* p = p0 + ((n / kGroup) * SB + b) * kQ4KPacked;
+        const int r = n % kGroup;
+        uint8_t* dst = w + n * row_bytes + b * 144;
+        std::memcpy(dst, p + 2 * r, 2);
+        std::memcpy(dst + 2, p + 32 + 2 * r, 2);
+        uint8_t sc[8], m[8];
+        for (int j = 0; j < 8; ++j) {
+          sc[j] = p[64 + 16 * j + r];
+          m[j] = p[192 + 32 * (j / 2) + 2 * r + j % 2];
+        }
+        uint8_t* q = dst + 4;  // ggml's 6-bit packing (scale_min_k4 read backwards)
+        for (int j = 0; j < 4; ++j) {
+          q[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
+          q[j + 4] = static_cast<uint8_t>(m[j] | ((m[j + 4] >> 4) << 6));
+          q[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
+        }
+        for (int c = 0; c < 32; ++c) std::memcpy(dst + 16 + 4 * c, p + 320 + 64 * c + 4 * r, 4);
+      }
+  });
+}
+
+inline __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// Group g (rows 16g..) of a packed Q4_K weight against rows [m0, m0 + R) of x.
+template <int R>
+void q4k_group(const uint8_t* p, const QuantK& x, int64_t m0, float* y, int64_t N, int64_t g) {
+  const int64_t SB = x.K / 256;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < SB; ++b, p += kQ4KPacked) {
+    __m512i isum[R], msum[R];
+    for (int r = 0; r < R; ++r) isum[r] = msum[r] = _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) {  // sub-blocks 2j (low nibbles of bytes 32j..) and 2j + 1
+      __m512i lo[R], hi[R];
+      for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
+      for (int c = 0; c < 8; ++c) {
+        const __m512i v = _mm512_loadu_si512(p + 320 + 64 * (8 * j + c));
+        const __m512i l = _mm512_and_si512(v, nib), h = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* q = x.q.data() + 256 * ((m0 + r) * SB + b) + 64 * j + 4 * c;
+          lo[r] = _mm512_dpbusd_epi32(lo[r], l, bcast4(q));
+          hi[r] = _mm512_dpbusd_epi32(hi[r], h, bcast4(q + 32));
+        }
+      }
+      const __m512i sa = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 64 + 32 * j)));
+      const __m512i sb = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 80 + 32 * j)));
+      for (int r = 0; r < R; ++r)
+        isum[r] = _mm512_add_epi32(isum[r], _mm512_add_epi32(_mm512_mullo_epi32(lo[r], sa),
+                                                             _mm512_mullo_epi32(hi[r], sb)));
+    }
+    for (int i = 0; i < 4; ++i) {  // mins: (m_2i, m_2i+1) . (sum x over 2i, 2i + 1)
+      const __m512i mm = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 192 + 32 * i)));
+      for (int r = 0; r < R; ++r) {
+        int32_t sums;
+        std::memcpy(&sums, x.s32.data() + 8 * ((m0 + r) * SB + b) + 2 * i, 4);
+        msum[r] = _mm512_add_epi32(msum[r], _mm512_madd_epi16(mm, _mm512_set1_epi32(sums)));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+    for (int r = 0; r < R; ++r) {
+      const __m512 dx = _mm512_set1_ps(x.d[(m0 + r) * SB + b]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(d, dx), acc[r]);
+      acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum[r]), _mm512_mul_ps(dmin, dx), acc[r]);
+    }
+  }
+  const int64_t n0 = g * kGroup;
+  const __mmask16 mask = N - n0 >= kGroup ? 0xFFFF : static_cast<__mmask16>((1u << (N - n0)) - 1);
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m0 + r) * N + n0, mask, acc[r]);
+}
+
+void matmul_packed_q4k(const uint8_t* w, const QuantK& x, float* y, int64_t N) {
+  const int64_t SB = x.K / 256;
+  at::parallel_for(0, (N + kGroup - 1) / kGroup, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {  // a group's passes after the first read it from cache
+      const uint8_t* p = w + g * SB * kQ4KPacked;
+      for (int64_t m0 = 0; m0 < x.M; m0 += 4) {
+        switch (std::min<int64_t>(x.M - m0, 4)) {
+          case 1: q4k_group<1>(p, x, m0, y, N, g); break;
+          case 2: q4k_group<2>(p, x, m0, y, N, g); break;
+          case 3: q4k_group<3>(p, x, m0, y, N, g); break;
+          default: q4k_group<4>(p, x, m0, y, N, g); break;
+        }
+      }
+    }
+  });
+}
 #endif  // AVX512 VNNI
 
 // Runs BODY with T bound to the block struct of ggml type id `type`.
@@ -833,6 +976,54 @@ at::Tensor gguf_matmul_q8k(const at::Tensor& x_in, const at::Tensor& blocks, int
   return y;
 }
 
+// The packed layout (Q4_K for now): `gguf_repack` blocks [N, row bytes] -> [ceil(N / 16),
+// K / 256 * 2368]; `gguf_unrepack` back (exact: every stored bit is kept), for the paths that
+// unpack the weight; `gguf_matmul_packed` y [M, N].
+int64_t packed_bytes(int64_t type) {
+  TORCH_CHECK(type == 12, "gguf packed layout: Q4_K (12) only, not ", type);
+  return kQ4KPacked;
+}
+
+at::Tensor gguf_repack(const at::Tensor& blocks, int64_t type) {
+  const int64_t per = packed_bytes(type), N = blocks.size(0);
+  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte && blocks.is_contiguous() &&
+              blocks.size(1) % 144 == 0, "gguf_repack: contiguous uint8 [N, K / 256 * 144]");
+  const int64_t SB = blocks.size(1) / 144;
+  auto out = at::zeros({(N + kGroup - 1) / kGroup, SB * per}, blocks.options());
+  repack_q4k(blocks.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), N, SB);
+  return out;
+}
+
+void check_packed(const at::Tensor& packed, int64_t type, int64_t N) {
+  const int64_t per = packed_bytes(type);
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+              packed.size(0) == (N + kGroup - 1) / kGroup && packed.size(1) % per == 0,
+              "gguf packed: contiguous uint8 [ceil(N / 16), K / 256 * ", per, "]");
+}
+
+at::Tensor gguf_unrepack(const at::Tensor& packed, int64_t type, int64_t N) {
+  check_packed(packed, type, N);
+  const int64_t SB = packed.size(1) / packed_bytes(type);
+  auto out = at::empty({N, SB * 144}, packed.options());
+  unrepack_q4k(packed.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), N, SB);
+  return out;
+}
+
+at::Tensor gguf_matmul_packed(const at::Tensor& x_in, const at::Tensor& packed, int64_t type,
+                              int64_t N) {
+  check_packed(packed, type, N);
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat &&
+              x_in.size(1) == packed.size(1) / packed_bytes(type) * 256,
+              "gguf_matmul_packed: x [M, K] fp32, K the packed weight's");
+  const int64_t K = x_in.size(1);
+  const auto x = x_in.contiguous();
+  auto y = at::empty({x.size(0), N}, x.options());
+  if (x.size(0) == 0 || N == 0) return y;
+  const QuantK xq = quantize_k(x.data_ptr<float>(), x.size(0), K, false);
+  matmul_packed_q4k(packed.data_ptr<uint8_t>(), xq, y.data_ptr<float>(), N);
+  return y;
+}
+
 // Shoal's own int8 (one scale per output row, w = scale * q, q in -127..127).
 at::Tensor int8_matmul_q8(const at::Tensor& x_in, const at::Tensor& qweight,
                           const at::Tensor& scale_in) {
@@ -868,6 +1059,9 @@ TORCH_LIBRARY_FRAGMENT(shoal_cpu, m) {
   m.def("gguf_matmul_q8(Tensor x, Tensor blocks, int type) -> Tensor");
   m.def("int8_matmul_q8(Tensor x, Tensor qweight, Tensor scale) -> Tensor");
   m.def("gguf_matmul_q8k(Tensor x, Tensor blocks, int type) -> Tensor");
+  m.def("gguf_repack(Tensor blocks, int type) -> Tensor");
+  m.def("gguf_unrepack(Tensor packed, int type, int N) -> Tensor");
+  m.def("gguf_matmul_packed(Tensor x, Tensor packed, int type, int N) -> Tensor");
 #endif
 }
 
@@ -879,5 +1073,8 @@ TORCH_LIBRARY_IMPL(shoal_cpu, CPU, m) {
   m.impl("gguf_matmul_q8", gguf_matmul_q8);
   m.impl("int8_matmul_q8", int8_matmul_q8);
   m.impl("gguf_matmul_q8k", gguf_matmul_q8k);
+  m.impl("gguf_repack", gguf_repack);
+  m.impl("gguf_unrepack", gguf_unrepack);
+  m.impl("gguf_matmul_packed", gguf_matmul_packed);
 #endif
 }

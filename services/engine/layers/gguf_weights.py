@@ -112,7 +112,12 @@ class GGUFBlockLinear:
                 merged[-1] = (ggml_type, torch.cat([merged[-1][1], blocks]))
             else:
                 merged.append((ggml_type, blocks.contiguous()))
-        self.parts = merged
+        self.rows = [b.shape[0] for _, b in merged]
+        self.packed = [cpu_ops.packed_available(t) for t, _ in merged]
+        # one part at a time, so the stored and the packed copies coexist for one part only
+        self.parts = [(t, torch.ops.shoal_cpu.gguf_repack(b, t) if packed else b)
+                      for (t, b), packed in zip(merged, self.packed, strict=True)]
+        del merged
         self.in_features = in_features
         self.bias = None if bias is None else bias.detach()
         self.gemm_dtype = torch.bfloat16 if bf16_gemm_available() else torch.float32
@@ -125,19 +130,31 @@ class GGUFBlockLinear:
             outs = [self.many(x)]
         elif rows < MANY_ROWS or (self.q8 and rows < cpu_ops.Q8_MAX_ROWS):
             xf = x.float().contiguous()
-            outs = [self._few_rows(xf, t, b) for t, b in self.parts]
+            outs = [self._few_rows(xf, i) for i in range(len(self.parts))]
         else:
             xg = x.to(self.gemm_dtype)
-            outs = [F.linear(xg, _unpacked(b, t, self.in_features, self.gemm_dtype))
-                    for t, b in self.parts]
+            outs = [F.linear(xg, _unpacked(self._blocks(i), t, self.in_features,
+                                           self.gemm_dtype))
+                    for i, (t, _) in enumerate(self.parts)]
         out = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)).to(x.dtype)
         return out if self.bias is None else out + self.bias
 
-    def _few_rows(self, xf: torch.Tensor, ggml_type: int, blocks: torch.Tensor) -> torch.Tensor:
+    def _blocks(self, i: int) -> torch.Tensor:
+        """Part i as the file stores it (unpacked from the packed layout for the paths that
+        dequantise: exact, a copy of the part's size)."""
+        ggml_type, tensor = self.parts[i]
+        if self.packed[i]:
+            return torch.ops.shoal_cpu.gguf_unrepack(tensor, ggml_type, self.rows[i])
+        return tensor
+
+    def _few_rows(self, xf: torch.Tensor, i: int) -> torch.Tensor:
         """int8 activations where built, but Q8_0 below MANY_ROWS: its float unpacking (8-bit
         codes straight to floats) was as fast as the int8 path at one and two rows, and exact
         (benchmarks/gguf_kernels.py). Q4_K / Q6_K up to Q8K_MAX_ROWS rows: activations per 256
-        (`gguf_matmul_q8k`)."""
+        (`gguf_matmul_q8k`); Q4_K's packed layout (16 rows interleaved) below Q8_MAX_ROWS."""
+        ggml_type, blocks = self.parts[i]
+        if self.packed[i]:
+            return torch.ops.shoal_cpu.gguf_matmul_packed(xf, blocks, ggml_type, self.rows[i])
         if xf.shape[0] <= cpu_ops.Q8K_MAX_ROWS and cpu_ops.q8k_available(ggml_type):
             return torch.ops.shoal_cpu.gguf_matmul_q8k(xf, blocks, ggml_type)
         if self.q8 and (ggml_type not in FLOAT_FEW_ROWS or xf.shape[0] >= MANY_ROWS):
@@ -145,10 +162,11 @@ class GGUFBlockLinear:
         return torch.ops.shoal_cpu.gguf_matmul(xf, blocks, ggml_type)
 
     def dequantized(self) -> torch.Tensor:
-        return torch.cat([dequantize(b, t, self.in_features) for t, b in self.parts])
+        return torch.cat([dequantize(self._blocks(i), t, self.in_features)
+                          for i, (t, _) in enumerate(self.parts)])
 
     def dense_numel(self) -> int:
-        return sum(b.shape[0] for _, b in self.parts) * self.in_features
+        return sum(self.rows) * self.in_features
 
     def keep_many_rows(self) -> None:
         """Keep the weight unpacked once for the many-rows GEMM (layers/cpu_weights.py,
@@ -239,7 +257,8 @@ def gguf_layers(model: nn.Module, path: Path, cache: Path | None = None
         parts, dense = _checked_parts(model, path)
         if cache is not None:
             _write_cache(parts, dense, cache)
-    return {name: _kernel(_module(model, name), p) for name, p in parts.items()}, dense
+    # popped one layer at a time: a layer's stored blocks go once its kernel holds them (packed)
+    return {name: _kernel(_module(model, name), parts.pop(name)) for name in list(parts)}, dense
 
 
 def _module(model: nn.Module, name: str) -> nn.Module:

@@ -177,11 +177,11 @@ def q8k_available(ggml_type: int) -> bool:
     return ggml_type in Q8K_TYPES and load() and hasattr(torch.ops.shoal_cpu, "gguf_matmul_q8k")
 
 
-PACKED_TYPES = frozenset({12})
-"""ggml types (Q4_K) that GGUF layers repack once at load into 16 rows interleaved
+PACKED_TYPES = frozenset({12, 14})
+"""ggml types (Q4_K, Q6_K) that GGUF layers repack once at load into 16 rows interleaved
 (`gguf_repack`, csrc/cpu_gguf.cpp) and run below Q8_MAX_ROWS rows as `gguf_matmul_packed`:
-each int8 dot-product lane is one output row, a sub-block's scale is applied once per 32
-weights, 1.3-2.3x `gguf_matmul_q8k` (benchmarks/gguf_kernels.py)."""
+each int8 dot-product lane is one output row, a sub-block's scale is applied once per 16 or 32
+weights, 16 rows' results come out as one vector (benchmarks/gguf_kernels.py, docs/figures.md)."""
 
 
 def packed_available(ggml_type: int) -> bool:

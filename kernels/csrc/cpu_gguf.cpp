@@ -856,22 +856,117 @@ void q4k_group(const uint8_t* p, const QuantK& x, int64_t m0, float* y, int64_t 
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m0 + r) * N + n0, mask, acc[r]);
 }
 
-void matmul_packed_q4k(const uint8_t* w, const QuantK& x, float* y, int64_t N) {
+// Q6_K packed the same way (3360 bytes a group's super-block, 210 a row as stored):
+//   0 d[16] fp16, 32 scales[16 groups of 16][16 rows] int8, 288 [2 halves][8 chunks] of
+//   (ql chunk c, ql chunk c + 8, qh chunk c of the half)[16 rows][4]: the three 64-byte
+//   vectors one step of the loop reads, in the order it reads them. The -32 of each code
+//   starts each group's sums as -32 * (the sum of x over the group): nothing in the loop.
+constexpr int64_t kQ6KPacked = 3360;
+
+void repack_q6k(const uint8_t* w, uint8_t* out, int64_t N, int64_t SB, bool back) {
+  const int64_t row_bytes = SB * 210;
+  at::parallel_for(0, (N + kGroup - 1) / kGroup, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t b = 0; b < SB; ++b) {
+        uint8_t* p = out + (g * SB + b) * kQ6KPacked;
+        for (int r = 0; r < kGroup && g * kGroup + r < N; ++r) {
+          uint8_t* src = const_cast<uint8_t*>(w) + (g * kGroup + r) * row_bytes + b * 210;
+          // (to, from, bytes): packed <- stored, or back
+          auto move = [&](uint8_t* packed, uint8_t* stored, int bytes) {
+            back ? std::memcpy(stored, packed, bytes) : std::memcpy(packed, stored, bytes);
+          };
+          move(p + 2 * r, src + 208, 2);
+          for (int j = 0; j < 16; ++j) move(p + 32 + 16 * j + r, src + 192 + j, 1);
+          for (int c = 0; c < 32; ++c)  // ql: half c / 16, step c % 8, vector (c % 16) / 8
+            move(p + 288 + 192 * (8 * (c / 16) + c % 8) + 64 * ((c % 16) / 8) + 4 * r, src + 4 * c, 4);
+          for (int c = 0; c < 16; ++c)  // qh: half c / 8, step c % 8, vector 2
+            move(p + 288 + 192 * c + 128 + 4 * r, src + 128 + 4 * c, 4);
+        }
+      }
+  });
+}
+
+template <int R>
+void q6k_group(const uint8_t* p, const QuantK& x, int64_t m0, float* y, int64_t N, int64_t g) {
   const int64_t SB = x.K / 256;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i nib = _mm512_set1_epi8(0x0F), b03 = _mm512_set1_epi8(0x03);
+  const __m512i b0c = _mm512_set1_epi8(0x0C), b30 = _mm512_set1_epi8(0x30);
+  for (int64_t b = 0; b < SB; ++b, p += kQ6KPacked) {
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    for (int n = 0; n < 2; ++n)
+      for (int u = 0; u < 2; ++u) {  // groups 8n + u + 2k, k = 0..3 (weights 128n + 32k + ...)
+        __m512i s[R][4];
+        for (int r = 0; r < R; ++r) {
+          const int16_t* sums = x.s16.data() + 16 * ((m0 + r) * SB + b);
+          for (int k = 0; k < 4; ++k) s[r][k] = _mm512_set1_epi32(-32 * sums[8 * n + u + 2 * k]);
+        }
+        for (int cc = 0; cc < 4; ++cc) {
+          const int c = 4 * u + cc;
+          const uint8_t* v = p + 288 + 192 * (8 * n + c);
+          const __m512i A = _mm512_loadu_si512(v), B = _mm512_loadu_si512(v + 64);
+          const __m512i H = _mm512_loadu_si512(v + 128);
+          const __m512i w0 = _mm512_or_si512(_mm512_and_si512(A, nib),
+                                             _mm512_slli_epi16(_mm512_and_si512(H, b03), 4));
+          const __m512i w1 = _mm512_or_si512(_mm512_and_si512(B, nib),
+                                             _mm512_slli_epi16(_mm512_and_si512(H, b0c), 2));
+          const __m512i w2 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(A, 4), nib),
+                                             _mm512_and_si512(H, b30));
+          const __m512i w3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(B, 4), nib),
+                                             _mm512_and_si512(_mm512_srli_epi16(H, 2), b30));
+          for (int r = 0; r < R; ++r) {
+            const int8_t* q = x.q.data() + 256 * ((m0 + r) * SB + b) + 128 * n + 4 * c;
+            s[r][0] = _mm512_dpbusd_epi32(s[r][0], w0, bcast4(q));
+            s[r][1] = _mm512_dpbusd_epi32(s[r][1], w1, bcast4(q + 32));
+            s[r][2] = _mm512_dpbusd_epi32(s[r][2], w2, bcast4(q + 64));
+            s[r][3] = _mm512_dpbusd_epi32(s[r][3], w3, bcast4(q + 96));
+          }
+        }
+        for (int k = 0; k < 4; ++k) {
+          const __m512i sc = _mm512_cvtepi8_epi32(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 16 * (8 * n + u + 2 * k))));
+          for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(s[r][k], sc));
+        }
+      }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    for (int r = 0; r < R; ++r)
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]),
+                               _mm512_mul_ps(d, _mm512_set1_ps(x.d[(m0 + r) * SB + b])), acc[r]);
+  }
+  const int64_t n0 = g * kGroup;
+  const __mmask16 mask = N - n0 >= kGroup ? 0xFFFF : static_cast<__mmask16>((1u << (N - n0)) - 1);
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m0 + r) * N + n0, mask, acc[r]);
+}
+
+template <template <int> class Group>
+void matmul_packed(const uint8_t* w, int64_t group_bytes, const QuantK& x, float* y, int64_t N) {
   at::parallel_for(0, (N + kGroup - 1) / kGroup, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {  // a group's passes after the first read it from cache
-      const uint8_t* p = w + g * SB * kQ4KPacked;
+      const uint8_t* p = w + g * group_bytes;
       for (int64_t m0 = 0; m0 < x.M; m0 += 4) {
         switch (std::min<int64_t>(x.M - m0, 4)) {
-          case 1: q4k_group<1>(p, x, m0, y, N, g); break;
-          case 2: q4k_group<2>(p, x, m0, y, N, g); break;
-          case 3: q4k_group<3>(p, x, m0, y, N, g); break;
-          default: q4k_group<4>(p, x, m0, y, N, g); break;
+          case 1: Group<1>::run(p, x, m0, y, N, g); break;
+          case 2: Group<2>::run(p, x, m0, y, N, g); break;
+          case 3: Group<3>::run(p, x, m0, y, N, g); break;
+          default: Group<4>::run(p, x, m0, y, N, g); break;
         }
       }
     }
   });
 }
+
+template <int R> struct Q4KGroup {
+  static void run(const uint8_t* p, const QuantK& x, int64_t m0, float* y, int64_t N, int64_t g) {
+    q4k_group<R>(p, x, m0, y, N, g);
+  }
+};
+template <int R> struct Q6KGroup {
+  static void run(const uint8_t* p, const QuantK& x, int64_t m0, float* y, int64_t N, int64_t g) {
+    q6k_group<R>(p, x, m0, y, N, g);
+  }
+};
 #endif  // AVX512 VNNI
 
 // Runs BODY with T bound to the block struct of ggml type id `type`.
@@ -976,21 +1071,24 @@ at::Tensor gguf_matmul_q8k(const at::Tensor& x_in, const at::Tensor& blocks, int
   return y;
 }
 
-// The packed layout (Q4_K for now): `gguf_repack` blocks [N, row bytes] -> [ceil(N / 16),
-// K / 256 * 2368]; `gguf_unrepack` back (exact: every stored bit is kept), for the paths that
+// The packed layouts (Q4_K, Q6_K): `gguf_repack` blocks [N, row bytes] -> [ceil(N / 16),
+// K / 256 * 2368 or 3360]; `gguf_unrepack` back (exact: every stored bit is kept), for the paths that
 // unpack the weight; `gguf_matmul_packed` y [M, N].
 int64_t packed_bytes(int64_t type) {
-  TORCH_CHECK(type == 12, "gguf packed layout: Q4_K (12) only, not ", type);
-  return kQ4KPacked;
+  TORCH_CHECK(type == 12 || type == 14, "gguf packed layout: Q4_K (12) or Q6_K (14), not ", type);
+  return type == 12 ? kQ4KPacked : kQ6KPacked;
 }
 
+int64_t stored_bytes(int64_t type) { return type == 12 ? 144 : 210; }
+
 at::Tensor gguf_repack(const at::Tensor& blocks, int64_t type) {
-  const int64_t per = packed_bytes(type), N = blocks.size(0);
+  const int64_t per = packed_bytes(type), N = blocks.size(0), bytes = stored_bytes(type);
   TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte && blocks.is_contiguous() &&
-              blocks.size(1) % 144 == 0, "gguf_repack: contiguous uint8 [N, K / 256 * 144]");
-  const int64_t SB = blocks.size(1) / 144;
+              blocks.size(1) % bytes == 0, "gguf_repack: contiguous uint8 [N, K / 256 * ", bytes, "]");
+  const int64_t SB = blocks.size(1) / bytes;
   auto out = at::zeros({(N + kGroup - 1) / kGroup, SB * per}, blocks.options());
-  repack_q4k(blocks.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), N, SB);
+  if (type == 12) repack_q4k(blocks.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), N, SB);
+  else repack_q6k(blocks.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), N, SB, false);
   return out;
 }
 
@@ -1004,8 +1102,9 @@ void check_packed(const at::Tensor& packed, int64_t type, int64_t N) {
 at::Tensor gguf_unrepack(const at::Tensor& packed, int64_t type, int64_t N) {
   check_packed(packed, type, N);
   const int64_t SB = packed.size(1) / packed_bytes(type);
-  auto out = at::empty({N, SB * 144}, packed.options());
-  unrepack_q4k(packed.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), N, SB);
+  auto out = at::empty({N, SB * stored_bytes(type)}, packed.options());
+  if (type == 12) unrepack_q4k(packed.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), N, SB);
+  else repack_q6k(out.data_ptr<uint8_t>(), packed.data_ptr<uint8_t>(), N, SB, true);
   return out;
 }
 
@@ -1020,7 +1119,9 @@ at::Tensor gguf_matmul_packed(const at::Tensor& x_in, const at::Tensor& packed, 
   auto y = at::empty({x.size(0), N}, x.options());
   if (x.size(0) == 0 || N == 0) return y;
   const QuantK xq = quantize_k(x.data_ptr<float>(), x.size(0), K, false);
-  matmul_packed_q4k(packed.data_ptr<uint8_t>(), xq, y.data_ptr<float>(), N);
+  const int64_t group_bytes = packed.size(1);
+  if (type == 12) matmul_packed<Q4KGroup>(packed.data_ptr<uint8_t>(), group_bytes, xq, y.data_ptr<float>(), N);
+  else matmul_packed<Q6KGroup>(packed.data_ptr<uint8_t>(), group_bytes, xq, y.data_ptr<float>(), N);
   return y;
 }
 

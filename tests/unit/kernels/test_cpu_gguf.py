@@ -200,30 +200,36 @@ def packed_built() -> bool:
     return hasattr(torch.ops.shoal_cpu, "gguf_repack")
 
 
+PACKED_BYTES = {12: 2368, 14: 3360}
+"""A group of 16 rows' super-block in the packed layout, by ggml type."""
+
+
 @pytest.mark.skipif(not packed_built(), reason="needs AVX-512 VNNI")
+@pytest.mark.parametrize("ggml_type", sorted(PACKED_BYTES), ids=lambda t: NAMES[t])
 @pytest.mark.parametrize("shape", [(37, 768), (16, 256), (5, 2048), (1, 512)], ids=str)
-def test_packed_q4k_round_trips_and_is_exact_on_int8_activations(threads: int,
-                                                                 shape: tuple[int, int]) -> None:
-    """Q4_K repacked 16 rows at a time (rows past N padded): unpacking it gives the stored
-    bytes back bit for bit, and the packed matmul on activations int8 holds exactly is the
-    dequantised matmul, for N not a multiple of 16 and 1..9 rows of x (passes of 4)."""
+def test_packed_round_trips_and_is_exact_on_int8_activations(threads: int, ggml_type: int,
+                                                             shape: tuple[int, int]) -> None:
+    """Repacked 16 rows at a time (rows past N padded): unpacking gives the stored bytes back
+    bit for bit, and the packed matmul on activations int8 holds exactly is the dequantised
+    matmul, for N not a multiple of 16 and 1..9 rows of x (passes of 4)."""
     rows, cols = shape
-    raw = random_blocks(12, rows, cols, seed=rows)
+    raw = random_blocks(ggml_type, rows, cols, seed=rows)
     blocks = torch.from_numpy(raw)
-    packed = torch.ops.shoal_cpu.gguf_repack(blocks, 12)
-    assert packed.shape == ((rows + 15) // 16, cols // 256 * 2368)
-    assert torch.equal(torch.ops.shoal_cpu.gguf_unrepack(packed, 12, rows), blocks)
-    dense = theirs(raw, 12, rows, cols).double()
+    packed = torch.ops.shoal_cpu.gguf_repack(blocks, ggml_type)
+    assert packed.shape == ((rows + 15) // 16, cols // 256 * PACKED_BYTES[ggml_type])
+    assert torch.equal(torch.ops.shoal_cpu.gguf_unrepack(packed, ggml_type, rows), blocks)
+    dense = theirs(raw, ggml_type, rows, cols).double()
     for m in (1, 3, 4, 5, 9):
         x = torch.randint(-127, 128, (m, cols), generator=torch.Generator().manual_seed(m)).float()
         x[:, ::256] = 127.0
         ref = x.double() @ dense.t()
-        ours = torch.ops.shoal_cpu.gguf_matmul_packed(x, packed, 12, rows)
+        ours = torch.ops.shoal_cpu.gguf_matmul_packed(x, packed, ggml_type, rows)
         torch.testing.assert_close(ours.double(), ref, rtol=1e-5,
                                    atol=1e-5 * ref.abs().max().item())
     x = torch.randn(2, cols, generator=torch.Generator().manual_seed(0))
     ref = x @ dense.float().t()
-    torch.testing.assert_close(torch.ops.shoal_cpu.gguf_matmul_packed(x, packed, 12, rows), ref,
+    torch.testing.assert_close(torch.ops.shoal_cpu.gguf_matmul_packed(x, packed, ggml_type, rows),
+                               ref,
                                rtol=2e-2, atol=2e-2 * ref.abs().max().item())
 
 
@@ -234,23 +240,27 @@ def test_packed_refuses_a_mismatched_shape() -> None:
         torch.ops.shoal_cpu.gguf_matmul_packed(torch.randn(1, 512), packed, 12, 40)
     with pytest.raises(RuntimeError, match="K the packed weight's"):
         torch.ops.shoal_cpu.gguf_matmul_packed(torch.randn(1, 256), packed, 12, 20)
-    with pytest.raises(RuntimeError, match="Q4_K \\(12\\) only"):
-        torch.ops.shoal_cpu.gguf_repack(torch.from_numpy(random_blocks(14, 4, 256)), 14)
+    with pytest.raises(RuntimeError, match="Q4_K \\(12\\) or Q6_K"):
+        torch.ops.shoal_cpu.gguf_repack(torch.from_numpy(random_blocks(8, 4, 256)), 8)
 
 
 @pytest.mark.skipif(not packed_built(), reason="needs AVX-512 VNNI")
-def test_block_linear_keeps_q4k_packed_only() -> None:
-    """A GGUF layer holds its Q4_K part packed (not beside the stored bytes) and its Q6_K part
-    as stored; both paths (few rows, many rows) and the dequantised weight are the file's."""
+def test_block_linear_keeps_k_quants_packed_only() -> None:
+    """A GGUF layer holds its Q4_K and Q6_K parts packed (not beside the stored bytes) and its
+    Q8_0 part as stored; every path (few rows, many rows) and the dequantised weight are the
+    file's."""
     from shoal.services.engine.layers.gguf_weights import GGUFBlockLinear
 
     q4k, q6k = random_blocks(12, 21, 512), random_blocks(14, 5, 512, seed=1)
-    layer = GGUFBlockLinear([(12, torch.from_numpy(q4k)), (14, torch.from_numpy(q6k))], 512, None)
-    assert layer.packed == [True, False] and layer.rows == [21, 5]
-    assert layer.parts[0][1].shape == (2, 2 * 2368)
-    dense = torch.cat([theirs(q4k, 12, 21, 512), theirs(q6k, 14, 5, 512)])
+    q80 = random_blocks(8, 3, 512, seed=2)
+    layer = GGUFBlockLinear([(12, torch.from_numpy(q4k)), (14, torch.from_numpy(q6k)),
+                             (8, torch.from_numpy(q80))], 512, None)
+    assert layer.packed == [True, True, False] and layer.rows == [21, 5, 3]
+    assert layer.parts[0][1].shape == (2, 2 * 2368) and layer.parts[1][1].shape == (1, 2 * 3360)
+    dense = torch.cat([theirs(q4k, 12, 21, 512), theirs(q6k, 14, 5, 512),
+                       theirs(q80, 8, 3, 512)])
     assert torch.equal(layer.dequantized(), dense)
-    assert layer.dense_numel() == 26 * 512
+    assert layer.dense_numel() == 29 * 512
     for m in (1, 9, 40):
         x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m))
         ref = x @ dense.t()

@@ -3,8 +3,8 @@
 - decode (`--rows 1`): for each GGUF type (random blocks) the fp32 block matmul
   (`gguf_matmul`: blocks unpacked to floats, "old") against the int8-activation VNNI one
   (`gguf_matmul_q8`, activations per 32, "new") and, for Q4_K / Q6_K, the one with activations
-  per 256 and the scales applied in integers (`gguf_matmul_q8k`, "q8k"), for Q4_K also its
-  packed layout (`gguf_matmul_packed`, "packed"; the bytes counted as stored), Shoal's int8
+  per 256 and the scales applied in integers (`gguf_matmul_q8k`, "q8k"), for Q4_K, Q6_K, Q8_0
+  their packed layout (`gguf_matmul_packed`, "packed"; the bytes counted as stored), Shoal's int8
   (`torch._weight_int8pack_mm` against `int8_matmul_q8`),
   the fp32 C++ GEMV and oneDNN's bf16 kernel over the same shape: ms a matmul and GB/s of
   weight bytes (the weight's stored size / time) and that as a fraction of the read bandwidth
@@ -137,7 +137,7 @@ def kernels_for(n: int, k: int, rows: int, ops: torch._ops._OpNamespace
         if t in Q8K_TYPES and hasattr(ops, "gguf_matmul_q8k"):
             add(f"{name} q8k", size, lambda i, t=t: partial(ops.gguf_matmul_q8k, x,
                                                             random_blocks(t, n, k, i), t))
-        if t in cpu_ops.PACKED_TYPES and cpu_ops.packed_available(t):
+        if cpu_ops.packed_available(t, k):
             add(f"{name} packed", size, lambda i, t=t: partial(
                 ops.gguf_matmul_packed, x, ops.gguf_repack(random_blocks(t, n, k, i), t), t, n))
     return out

@@ -940,6 +940,55 @@ void q6k_group(const uint8_t* p, const QuantK& x, int64_t m0, float* y, int64_t 
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m0 + r) * N + n0, mask, acc[r]);
 }
 
+// Q8_0 packed the same way (544 bytes a group's block of 32, 34 a row as stored):
+//   0 d[16] fp16, 32 codes[8 chunks][16 rows][4] stored as w + 128 (vpdpbusd's unsigned side);
+// each block's sums start at -128 * (the sum of x over the block). K a multiple of 256 (the
+// activations' super-blocks).
+constexpr int64_t kQ80Packed = 544;
+
+void repack_q80(const uint8_t* w, uint8_t* out, int64_t N, int64_t blocks, bool back) {
+  const int64_t row_bytes = blocks * 34;
+  at::parallel_for(0, (N + kGroup - 1) / kGroup, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t b = 0; b < blocks; ++b) {
+        uint8_t* p = out + (g * blocks + b) * kQ80Packed;
+        for (int r = 0; r < kGroup && g * kGroup + r < N; ++r) {
+          uint8_t* src = const_cast<uint8_t*>(w) + (g * kGroup + r) * row_bytes + b * 34;
+          if (back) {
+            std::memcpy(src, p + 2 * r, 2);
+            for (int i = 0; i < 32; ++i) src[2 + i] = p[32 + 64 * (i / 4) + 4 * r + i % 4] ^ 0x80;
+          } else {
+            std::memcpy(p + 2 * r, src, 2);
+            for (int i = 0; i < 32; ++i) p[32 + 64 * (i / 4) + 4 * r + i % 4] = src[2 + i] ^ 0x80;
+          }
+        }
+      }
+  });
+}
+
+template <int R>
+void q80_group(const uint8_t* p, const QuantK& x, int64_t m0, float* y, int64_t N, int64_t g) {
+  const int64_t blocks = x.K / 32, SB = x.K / 256;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b, p += kQ80Packed) {
+    __m512i s[R];
+    for (int r = 0; r < R; ++r) s[r] = _mm512_set1_epi32(-128 * x.s32[(m0 + r) * (x.K / 32) + b]);
+    for (int c = 0; c < 8; ++c) {
+      const __m512i v = _mm512_loadu_si512(p + 32 + 64 * c);
+      for (int r = 0; r < R; ++r)
+        s[r] = _mm512_dpbusd_epi32(s[r], v, bcast4(x.q.data() + (m0 + r) * x.K + 32 * b + 4 * c));
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    for (int r = 0; r < R; ++r)
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r]),
+                               _mm512_mul_ps(d, _mm512_set1_ps(x.d[(m0 + r) * SB + b / 8])), acc[r]);
+  }
+  const int64_t n0 = g * kGroup;
+  const __mmask16 mask = N - n0 >= kGroup ? 0xFFFF : static_cast<__mmask16>((1u << (N - n0)) - 1);
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m0 + r) * N + n0, mask, acc[r]);
+}
+
 template <template <int> class Group>
 void matmul_packed(const uint8_t* w, int64_t group_bytes, const QuantK& x, float* y, int64_t N) {
   at::parallel_for(0, (N + kGroup - 1) / kGroup, 1, [&](int64_t g0, int64_t g1) {
@@ -965,6 +1014,11 @@ template <int R> struct Q4KGroup {
 template <int R> struct Q6KGroup {
   static void run(const uint8_t* p, const QuantK& x, int64_t m0, float* y, int64_t N, int64_t g) {
     q6k_group<R>(p, x, m0, y, N, g);
+  }
+};
+template <int R> struct Q80Group {
+  static void run(const uint8_t* p, const QuantK& x, int64_t m0, float* y, int64_t N, int64_t g) {
+    q80_group<R>(p, x, m0, y, N, g);
   }
 };
 #endif  // AVX512 VNNI
@@ -1071,15 +1125,18 @@ at::Tensor gguf_matmul_q8k(const at::Tensor& x_in, const at::Tensor& blocks, int
   return y;
 }
 
-// The packed layouts (Q4_K, Q6_K): `gguf_repack` blocks [N, row bytes] -> [ceil(N / 16),
-// K / 256 * 2368 or 3360]; `gguf_unrepack` back (exact: every stored bit is kept), for the paths that
+// The packed layouts (Q4_K, Q6_K, Q8_0): `gguf_repack` blocks [N, row bytes] -> [ceil(N / 16),
+// K / 256 * 2368 or 3360, K / 32 * 544]; `gguf_unrepack` back (exact: every stored bit is kept), for the paths that
 // unpack the weight; `gguf_matmul_packed` y [M, N].
+// Per block of the packed layout (a super-block of 256; Q8_0: a block of 32) and as stored.
 int64_t packed_bytes(int64_t type) {
-  TORCH_CHECK(type == 12 || type == 14, "gguf packed layout: Q4_K (12) or Q6_K (14), not ", type);
-  return type == 12 ? kQ4KPacked : kQ6KPacked;
+  TORCH_CHECK(type == 12 || type == 14 || type == 8,
+              "gguf packed layout: Q4_K (12), Q6_K (14) or Q8_0 (8), not ", type);
+  return type == 12 ? kQ4KPacked : type == 14 ? kQ6KPacked : kQ80Packed;
 }
 
-int64_t stored_bytes(int64_t type) { return type == 12 ? 144 : 210; }
+int64_t stored_bytes(int64_t type) { return type == 12 ? 144 : type == 14 ? 210 : 34; }
+int64_t block_weights(int64_t type) { return type == 8 ? 32 : 256; }
 
 at::Tensor gguf_repack(const at::Tensor& blocks, int64_t type) {
   const int64_t per = packed_bytes(type), N = blocks.size(0), bytes = stored_bytes(type);
@@ -1087,8 +1144,11 @@ at::Tensor gguf_repack(const at::Tensor& blocks, int64_t type) {
               blocks.size(1) % bytes == 0, "gguf_repack: contiguous uint8 [N, K / 256 * ", bytes, "]");
   const int64_t SB = blocks.size(1) / bytes;
   auto out = at::zeros({(N + kGroup - 1) / kGroup, SB * per}, blocks.options());
+  TORCH_CHECK(SB * block_weights(type) % 256 == 0, "gguf_repack: K=", SB * block_weights(type),
+              " is not a multiple of 256");
   if (type == 12) repack_q4k(blocks.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), N, SB);
-  else repack_q6k(blocks.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), N, SB, false);
+  else if (type == 14) repack_q6k(blocks.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), N, SB, false);
+  else repack_q80(blocks.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), N, SB, false);
   return out;
 }
 
@@ -1104,7 +1164,8 @@ at::Tensor gguf_unrepack(const at::Tensor& packed, int64_t type, int64_t N) {
   const int64_t SB = packed.size(1) / packed_bytes(type);
   auto out = at::empty({N, SB * stored_bytes(type)}, packed.options());
   if (type == 12) unrepack_q4k(packed.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), N, SB);
-  else repack_q6k(out.data_ptr<uint8_t>(), packed.data_ptr<uint8_t>(), N, SB, true);
+  else if (type == 14) repack_q6k(out.data_ptr<uint8_t>(), packed.data_ptr<uint8_t>(), N, SB, true);
+  else repack_q80(out.data_ptr<uint8_t>(), packed.data_ptr<uint8_t>(), N, SB, true);
   return out;
 }
 
@@ -1112,7 +1173,7 @@ at::Tensor gguf_matmul_packed(const at::Tensor& x_in, const at::Tensor& packed, 
                               int64_t N) {
   check_packed(packed, type, N);
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat &&
-              x_in.size(1) == packed.size(1) / packed_bytes(type) * 256,
+              x_in.size(1) == packed.size(1) / packed_bytes(type) * block_weights(type),
               "gguf_matmul_packed: x [M, K] fp32, K the packed weight's");
   const int64_t K = x_in.size(1);
   const auto x = x_in.contiguous();
@@ -1121,7 +1182,8 @@ at::Tensor gguf_matmul_packed(const at::Tensor& x_in, const at::Tensor& packed, 
   const QuantK xq = quantize_k(x.data_ptr<float>(), x.size(0), K, false);
   const int64_t group_bytes = packed.size(1);
   if (type == 12) matmul_packed<Q4KGroup>(packed.data_ptr<uint8_t>(), group_bytes, xq, y.data_ptr<float>(), N);
-  else matmul_packed<Q6KGroup>(packed.data_ptr<uint8_t>(), group_bytes, xq, y.data_ptr<float>(), N);
+  else if (type == 14) matmul_packed<Q6KGroup>(packed.data_ptr<uint8_t>(), group_bytes, xq, y.data_ptr<float>(), N);
+  else matmul_packed<Q80Group>(packed.data_ptr<uint8_t>(), group_bytes, xq, y.data_ptr<float>(), N);
   return y;
 }
 

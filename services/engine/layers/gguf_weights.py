@@ -113,7 +113,7 @@ class GGUFBlockLinear:
             else:
                 merged.append((ggml_type, blocks.contiguous()))
         self.rows = [b.shape[0] for _, b in merged]
-        self.packed = [cpu_ops.packed_available(t) for t, _ in merged]
+        self.packed = [cpu_ops.packed_available(t, in_features) for t, _ in merged]
         # one part at a time, so the stored and the packed copies coexist for one part only
         self.parts = [(t, torch.ops.shoal_cpu.gguf_repack(b, t) if packed else b)
                       for (t, b), packed in zip(merged, self.packed, strict=True)]
@@ -151,7 +151,8 @@ class GGUFBlockLinear:
         """int8 activations where built, but Q8_0 below MANY_ROWS: its float unpacking (8-bit
         codes straight to floats) was as fast as the int8 path at one and two rows, and exact
         (benchmarks/gguf_kernels.py). Q4_K / Q6_K up to Q8K_MAX_ROWS rows: activations per 256
-        (`gguf_matmul_q8k`); Q4_K's packed layout (16 rows interleaved) below Q8_MAX_ROWS."""
+        (`gguf_matmul_q8k`); the packed layouts (Q4_K, Q6_K, Q8_0: 16 rows interleaved,
+        activations per 256) below Q8_MAX_ROWS, Q8_0 included (2x its float path)."""
         ggml_type, blocks = self.parts[i]
         if self.packed[i]:
             return torch.ops.shoal_cpu.gguf_matmul_packed(xf, blocks, ggml_type, self.rows[i])

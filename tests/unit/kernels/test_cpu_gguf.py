@@ -200,8 +200,8 @@ def packed_built() -> bool:
     return hasattr(torch.ops.shoal_cpu, "gguf_repack")
 
 
-PACKED_BYTES = {12: 2368, 14: 3360}
-"""A group of 16 rows' super-block in the packed layout, by ggml type."""
+PACKED_BYTES = {12: 2368, 14: 3360, 8: 544}
+"""A group of 16 rows' (super-)block in the packed layout, by ggml type."""
 
 
 @pytest.mark.skipif(not packed_built(), reason="needs AVX-512 VNNI")
@@ -216,7 +216,8 @@ def test_packed_round_trips_and_is_exact_on_int8_activations(threads: int, ggml_
     raw = random_blocks(ggml_type, rows, cols, seed=rows)
     blocks = torch.from_numpy(raw)
     packed = torch.ops.shoal_cpu.gguf_repack(blocks, ggml_type)
-    assert packed.shape == ((rows + 15) // 16, cols // 256 * PACKED_BYTES[ggml_type])
+    qk = LAYOUTS[ggml_type][0]
+    assert packed.shape == ((rows + 15) // 16, cols // qk * PACKED_BYTES[ggml_type])
     assert torch.equal(torch.ops.shoal_cpu.gguf_unrepack(packed, ggml_type, rows), blocks)
     dense = theirs(raw, ggml_type, rows, cols).double()
     for m in (1, 3, 4, 5, 9):
@@ -240,27 +241,32 @@ def test_packed_refuses_a_mismatched_shape() -> None:
         torch.ops.shoal_cpu.gguf_matmul_packed(torch.randn(1, 512), packed, 12, 40)
     with pytest.raises(RuntimeError, match="K the packed weight's"):
         torch.ops.shoal_cpu.gguf_matmul_packed(torch.randn(1, 256), packed, 12, 20)
-    with pytest.raises(RuntimeError, match="Q4_K \\(12\\) or Q6_K"):
-        torch.ops.shoal_cpu.gguf_repack(torch.from_numpy(random_blocks(8, 4, 256)), 8)
+    with pytest.raises(RuntimeError, match="Q4_K \\(12\\), Q6_K \\(14\\) or Q8_0"):
+        torch.ops.shoal_cpu.gguf_repack(torch.from_numpy(random_blocks(2, 4, 256)), 2)
+    with pytest.raises(RuntimeError, match="not a multiple of 256"):  # Q8_0 of K = 96
+        torch.ops.shoal_cpu.gguf_repack(torch.from_numpy(random_blocks(8, 4, 96)), 8)
 
 
 @pytest.mark.skipif(not packed_built(), reason="needs AVX-512 VNNI")
-def test_block_linear_keeps_k_quants_packed_only() -> None:
-    """A GGUF layer holds its Q4_K and Q6_K parts packed (not beside the stored bytes) and its
-    Q8_0 part as stored; every path (few rows, many rows) and the dequantised weight are the
-    file's."""
+def test_block_linear_keeps_packed_parts_only() -> None:
+    """A GGUF layer holds its Q4_K, Q6_K and Q8_0 parts packed (not beside the stored bytes)
+    and its Q5_K part as stored; every path (few rows, many rows) and the dequantised weight
+    are the file's."""
     from shoal.services.engine.layers.gguf_weights import GGUFBlockLinear
 
     q4k, q6k = random_blocks(12, 21, 512), random_blocks(14, 5, 512, seed=1)
-    q80 = random_blocks(8, 3, 512, seed=2)
+    q80, q5k = random_blocks(8, 3, 512, seed=2), random_blocks(13, 4, 512, seed=3)
     layer = GGUFBlockLinear([(12, torch.from_numpy(q4k)), (14, torch.from_numpy(q6k)),
-                             (8, torch.from_numpy(q80))], 512, None)
-    assert layer.packed == [True, True, False] and layer.rows == [21, 5, 3]
+                             (8, torch.from_numpy(q80)), (13, torch.from_numpy(q5k))], 512, None)
+    assert layer.packed == [True, True, True, False] and layer.rows == [21, 5, 3, 4]
     assert layer.parts[0][1].shape == (2, 2 * 2368) and layer.parts[1][1].shape == (1, 2 * 3360)
+    assert layer.parts[2][1].shape == (1, 16 * 544)
     dense = torch.cat([theirs(q4k, 12, 21, 512), theirs(q6k, 14, 5, 512),
-                       theirs(q80, 8, 3, 512)])
+                       theirs(q80, 8, 3, 512), theirs(q5k, 13, 4, 512)])
     assert torch.equal(layer.dequantized(), dense)
-    assert layer.dense_numel() == 29 * 512
+    assert layer.dense_numel() == 33 * 512
+    small = GGUFBlockLinear([(8, torch.from_numpy(random_blocks(8, 3, 96)))], 96, None)
+    assert small.packed == [False]  # K not a multiple of 256: stored, the float path
     for m in (1, 9, 40):
         x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m))
         ref = x @ dense.t()

@@ -19,17 +19,18 @@ pytestmark = pytest.mark.skipif(not cpu_ops.q8_available(64),
                                 reason="no AVX-512 VNNI build of the C++ ops")
 
 
-def quantised(x: torch.Tensor) -> torch.Tensor:
-    """x as the kernels see it: int8 blocks of 32 times their d, fp32 as the C++ code rounds."""
-    blocks = x.float().reshape(x.shape[0], -1, 32)
+def quantised(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """x as the kernels see it: int8 blocks of 32 (256: the K-quant and packed GGUF kernels)
+    times their d, fp32 as the C++ code rounds."""
+    blocks = x.float().reshape(x.shape[0], -1, block)
     amax = blocks.abs().amax(dim=2, keepdim=True)
     inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
     q = (blocks * inv).round().clamp(-128, 127)
     return (q.double() * (amax / 127.0).double()).reshape(x.shape)
 
 
-def check(ours: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
-    emulated = quantised(x) @ weight.double().t()
+def check(ours: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, block: int = 32) -> None:
+    emulated = quantised(x, block) @ weight.double().t()
     scale = emulated.abs().max().item()
     torch.testing.assert_close(ours.double(), emulated, rtol=1e-5, atol=1e-5 * scale)
     exact = x.double() @ weight.double().t()
@@ -89,8 +90,8 @@ def test_refuses_rows_it_cannot_take() -> None:
 
 def test_layers_route_small_steps_to_it_against_their_prior_kernels() -> None:
     """Int8Linear at one row and a K-quant GGUFBlockLinear below Q8_MAX_ROWS run the int8 path
-    (Q8_0 below MANY_ROWS stays on the float one), each within the activation quantisation's
-    error of the kernel it replaced."""
+    (Q8_0 below MANY_ROWS stays on the float one unless packed: K a multiple of 256), each
+    within the activation quantisation's error of the kernel it replaced."""
     from shoal.services.engine.layers.cpu_weights import MANY_ROWS, Int8Linear
     from shoal.services.engine.layers.gguf_weights import GGUFBlockLinear
 
@@ -107,7 +108,8 @@ def test_layers_route_small_steps_to_it_against_their_prior_kernels() -> None:
         for rows in (1, MANY_ROWS, cpu_ops.Q8_MAX_ROWS - 1):
             x = torch.randn(rows, 512, generator=gen)
             prior = torch.ops.shoal_cpu.gguf_matmul(x, raw, ggml_type)
-            if ggml_type == 8 and rows < MANY_ROWS:
+            if ggml_type == 8 and rows < MANY_ROWS and not block_layer.packed[0]:
                 torch.testing.assert_close(block_layer(x), prior)
-            else:
-                check(block_layer(x), x, block_layer.dequantized())
+            else:  # packed: activations per 256
+                check(block_layer(x), x, block_layer.dequantized(),
+                      256 if block_layer.packed[0] else 32)

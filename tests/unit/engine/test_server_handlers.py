@@ -4,6 +4,7 @@ arguments reach it as dicts, and "auto" tool choice is refused without a tool ca
 from __future__ import annotations
 
 import asyncio
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -202,3 +203,38 @@ async def test_lora_names_resolve_with_stable_ids_and_unknown_ones_are_404() -> 
     assert (await h.lora_request("sql")).lora_int_id == 3
     with pytest.raises(NotFound, match="The lora adapter 'nope' cannot be found."):
         await h.lora_request("nope")
+
+
+class ThreadTokenizer:
+    """encode records the thread it ran on (and may wait there, to keep the thread busy)."""
+
+    def __init__(self, hold: threading.Event | None = None) -> None:
+        self.threads: list[str] = []
+        self.hold = hold
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.threads.append(threading.current_thread().name)
+        if self.hold is not None and text.startswith("long"):
+            self.hold.wait(10)
+        return [len(text)]
+
+
+async def test_short_prompts_tokenize_on_the_loop_and_long_or_queued_ones_on_the_thread() -> None:
+    hold = threading.Event()
+    tokenizer = ThreadTokenizer(hold)
+    h, _ = handlers()
+    h.inputs = InputProcessor(tokenizer=tokenizer, max_model_len=100_000)
+    loop_thread = threading.current_thread().name
+    req = GenerateRequest(request_id="r", model="m", prompt="short")
+    assert await h.tokenize_prompt(req) == [5]
+    long_req = GenerateRequest(request_id="l", model="m", prompt="long" + "x" * 9000)
+    long_job = asyncio.create_task(h.tokenize_prompt(long_req))
+    await asyncio.sleep(0.05)
+    short_job = asyncio.create_task(h.tokenize_prompt(req))  # the thread is busy: it queues
+    await asyncio.sleep(0.05)
+    assert not short_job.done()
+    hold.set()
+    assert await long_job == [9004] and await short_job == [5]
+    assert tokenizer.threads[0] == loop_thread
+    assert all(t.startswith("tokenize") for t in tokenizer.threads[1:])
+    assert await h.tokenize_prompt(req) == [5] and tokenizer.threads[-1] == loop_thread

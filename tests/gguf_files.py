@@ -4,7 +4,9 @@ convert_hf_to_gguf.py writes them: its architecture string and metadata keys, it
 `blk.N.ffn_gate_exps` [experts, inter, hidden]...), q/k rows permuted for the "llama"
 architecture (Mixtral is written as llama with experts), Gemma's norms stored as 1 + w, and
 SmolLM2's GGUF tokenizer fields cut to the tiny vocabulary (its first tokens, the merges among
-them: small, so converting it is quick). fp32 tensors: the test is the names and the layout.
+them: small, so converting it is quick). fp32 tensors (the test is the names and the layout),
+or with `quantize` the attention and MLP weights in that block type (Q8_0, Q4_1: what the gguf
+package can write), as llama.cpp's quantizer leaves a file: norms, embedding and experts float.
 """
 
 from __future__ import annotations
@@ -59,7 +61,12 @@ def _tokenizer_fields(writer: gguf.GGUFWriter, source: Path, vocab: int) -> None
     writer.add_chat_template(str(value("tokenizer.chat_template")))
 
 
-def write_gguf(folder: Path, dest: Path, tokenizer_gguf: Path) -> Path:
+_QUANTIZED = re.compile(
+    r"^blk\.\d+\.(attn_(q|k|v|qkv|output)|ffn_(gate|up|down|gate_up))\.weight$")
+
+
+def write_gguf(folder: Path, dest: Path, tokenizer_gguf: Path,
+               quantize: gguf.GGMLQuantizationType | None = None) -> Path:
     """The tiny model in `folder` as a GGUF file at `dest` (see the module docstring)."""
     cfg = json.loads((folder / "config.json").read_text())
     model_type = cfg["model_type"]
@@ -129,7 +136,11 @@ def write_gguf(folder: Path, dest: Path, tokenizer_gguf: Path) -> Path:
         stacked = torch.stack([by_expert[e] for e in sorted(by_expert)]).numpy()
         tensors[f"blk.{layer}.ffn_{part}_exps.weight"] = stacked
     for name in sorted(tensors):
-        writer.add_tensor(name, np.ascontiguousarray(tensors[name]))
+        array = np.ascontiguousarray(tensors[name])
+        if quantize is not None and _QUANTIZED.match(name):
+            writer.add_tensor(name, gguf.quants.quantize(array, quantize), raw_dtype=quantize)
+        else:
+            writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -54,9 +54,12 @@ def minilm_path() -> Path:
 
 
 def prepare_model(source: str, cache_dir: Path | None = None,
-                  progress: Progress | None = None, hub_cache_dir: Path | None = None) -> Path:
+                  progress: Progress | None = None, hub_cache_dir: Path | None = None,
+                  gguf_blocks: bool = False) -> Path:
     """Return a Hugging Face model folder for `source` (a folder, a .gguf file, or a hub id;
-    `hub_cache_dir` overrides the standard Hugging Face cache)."""
+    `hub_cache_dir` overrides the standard Hugging Face cache). `gguf_blocks`: a .gguf becomes a
+    folder without the Linear weights its blocks hold (gguf_folder.py; for an engine that runs
+    those blocks), not a complete float32 checkpoint."""
     report = progress or (lambda stage, fraction: None)
     path = Path(source).expanduser()
     if path.is_dir():
@@ -65,7 +68,7 @@ def prepare_model(source: str, cache_dir: Path | None = None,
         report("ready", 1.0)
         return path
     if path.is_file() and path.suffix == ".gguf":
-        return _convert_gguf(path, cache_dir or default_cache_dir(), report)
+        return _convert_gguf(path, cache_dir or default_cache_dir(), report, gguf_blocks)
     if path.exists():
         raise NotFound(f"{path} is neither a model folder nor a .gguf file")
     if not is_hub_id(source):
@@ -74,38 +77,28 @@ def prepare_model(source: str, cache_dir: Path | None = None,
     return resolve_hub_model(source, report, hub_cache_dir)
 
 
-def converted_dir(gguf: Path, cache_dir: Path) -> Path:
-    """Where a GGUF file's conversion lives: <name>-<hash of path, size, mtime>."""
+def converted_dir(gguf: Path, cache_dir: Path, blocks: bool = False) -> Path:
+    """Where a GGUF file's conversion lives: <name>-<hash of path, size, mtime>[-blocks]."""
     stat = gguf.stat()
     key = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()
-    return cache_dir / f"{gguf.stem}-{hashlib.sha256(key).hexdigest()[:12]}"
+    suffix = "-blocks" if blocks else ""
+    return cache_dir / f"{gguf.stem}-{hashlib.sha256(key).hexdigest()[:12]}{suffix}"
 
 
-def _convert_gguf(gguf: Path, cache_dir: Path, report: Progress) -> Path:
-    target = converted_dir(gguf, cache_dir)
+def _convert_gguf(gguf: Path, cache_dir: Path, report: Progress, blocks: bool = False) -> Path:
+    target = converted_dir(gguf, cache_dir, blocks)
     if (target / "config.json").is_file():
         report("cached", 1.0)
         return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from shoal.services.engine.gguf_config import gguf_config
-
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=cache_dir))
     try:
-        report("dequantising gguf tensors", 0.0)
-        with _tensor_progress(report, "dequantising gguf tensors", 0.0, 0.7):
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                         config=gguf_config(gguf),
-                                                         dtype="float32")
-        report("loading gguf tokenizer", 0.7)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        report("writing safetensors", 0.8)
-        model.hf_quantizer = None  # the weights are already dense: let save_pretrained run
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        if blocks:
+            from shoal.services.engine.gguf_folder import write_blocks_folder
+
+            write_blocks_folder(gguf, tmp, report)
+        else:
+            _write_full_folder(gguf, tmp, report)
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared by the user's processes
         try:
             os.rename(tmp, target)
@@ -118,6 +111,26 @@ def _convert_gguf(gguf: Path, cache_dir: Path, report: Progress) -> Path:
         raise
     report("done", 1.0)
     return target
+
+
+def _write_full_folder(gguf: Path, tmp: Path, report: Progress) -> None:
+    """Every tensor dequantised to float32 by transformers (the reference; tensor parallel)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from shoal.services.engine.gguf_config import gguf_config
+
+    report("dequantising gguf tensors", 0.0)
+    with _tensor_progress(report, "dequantising gguf tensors", 0.0, 0.7):
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                     config=gguf_config(gguf), dtype="float32")
+    report("loading gguf tokenizer", 0.7)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    report("writing safetensors", 0.8)
+    model.hf_quantizer = None  # the weights are already dense: let save_pretrained run
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
 
 
 @contextmanager

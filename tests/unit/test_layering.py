@@ -187,7 +187,8 @@ def test_only_the_scheduler_and_block_manager_write_sequences() -> None:
 
 E = "shoal.services.engine"
 BASE = {f"{E}.{name}" for name in ("config", "sampling_params", "model_limits", "model_prep",
-                                   "gguf_config", "input_processor", "lora_request")}
+                                   "gguf_config", "gguf_folder", "input_processor",
+                                   "lora_request")}
 """The top-level modules every part shares."""
 MODEL_SIDE = ("runner", "models", "layers", "distributed", "spec_decode", "embedding",
               "structured_output")

@@ -24,11 +24,20 @@ def build_core(config: EngineConfig, *, runner: Runner | None = None, tokenizer:
     if runner is None:
         if model_dir is None:
             model_dir = prepare_model(config.model,
-                                      Path(config.cache_dir) if config.cache_dir else None)
+                                      Path(config.cache_dir) if config.cache_dir else None,
+                                      gguf_blocks=gguf_blocks(config))
         runner = build_runner(config, model_dir)
     if tokenizer is None:
         tokenizer = load_tokenizer(config.tokenizer or model_dir or config.model)
     return EngineCore(config, runner=runner, tokenizer=tokenizer, model_dir=model_dir)
+
+
+def gguf_blocks(config: EngineConfig) -> bool:
+    """Whether this engine runs a .gguf's own blocks, so its folder can leave them in the file."""
+    from shoal.services.engine.layers.cpu_weights import wants_gguf_blocks
+
+    return wants_gguf_blocks(config.model, config.device, config.quantization,
+                             config.tensor_parallel_size * config.pipeline_parallel_size)
 
 
 def build_runner(config: EngineConfig, model_dir: Path) -> Runner:

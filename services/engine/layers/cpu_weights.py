@@ -224,6 +224,18 @@ def resolve_quantization(quantization: str | None, model: str, world_size: int) 
     return quantization
 
 
+def wants_gguf_blocks(model: str, device: str, quantization: str | None, world_size: int
+                      ) -> bool:
+    """Whether an engine runs a .gguf's own blocks (on the CPU, quantization "gguf"): then its
+    model folder need not hold the Linear weights the blocks bring (model_prep's gguf_blocks)."""
+    on_cpu = device == "cpu" or (device == "auto" and not _cuda_available())
+    return on_cpu and resolve_quantization(quantization, model, world_size) == "gguf"
+
+
+def _cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
 def keep_many_rows_copies(layers: dict[str, Callable[..., torch.Tensor]]) -> str:
     """Give the GGUF block layers a ManyRows copy of their weight for prefill and batches when
     those copies take under an eighth of memory (as keep_plain_weights): else every such step
@@ -256,11 +268,12 @@ def gguf_summary(layers: dict[str, Callable[..., torch.Tensor]]) -> str:
 
 def prepare_cpu_weights(model: nn.Module, quantization: str | None,
                         gguf: Path | None = None, gguf_cache: Path | None = None,
-                        cpu_gemv: bool | None = None) -> str:
+                        cpu_gemv: bool | None = None, check_gguf: bool = True) -> str:
     """Give every Linear and the LM head its CPU kernel; returns what was used (for the log).
     `gguf`: the file the model was converted from (quantization "gguf" reads its blocks);
     `gguf_cache`: where those blocks are kept once extracted (gguf_weights.py); `cpu_gemv`:
-    EngineConfig's (whether the Linears keep plain weights for the GEMV)."""
+    EngineConfig's (whether the Linears keep plain weights for the GEMV); `check_gguf`: compare
+    the blocks with the loaded weights (false for a GGUF blocks folder, which loaded none)."""
     from shoal.services.engine.layers.embedding import LMHead
     from shoal.services.engine.layers.linear import Linear
     from shoal.services.engine.layers.moe import StackedExperts
@@ -280,7 +293,7 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
                               param="quantization")
         from shoal.services.engine.layers.gguf_weights import gguf_layers
 
-        layers, dense = gguf_layers(model, gguf, gguf_cache)
+        layers, dense = gguf_layers(model, gguf, gguf_cache, check_gguf)
         if not layers:  # an unquantised file (F32 / F16): the dense kernels, as without
             quantization = None
     if quantization == "int8":

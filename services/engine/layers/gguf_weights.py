@@ -243,23 +243,43 @@ Parts = list[tuple[int, torch.Tensor]]
 """A layer's stored parts: (ggml type, bytes [rows, row bytes]) each, stacked by rows."""
 
 
-def gguf_layers(model: nn.Module, path: Path, cache: Path | None = None
+def gguf_layers(model: nn.Module, path: Path, cache: Path | None = None, check: bool = True
                 ) -> tuple[dict[str, Kernel], set[str]]:
     """The file's own blocks for every Linear of `model` (and the LM head) whose checkpoint
     tensors are stored in Q4_1 or a BLOCK_TYPES type (packed q/k/v and gate/up: their parts
     stacked by rows), keyed by module name, and the names of the Linears stored unquantised
-    (F32/F16/BF16: they keep dense kernels). Each layer is checked against the module's loaded
-    (dequantised) weight. `cache`: a safetensors file of the checked blocks, read instead of the
-    GGUF when present (parsing a GGUF's metadata, its vocabulary included, takes seconds) and
-    written after the first extraction."""
+    (F32/F16/BF16: they keep dense kernels). `check`: each layer is compared with the module's
+    loaded (dequantised) weight (a complete folder; a blocks folder loaded none). `cache`: a
+    safetensors file of the checked blocks, read instead of the GGUF when present (parsing a
+    GGUF's metadata, its vocabulary included, takes seconds) and written after the first
+    extraction."""
     if cache is not None and cache.is_file():
         parts, dense = _read_cache(cache)
     else:
-        parts, dense = _checked_parts(model, path)
+        parts, dense = _checked_parts(model, path, check)
         if cache is not None:
             _write_cache(parts, dense, cache)
     # popped one layer at a time: a layer's stored blocks go once its kernel holds them (packed)
     return {name: _kernel(_module(model, name), parts.pop(name)) for name in list(parts)}, dense
+
+
+def block_weight_names(model: nn.Module, path: Path, cache: Path | None = None
+                       ) -> frozenset[str]:
+    """The Hugging Face weight names gguf_layers will run as blocks (their dense parameters
+    need no loading)."""
+    names = _hf_names(model)
+    if cache is not None and cache.is_file():
+        modules = set(_read_cache(cache)[0])
+    else:
+        source = GGUFSource(path)
+        modules = {name for name, hf in names.items()
+                   if _as_blocks([source.tensor_type(h) for h in hf])}
+    return frozenset(hf for name in modules for hf in names[name])
+
+
+def _as_blocks(types: list[int | None]) -> bool:
+    """Whether a layer whose parts are stored as `types` runs as the file's blocks."""
+    return all(t == Q4_1 for t in types) or all(t in BLOCK_TYPES for t in types)
 
 
 def _module(model: nn.Module, name: str) -> nn.Module:
@@ -296,7 +316,8 @@ def _hf_names(model: nn.Module) -> dict[str, list[str]]:
     return names
 
 
-def _checked_parts(model: nn.Module, path: Path) -> tuple[dict[str, Parts], set[str]]:
+def _checked_parts(model: nn.Module, path: Path, check: bool = True
+                   ) -> tuple[dict[str, Parts], set[str]]:
     source = GGUFSource(path)
     layers: dict[str, Parts] = {}
     dense: set[str] = set()
@@ -306,16 +327,17 @@ def _checked_parts(model: nn.Module, path: Path) -> tuple[dict[str, Parts], set[
         if all(t in FLOAT_TYPES for t in types):
             dense.add(name)
             continue
-        if not all(t == Q4_1 for t in types) and not all(t in BLOCK_TYPES for t in types):
+        if not _as_blocks(types):
             continue  # (other types, or Q4_1 packed with others: int8 from the weight)
         parts = []
         for hf in hf_names:
             ggml_type, raw = source.raw(hf)  # type: ignore[misc]
             parts.append((ggml_type, torch.from_numpy(np.ascontiguousarray(raw))))
         cols = module.weight.shape[1]
-        found = torch.cat([_dequantize_any(t, b, cols) for t, b in parts])
-        if found.shape != module.weight.shape or not torch.allclose(
-                found, module.weight.float(), rtol=1e-5, atol=1e-6):
+        found = (torch.cat([_dequantize_any(t, b, cols) for t, b in parts]) if check
+                 else None)
+        if found is not None and (found.shape != module.weight.shape or not torch.allclose(
+                found, module.weight.float(), rtol=1e-5, atol=1e-6)):
             raise ConfigError(f"the GGUF's blocks of {name} do not match the weights "
                               "converted from it (tensor parallel? another file?)",
                               param="quantization")

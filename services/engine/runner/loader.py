@@ -14,7 +14,7 @@ not at a float32 copy of them (twice a bf16 model's bytes, which used to be buil
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -57,15 +57,19 @@ def initialize_dummy_weights(model: nn.Module, low: float = DUMMY_RANGE[0],
                 param.copy_(values.to(param.dtype))
 
 
-def load_model_weights(model: nn.Module, model_dir: Path, load_format: str = "auto") -> None:
-    """The weights as `load_format` says (EngineConfig.load_format): read or random."""
+def load_model_weights(model: nn.Module, model_dir: Path, load_format: str = "auto",
+                       supplied: frozenset[str] = frozenset()) -> None:
+    """The weights as `load_format` says (EngineConfig.load_format): read or random.
+    `supplied`: Hugging Face weight names another kernel brings (a GGUF's block layers): their
+    parameters are left unread (never touched, so never resident)."""
     if load_format == "dummy":
         initialize_dummy_weights(model)
     else:
-        load_weights(model, model_dir)
+        load_weights(model, model_dir, supplied)
 
 
-def load_weights(model: nn.Module, model_dir: Path) -> None:
+def load_weights(model: nn.Module, model_dir: Path, supplied: frozenset[str] = frozenset()
+                 ) -> None:
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"{model_dir} has no *.safetensors files")
@@ -80,36 +84,77 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
     if tied and "model.embed_tokens.weight" not in params and "lm_head.weight" in params:
         renamed["model.embed_tokens.weight"] = "lm_head.weight"  # a last stage's tied head
     loaded: set[str] = set()
+
+    def target_of(key: str) -> tuple[str, str | None] | None:
+        """Our parameter (and shard) for a checkpoint name; None for one we skip."""
+        name = bare + key if bare and not key.startswith((bare, "lm_head.")) else key
+        if ("rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight")
+                or (name.startswith(skipped) and name not in renamed)):
+            return None
+        target, shard_id = renamed.get(name, name), None
+        routed = route(name) if route is not None else None
+        if routed is not None:  # an expert weight (layers/moe.py), a renamed module
+            target, shard_id = routed
+        else:
+            for hf_part, (our_part, shard) in mapping.items():
+                if f".{hf_part}." in name:
+                    target, shard_id = name.replace(hf_part, our_part), shard
+                    break
+        if target not in params:
+            raise ConfigError(f"checkpoint tensor {name!r} has no parameter in our model")
+        return target, shard_id
+
+    def load(key: str, tensor: torch.Tensor) -> None:
+        found = target_of(key)
+        if found is None:
+            return
+        target, shard_id = found
+        param = params[target]
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        if shard_id is None:
+            loader(param, tensor)
+        else:
+            loader(param, tensor, shard_id)
+        loaded.add(target)
+
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():
-                name = (bare + key if bare and not key.startswith((bare, "lm_head."))
-                        else key)
-                if ("rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight")
-                        or (name.startswith(skipped) and name not in renamed)):
-                    continue
-                target, shard_id = renamed.get(name, name), None
-                routed = route(name) if route is not None else None
-                if routed is not None:  # an expert weight (layers/moe.py), a renamed module
-                    target, shard_id = routed
-                else:
-                    for hf_part, (our_part, shard) in mapping.items():
-                        if f".{hf_part}." in name:
-                            target, shard_id = name.replace(hf_part, our_part), shard
-                            break
-                if target not in params:
-                    raise ConfigError(f"checkpoint tensor {name!r} has no parameter in our model")
-                param = params[target]
-                loader = getattr(param, "weight_loader", default_weight_loader)
-                tensor = f.get_tensor(key)
-                if shard_id is None:
-                    loader(param, tensor)
-                else:
-                    loader(param, tensor, shard_id)
-                loaded.add(target)
+                load(key, f.get_tensor(key))
+    _load_omitted(model_dir, supplied, load, target_of, loaded)
     missing = set(params) - loaded
     if missing:
         raise ConfigError(f"checkpoint in {model_dir} lacks {sorted(missing)[:5]}")
     for name, module in model.named_modules():  # a tensor read but waiting for its partner
         if (unpaired := getattr(module, "unpaired", None)) and unpaired():
             raise ConfigError(f"checkpoint in {model_dir}: {name} lacks {unpaired()}")
+
+
+def _load_omitted(model_dir: Path, supplied: frozenset[str],
+                  load: Callable[[str, torch.Tensor], None],
+                  target_of: Callable[[str], tuple[str, str | None] | None],
+                  loaded: set[str]) -> None:
+    """A GGUF blocks folder's weights left in the file (gguf_folder.py): those the block layers
+    bring count as loaded; any other is dequantised from the file, one at a time."""
+    from shoal.services.engine.gguf_folder import omitted_weights
+
+    omitted = omitted_weights(model_dir)
+    if omitted is None:
+        return
+    rest = sorted(omitted.names - supplied)
+    for name in omitted.names & supplied:
+        if (found := target_of(name)) is not None:
+            loaded.add(found[0])
+    if not rest:
+        return
+    from gguf import dequantize
+
+    from shoal.services.engine.layers.gguf_weights import GGUFSource
+
+    source = GGUFSource(omitted.gguf)
+    for name in rest:
+        found = source.raw(name)  # (rows in Hugging Face order)
+        if found is None:
+            raise ConfigError(f"{omitted.gguf} lacks {name} (the file changed after conversion?)")
+        ggml_type, raw = found
+        load(name, torch.from_numpy(dequantize(raw, ggml_type).astype("float32")))

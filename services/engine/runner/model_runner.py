@@ -33,6 +33,8 @@ from shoal.services.engine.runner.kv_cache import attention_layers, bind_kv_cach
 from shoal.services.engine.layers.cpu_weights import (gguf_source, prepare_cpu_weights,
                                                       resolve_quantization)
 from shoal.services.engine.runner.loader import building_in, load_model_weights
+from shoal.services.engine.gguf_folder import omitted_weights
+from shoal.services.engine.layers.gguf_weights import block_weight_names
 from shoal.services.engine.runner.lora_manager import LoRAManager
 from shoal.services.engine.lora_request import LoRARequest
 from shoal.services.engine.model_limits import context_limit, resolve_max_model_len
@@ -73,19 +75,23 @@ class ModelRunner:
         self.ops = ops = select_ops(self.device)
         with building_in(self.dtype, self.device):  # no float32 copy of the weights first
             self.model = model_class(hf_config)(hf_config, self.max_model_len, ops, self.parallel)
-        load_model_weights(self.model, model_dir, config.load_format)
-        for param in self.model.parameters():  # (a no-op unless a loader swapped the tensor)
-            param.data = param.data.to(device=self.device, dtype=self.dtype)
-        self.model.to(self.device).eval()  # buffers (rotary cos/sin) stay float32
         self.quantization = (resolve_quantization(config.quantization, config.model,
                                                   self.parallel.world_size)
                              if self.device.type == "cpu" else config.quantization)
+        blocks_folder = omitted_weights(model_dir) is not None
+        gguf = gguf_source(config.model)
+        gguf_cache = model_dir / "gguf-blocks" / "blocks.safetensors"
+        supplied = (block_weight_names(self.model, gguf, gguf_cache)
+                    if blocks_folder and gguf is not None and self.quantization == "gguf"
+                    else frozenset())  # (their blocks, not a dense copy, are what runs)
+        load_model_weights(self.model, model_dir, config.load_format, supplied)
+        for param in self.model.parameters():  # (a no-op unless a loader swapped the tensor)
+            param.data = param.data.to(device=self.device, dtype=self.dtype)
+        self.model.to(self.device).eval()  # buffers (rotary cos/sin) stay float32
         """What the CPU weights run as (a .gguf model: its own blocks unless "none" is asked)."""
         if self.device.type == "cpu":
-            matmul = prepare_cpu_weights(self.model, self.quantization,
-                                         gguf_source(config.model),
-                                         model_dir / "gguf-blocks" / "blocks.safetensors",
-                                         config.cpu_gemv)
+            matmul = prepare_cpu_weights(self.model, self.quantization, gguf, gguf_cache,
+                                         config.cpu_gemv, check_gguf=not blocks_folder)
             self.settings = (f"CPU: {torch.get_num_threads()} torch intra-op threads "
                              f"({threads_note}), {torch.get_num_interop_threads()} inter-op, "
                              f"affinity {cpu_list(os.sched_getaffinity(0))}, "

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from shoal.services.engine.frontend.async_engine import AsyncEngine
+from shoal.services.engine.frontend.core_builder import gguf_blocks
 from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.embedding.async_engine import AsyncEmbeddingEngine
 from shoal.services.engine.embedding.pooling import is_embedding_model
@@ -107,11 +108,11 @@ async def start_engine(settings: Settings, reporter: InstanceReporter, model: Mo
             asyncio.run_coroutine_threadsafe(_message(reporter, progress_message(stage, fraction)),
                                              loop)
 
+    config = engine_config(model, reporter.instance)
     model_dir = await asyncio.to_thread(prepare_model, model.source, settings.model_cache_dir,
-                                        progress)
+                                        progress, None, gguf_blocks(config))
     if reporter.instance.state is not InstanceState.STARTING:
         await reporter.move(InstanceState.STARTING, "loading weights")
-    config = engine_config(model, reporter.instance)
     if is_embedding_model(model_dir, config.task):  # an encoder or a decoder embedder: the
         # embedding engine (embedding/)
         if config.tensor_parallel_size * config.pipeline_parallel_size > 1:

@@ -27,9 +27,10 @@ def test_a_bf16_runner_loads_into_bf16_parameters(tmp_path: Path,
     folder = save_tiny_model("llama", tmp_path / "llama")
     seen: list[set[torch.dtype]] = []
 
-    def loading(model: torch.nn.Module, model_dir: Path, load_format: str = "auto") -> None:
+    def loading(model: torch.nn.Module, model_dir: Path, load_format: str = "auto",
+                supplied: frozenset[str] = frozenset()) -> None:
         seen.append({p.dtype for p in model.parameters()})
-        load_model_weights(model, model_dir, load_format)
+        load_model_weights(model, model_dir, load_format, supplied)
 
     monkeypatch.setattr(model_runner, "load_model_weights", loading)
     runner = ModelRunner(EngineConfig(model=str(folder), dtype="bfloat16", device="cpu",

@@ -40,13 +40,20 @@ def test_greedy_tokens_do_not_depend_on_batching_or_the_prefix_cache(llm):
     assert again.outputs[0].token_ids == first.outputs[0].token_ids
 
 
-def test_preemption_under_a_tiny_pool_keeps_greedy_tokens(gguf, llm):
+def test_preemption_under_a_tiny_pool_keeps_greedy_tokens(gguf):
+    """Dense fp32 weights (quantization "none") on both sides: a preempted sequence's recompute
+    is a many-row prefill, and the quantised kernels' many-row path (bf16 / int8 activations)
+    moves logits by ~0.06 against their one-row path, enough to flip a near-tie on an AMX
+    Xeon (the file's blocks: a 0.06-nat tie at token 25); the scheduler is what is tested."""
     from shoal.services.engine.frontend.llm import LLM
 
     greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    expected = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
+    roomy = LLM(gguf, device="cpu", dtype="float32", num_kv_blocks=128, num_threads=1,
+                quantization="none")
+    expected = [o.outputs[0].token_ids for o in roomy.generate(PROMPTS, greedy, use_tqdm=False)]
+    roomy.shutdown()
     tiny = LLM(gguf, device="cpu", dtype="float32", num_kv_blocks=4, block_size=16,
-               enable_prefix_caching=False, num_threads=1)
+               enable_prefix_caching=False, num_threads=1, quantization="none")
     outputs = tiny.generate(PROMPTS, greedy, use_tqdm=False)
     assert tiny.engine.stats().num_preemptions > 0
     assert [o.outputs[0].token_ids for o in outputs] == expected

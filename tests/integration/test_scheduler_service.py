@@ -154,7 +154,8 @@ async def test_two_schedulers_never_double_place(client: RegistryClient, bus: Bu
         model = await client.get_model(id=model.id)
         await client.update_model(ModelUpdate(id=model.id, version=model.version, replicas=4))
         async with running_scheduler(settings), running_scheduler(settings):
-            found = await wait_for(lambda: all_scheduled(client, model.id, 4), 20, "4 SCHEDULED")
+            # (60 s: a worker NOT_READY for a missed heartbeat on a loaded CI machine comes back)
+            found = await wait_for(lambda: all_scheduled(client, model.id, 4), 60, "4 SCHEDULED")
             await asyncio.sleep(1.5)  # a few more passes of both: nothing changes
             again = await instances_of(client, model.id)
         assert sorted(i.id for i in again) == sorted(i.id for i in found)

@@ -121,7 +121,9 @@ def test_grammars_and_schemas_that_never_end_are_refused(spec) -> None:
     with pytest.raises(InvalidRequest) as err:
         to_grammar(StructuredOutputsParams(**spec))
     assert err.value.param == f"structured_outputs.{kind}" and err.value.http_status == 400
-    assert "no finite" in err.value.message, err.value.message
+    # ours, or xgrammar's own refusal (0.2.9 names a bare self-$ref before our check runs)
+    assert ("no finite" in err.value.message
+            or "Circular $ref chain" in err.value.message), err.value.message
     if kind == "json":
         assert "$ref" in err.value.message
 

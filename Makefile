@@ -87,11 +87,16 @@ bench-peer: install peer-vllm
 # `make test`. Shoal's side of that benchmark runs from .venv.
 # ggml's default -march=native build compiles its AMX kernels when the CPU lists AMX, and the
 # first token then dies of SIGILL on a VM whose kernel does not hand out AMX tile state (this
-# build machine): the x86 features are named instead, AMX left out (LLAMA_CMAKE_ARGS to change).
+# build machine): the x86 features the CPU lists are named instead (VNNI / BF16 / VBMI included, as a
+# native build would use them: without VNNI llama.cpp's 8-bit dot products run slower than on a
+# user's pip install), AMX left out (LLAMA_CMAKE_ARGS to change).
 LLAMA_VENV ?= .venv-llamacpp
 LLAMA_STAMP := $(LLAMA_VENV)/.peer-installed
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-	-DGGML_BMI2=ON $(if $(shell grep -m1 -o avx512f /proc/cpuinfo 2>/dev/null),-DGGML_AVX512=ON)
+	-DGGML_BMI2=ON $(if $(shell grep -m1 -o avx512f /proc/cpuinfo 2>/dev/null),-DGGML_AVX512=ON) \
+	$(if $(shell grep -m1 -o avx512_vnni /proc/cpuinfo 2>/dev/null),-DGGML_AVX512_VNNI=ON) \
+	$(if $(shell grep -m1 -o avx512_bf16 /proc/cpuinfo 2>/dev/null),-DGGML_AVX512_BF16=ON) \
+	$(if $(shell grep -m1 -o avx512vbmi /proc/cpuinfo 2>/dev/null),-DGGML_AVX512_VBMI=ON)
 $(LLAMA_STAMP):
 	$(PYTHON) -m venv $(LLAMA_VENV)
 	$(LLAMA_VENV)/bin/pip install -q --upgrade pip setuptools wheel

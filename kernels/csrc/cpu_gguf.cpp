@@ -346,6 +346,21 @@ struct Q6_K {  // 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scal
 constexpr int kMaxRows = 4;  // x rows per pass over the weight (more: another pass)
 constexpr int64_t kRowsPerTask = 4;
 
+// Every kernel below takes up to kMaxRows rows of x a pass, its row count a template argument
+// (the accumulators stay in registers): `run(R, m0)` for rows [m0, m0 + R) of M, R a
+// std::integral_constant (decltype(R)::value in a template argument).
+template <typename Run>
+inline void row_tiles(int64_t M, const Run& run) {
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
+    switch (std::min<int64_t>(M - m0, kMaxRows)) {
+      case 1: run(std::integral_constant<int, 1>{}, m0); break;
+      case 2: run(std::integral_constant<int, 2>{}, m0); break;
+      case 3: run(std::integral_constant<int, 3>{}, m0); break;
+      default: run(std::integral_constant<int, kMaxRows>{}, m0); break;
+    }
+  }
+}
+
 // Rows [n0, n1) of y for M <= kMaxRows rows of x.
 template <typename T, int M>
 void matmul_rows(const float* x, const uint8_t* w, float* y, int64_t K, int64_t N,
@@ -371,16 +386,9 @@ template <typename T>
 void matmul(const float* x, const uint8_t* w, float* y, int64_t M, int64_t K, int64_t N) {
   at::parallel_for(0, (N + kRowsPerTask - 1) / kRowsPerTask, 1, [&](int64_t t0, int64_t t1) {
     const int64_t n0 = t0 * kRowsPerTask, n1 = std::min(t1 * kRowsPerTask, N);
-    for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
-      const float* xm = x + m0 * K;
-      float* ym = y + m0 * N;
-      switch (std::min<int64_t>(M - m0, kMaxRows)) {
-        case 1: matmul_rows<T, 1>(xm, w, ym, K, N, K, n0, n1); break;
-        case 2: matmul_rows<T, 2>(xm, w, ym, K, N, K, n0, n1); break;
-        case 3: matmul_rows<T, 3>(xm, w, ym, K, N, K, n0, n1); break;
-        default: matmul_rows<T, 4>(xm, w, ym, K, N, K, n0, n1); break;
-      }
-    }
+    row_tiles(M, [&](auto R, int64_t m0) {
+      matmul_rows<T, decltype(R)::value>(x + m0 * K, w, y + m0 * N, K, N, K, n0, n1);
+    });
   });
 }
 
@@ -500,14 +508,9 @@ void dot_tile(const uint8_t* c, const float* s, const float* o, const QuantX& x,
 template <int W, bool RowScale>
 void dot_rows(const uint8_t* c, const float* s, const float* o, const QuantX& x, float* y,
               int64_t N, int64_t n) {
-  for (int64_t m0 = 0; m0 < x.M; m0 += 4) {
-    switch (std::min<int64_t>(x.M - m0, 4)) {
-      case 1: dot_tile<1, W, RowScale>(c, s, o, x, m0, y, N, n); break;
-      case 2: dot_tile<2, W, RowScale>(c, s, o, x, m0, y, N, n); break;
-      case 3: dot_tile<3, W, RowScale>(c, s, o, x, m0, y, N, n); break;
-      default: dot_tile<4, W, RowScale>(c, s, o, x, m0, y, N, n); break;
-    }
-  }
+  row_tiles(x.M, [&](auto R, int64_t m0) {
+    dot_tile<decltype(R)::value, W, RowScale>(c, s, o, x, m0, y, N, n);
+  });
 }
 
 constexpr int kTile = 4;  // weight rows unpacked together
@@ -702,33 +705,15 @@ void q6k_row(const uint8_t* w, const QuantK& x, int64_t m0, float* y, int64_t N,
   for (int r = 0; r < R; ++r) y[(m0 + r) * N + n] = _mm512_reduce_add_ps(acc[r]);
 }
 
-template <template <int> class Row>
-void matmul_q8k(const uint8_t* w, int64_t row_bytes, const QuantK& x, float* y, int64_t N) {
+// y [M, N] over N weight rows of `row_bytes` as stored: `row(R, w_row, m0, n)` (row_tiles).
+template <typename Row>
+void matmul_q8k(const uint8_t* w, int64_t row_bytes, const QuantK& x, float* y, int64_t N,
+                const Row& row) {
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {  // a row's passes after the first read it from L1
-      const uint8_t* row = w + n * row_bytes;
-      for (int64_t m0 = 0; m0 < x.M; m0 += 4) {
-        switch (std::min<int64_t>(x.M - m0, 4)) {
-          case 1: Row<1>::run(row, x, m0, y, N, n); break;
-          case 2: Row<2>::run(row, x, m0, y, N, n); break;
-          case 3: Row<3>::run(row, x, m0, y, N, n); break;
-          default: Row<4>::run(row, x, m0, y, N, n); break;
-        }
-      }
-    }
+    for (int64_t n = n0; n < n1; ++n)  // a row's passes after the first read it from L1
+      row_tiles(x.M, [&](auto R, int64_t m0) { row(R, w + n * row_bytes, m0, n); });
   });
 }
-
-template <int R> struct Q4KRow {
-  static void run(const uint8_t* w, const QuantK& x, int64_t m0, float* y, int64_t N, int64_t n) {
-    q4k_row<R>(w, x, m0, y, N, n);
-  }
-};
-template <int R> struct Q6KRow {
-  static void run(const uint8_t* w, const QuantK& x, int64_t m0, float* y, int64_t N, int64_t n) {
-    q6k_row<R>(w, x, m0, y, N, n);
-  }
-};
 
 // Q4_K repacked at load (`gguf_repack`, `gguf_matmul_packed`): 16 weight rows interleaved, so
 // each vpdpbusd lane belongs to one output row and meets 4 activations broadcast to all lanes.
@@ -989,38 +974,16 @@ void q80_group(const uint8_t* p, const QuantK& x, int64_t m0, float* y, int64_t 
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m0 + r) * N + n0, mask, acc[r]);
 }
 
-template <template <int> class Group>
-void matmul_packed(const uint8_t* w, int64_t group_bytes, const QuantK& x, float* y, int64_t N) {
+// y [M, N] over a packed weight of ceil(N / 16) groups of `group_bytes`: `group(R, p, m0, g)`
+// for group g at p (row_tiles).
+template <typename Group>
+void matmul_packed(const uint8_t* w, int64_t group_bytes, int64_t M, int64_t N,
+                   const Group& group) {
   at::parallel_for(0, (N + kGroup - 1) / kGroup, 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {  // a group's passes after the first read it from cache
-      const uint8_t* p = w + g * group_bytes;
-      for (int64_t m0 = 0; m0 < x.M; m0 += 4) {
-        switch (std::min<int64_t>(x.M - m0, 4)) {
-          case 1: Group<1>::run(p, x, m0, y, N, g); break;
-          case 2: Group<2>::run(p, x, m0, y, N, g); break;
-          case 3: Group<3>::run(p, x, m0, y, N, g); break;
-          default: Group<4>::run(p, x, m0, y, N, g); break;
-        }
-      }
-    }
+    for (int64_t g = g0; g < g1; ++g)  // a group's passes after the first read it from cache
+      row_tiles(M, [&](auto R, int64_t m0) { group(R, w + g * group_bytes, m0, g); });
   });
 }
-
-template <int R> struct Q4KGroup {
-  static void run(const uint8_t* p, const QuantK& x, int64_t m0, float* y, int64_t N, int64_t g) {
-    q4k_group<R>(p, x, m0, y, N, g);
-  }
-};
-template <int R> struct Q6KGroup {
-  static void run(const uint8_t* p, const QuantK& x, int64_t m0, float* y, int64_t N, int64_t g) {
-    q6k_group<R>(p, x, m0, y, N, g);
-  }
-};
-template <int R> struct Q80Group {
-  static void run(const uint8_t* p, const QuantK& x, int64_t m0, float* y, int64_t N, int64_t g) {
-    q80_group<R>(p, x, m0, y, N, g);
-  }
-};
 #endif  // AVX512 VNNI
 
 // Runs BODY with T bound to the block struct of ggml type id `type`.
@@ -1120,8 +1083,15 @@ at::Tensor gguf_matmul_q8k(const at::Tensor& x_in, const at::Tensor& blocks, int
   if (x.size(0) == 0 || N == 0) return y;
   const QuantK xq = quantize_k(x.data_ptr<float>(), x.size(0), K, type == 12);
   const uint8_t* wp = blocks.data_ptr<uint8_t>();
-  if (type == 12) matmul_q8k<Q4KRow>(wp, blocks.size(1), xq, y.data_ptr<float>(), N);
-  else matmul_q8k<Q6KRow>(wp, blocks.size(1), xq, y.data_ptr<float>(), N);
+  float* yp = y.data_ptr<float>();
+  if (type == 12)
+    matmul_q8k(wp, blocks.size(1), xq, yp, N, [&](auto R, const uint8_t* w, int64_t m0, int64_t n) {
+      q4k_row<decltype(R)::value>(w, xq, m0, yp, N, n);
+    });
+  else
+    matmul_q8k(wp, blocks.size(1), xq, yp, N, [&](auto R, const uint8_t* w, int64_t m0, int64_t n) {
+      q6k_row<decltype(R)::value>(w, xq, m0, yp, N, n);
+    });
   return y;
 }
 
@@ -1180,10 +1150,21 @@ at::Tensor gguf_matmul_packed(const at::Tensor& x_in, const at::Tensor& packed, 
   auto y = at::empty({x.size(0), N}, x.options());
   if (x.size(0) == 0 || N == 0) return y;
   const QuantK xq = quantize_k(x.data_ptr<float>(), x.size(0), K, false);
-  const int64_t group_bytes = packed.size(1);
-  if (type == 12) matmul_packed<Q4KGroup>(packed.data_ptr<uint8_t>(), group_bytes, xq, y.data_ptr<float>(), N);
-  else if (type == 14) matmul_packed<Q6KGroup>(packed.data_ptr<uint8_t>(), group_bytes, xq, y.data_ptr<float>(), N);
-  else matmul_packed<Q80Group>(packed.data_ptr<uint8_t>(), group_bytes, xq, y.data_ptr<float>(), N);
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const int64_t group_bytes = packed.size(1), M = x.size(0);
+  float* yp = y.data_ptr<float>();
+  if (type == 12)
+    matmul_packed(wp, group_bytes, M, N, [&](auto R, const uint8_t* p, int64_t m0, int64_t g) {
+      q4k_group<decltype(R)::value>(p, xq, m0, yp, N, g);
+    });
+  else if (type == 14)
+    matmul_packed(wp, group_bytes, M, N, [&](auto R, const uint8_t* p, int64_t m0, int64_t g) {
+      q6k_group<decltype(R)::value>(p, xq, m0, yp, N, g);
+    });
+  else
+    matmul_packed(wp, group_bytes, M, N, [&](auto R, const uint8_t* p, int64_t m0, int64_t g) {
+      q80_group<decltype(R)::value>(p, xq, m0, yp, N, g);
+    });
   return y;
 }
 

@@ -177,17 +177,20 @@ def q8k_available(ggml_type: int) -> bool:
     return ggml_type in Q8K_TYPES and load() and hasattr(torch.ops.shoal_cpu, "gguf_matmul_q8k")
 
 
-PACKED_TYPES = frozenset({12, 14, 8})
-"""ggml types (Q4_K, Q6_K, Q8_0) that GGUF layers repack once at load into 16 rows interleaved
-(`gguf_repack`, csrc/cpu_gguf.cpp) and run below Q8_MAX_ROWS rows as `gguf_matmul_packed`:
-each int8 dot-product lane is one output row, a (sub-)block's scale is applied once per 16 or 32
-weights, 16 rows' results come out as one vector (benchmarks/gguf_kernels.py, docs/figures.md).
-The activations are quantised per 256, so `in_features` must be a multiple of 256."""
+PACKED_TYPES = frozenset({12, 14, 8, 3})
+"""ggml types (Q4_K, Q6_K, Q8_0, Q4_1) that GGUF layers repack once at load into 16 rows
+interleaved (`gguf_repack`, csrc/cpu_gguf.cpp) and run below Q8_MAX_ROWS rows as
+`gguf_matmul_packed`: each int8 dot-product lane is one output row, a (sub-)block's scale is
+applied once per 16 or 32 weights, 16 rows' results come out as one vector
+(benchmarks/gguf_kernels.py, docs/figures.md). The activations are quantised per 256, or per 32
+(Q4_1 always, Q8_0 where `in_features` is no multiple of 256: SmolLM2's LM head), so
+`in_features` must be a multiple of that."""
 
 
 def packed_available(ggml_type: int, in_features: int) -> bool:
     """Whether a `ggml_type` weight of `in_features` columns is repacked at load."""
-    return (ggml_type in PACKED_TYPES and in_features % 256 == 0 and load()
+    multiple = 32 if ggml_type in (3, 8) else 256
+    return (ggml_type in PACKED_TYPES and in_features % multiple == 0 and load()
             and hasattr(torch.ops.shoal_cpu, "gguf_repack"))
 
 

@@ -927,8 +927,8 @@ void q6k_group(const uint8_t* p, const QuantK& x, int64_t m0, float* y, int64_t 
 
 // Q8_0 packed the same way (544 bytes a group's block of 32, 34 a row as stored):
 //   0 d[16] fp16, 32 codes[8 chunks][16 rows][4] stored as w + 128 (vpdpbusd's unsigned side);
-// each block's sums start at -128 * (the sum of x over the block). K a multiple of 256 (the
-// activations' super-blocks).
+// each block's sums start at -128 * (the sum of x over the block). Activations per 256 where K
+// is a multiple of it, else per 32 (q80_group32).
 constexpr int64_t kQ80Packed = 544;
 
 void repack_q80(const uint8_t* w, uint8_t* out, int64_t N, int64_t blocks, bool back) {
@@ -968,6 +968,121 @@ void q80_group(const uint8_t* p, const QuantK& x, int64_t m0, float* y, int64_t 
     for (int r = 0; r < R; ++r)
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r]),
                                _mm512_mul_ps(d, _mm512_set1_ps(x.d[(m0 + r) * SB + b / 8])), acc[r]);
+  }
+  const int64_t n0 = g * kGroup;
+  const __mmask16 mask = N - n0 >= kGroup ? 0xFFFF : static_cast<__mmask16>((1u << (N - n0)) - 1);
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m0 + r) * N + n0, mask, acc[r]);
+}
+
+// Q4_1 packed the same way (320 bytes a group's block of 32, 20 a row as stored):
+//   0 d[16] fp16, 32 m[16] fp16, 64 nibbles[4 chunks][16 rows][4 bytes] (chunk c: bytes
+//   4c..4c+3 of the row's 16, as stored: low nibbles weights 4c.., high 16 + 4c..).
+// w = d * q + m, so a row's block is d * dx * (q . xq) + m * dx * (sum of xq): the activations
+// are quantised per 32 (Quant32: Q4_1's blocks are 32 wide and SmolLM2's K = 576 is no multiple
+// of 256), with dx * their sum kept per block. K a multiple of 32.
+constexpr int64_t kQ41Packed = 320;
+
+void repack_q41(const uint8_t* w, uint8_t* out, int64_t N, int64_t blocks, bool back) {
+  const int64_t row_bytes = blocks * 20;
+  at::parallel_for(0, (N + kGroup - 1) / kGroup, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t b = 0; b < blocks; ++b) {
+        uint8_t* p = out + (g * blocks + b) * kQ41Packed;
+        for (int r = 0; r < kGroup && g * kGroup + r < N; ++r) {
+          uint8_t* src = const_cast<uint8_t*>(w) + (g * kGroup + r) * row_bytes + b * 20;
+          auto move = [&](uint8_t* packed, uint8_t* stored, int bytes) {
+            back ? std::memcpy(stored, packed, bytes) : std::memcpy(packed, stored, bytes);
+          };
+          move(p + 2 * r, src, 2);
+          move(p + 32 + 2 * r, src + 2, 2);
+          for (int c = 0; c < 4; ++c) move(p + 64 + 64 * c + 4 * r, src + 4 + 4 * c, 4);
+        }
+      }
+  });
+}
+
+// x [M, K] per block of 32: q int8 [M, K], d [M, K / 32], ds = d * the sum of q [M, K / 32].
+struct Quant32 {
+  int64_t M = 0, K = 0;
+  std::vector<int8_t> q;
+  std::vector<float> d, ds;
+};
+
+Quant32 quantize_32(const float* x, int64_t M, int64_t K) {
+  Quant32 r;
+  r.M = M;
+  r.K = K;
+  r.q.resize(M * K);
+  r.d.resize(M * K / 32);
+  r.ds.resize(M * K / 32);
+  for (int64_t i = 0; i < M * K / 32; ++i) {  // rows are contiguous and K % 32 == 0
+    const __m512 v0 = _mm512_loadu_ps(x + 32 * i), v1 = _mm512_loadu_ps(x + 32 * i + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const __m512 id = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(r.q.data() + 32 * i), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(r.q.data() + 32 * i + 16), _mm512_cvtsepi32_epi8(q1));
+    r.d[i] = amax / 127.f;
+    r.ds[i] = r.d[i] * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+  }
+  return r;
+}
+
+template <int R>
+void q41_group(const uint8_t* p, const Quant32& x, int64_t m0, float* y, int64_t N, int64_t g) {
+  const int64_t blocks = x.K / 32;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < blocks; ++b, p += kQ41Packed) {
+    __m512i lo[R], hi[R];  // two chains: low and high nibbles
+    for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(p + 64 + 64 * c);
+      const __m512i l = _mm512_and_si512(v, nib), h = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = x.q.data() + (m0 + r) * x.K + 32 * b + 4 * c;
+        lo[r] = _mm512_dpbusd_epi32(lo[r], l, bcast4(q));
+        hi[r] = _mm512_dpbusd_epi32(hi[r], h, bcast4(q + 16));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (m0 + r) * blocks + b;
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo[r], hi[r])),
+                               _mm512_mul_ps(d, _mm512_set1_ps(x.d[at])), acc[r]);
+      acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.ds[at]), acc[r]);
+    }
+  }
+  const int64_t n0 = g * kGroup;
+  const __mmask16 mask = N - n0 >= kGroup ? 0xFFFF : static_cast<__mmask16>((1u << (N - n0)) - 1);
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m0 + r) * N + n0, mask, acc[r]);
+}
+
+// Q8_0 packed, activations per 32 (Quant32): for K no multiple of 256 (SmolLM2's LM head, K =
+// 576). A block is d * dx * (c . xq) - 128 * d * (dx * the sum of xq), c = w + 128.
+template <int R>
+void q80_group32(const uint8_t* p, const Quant32& x, int64_t m0, float* y, int64_t N, int64_t g) {
+  const int64_t blocks = x.K / 32;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b, p += kQ80Packed) {
+    __m512i s[R][2];  // two chains
+    for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = _mm512_setzero_si512();
+    for (int c = 0; c < 8; ++c) {
+      const __m512i v = _mm512_loadu_si512(p + 32 + 64 * c);
+      for (int r = 0; r < R; ++r)
+        s[r][c % 2] = _mm512_dpbusd_epi32(s[r][c % 2], v, bcast4(x.q.data() + (m0 + r) * x.K + 32 * b + 4 * c));
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (m0 + r) * blocks + b;
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s[r][0], s[r][1])),
+                               _mm512_mul_ps(d, _mm512_set1_ps(x.d[at])), acc[r]);
+      acc[r] = _mm512_fnmadd_ps(d, _mm512_set1_ps(128.f * x.ds[at]), acc[r]);
+    }
   }
   const int64_t n0 = g * kGroup;
   const __mmask16 mask = N - n0 >= kGroup ? 0xFFFF : static_cast<__mmask16>((1u << (N - n0)) - 1);
@@ -1095,18 +1210,20 @@ at::Tensor gguf_matmul_q8k(const at::Tensor& x_in, const at::Tensor& blocks, int
   return y;
 }
 
-// The packed layouts (Q4_K, Q6_K, Q8_0): `gguf_repack` blocks [N, row bytes] -> [ceil(N / 16),
-// K / 256 * 2368 or 3360, K / 32 * 544]; `gguf_unrepack` back (exact: every stored bit is kept), for the paths that
+// The packed layouts (Q4_K, Q6_K, Q8_0, Q4_1): `gguf_repack` blocks [N, row bytes] ->
+// [ceil(N / 16), K / 256 * 2368 or 3360, K / 32 * 544 or 320]; `gguf_unrepack` back (exact: every stored bit is kept), for the paths that
 // unpack the weight; `gguf_matmul_packed` y [M, N].
 // Per block of the packed layout (a super-block of 256; Q8_0: a block of 32) and as stored.
 int64_t packed_bytes(int64_t type) {
-  TORCH_CHECK(type == 12 || type == 14 || type == 8,
-              "gguf packed layout: Q4_K (12), Q6_K (14) or Q8_0 (8), not ", type);
-  return type == 12 ? kQ4KPacked : type == 14 ? kQ6KPacked : kQ80Packed;
+  TORCH_CHECK(type == 12 || type == 14 || type == 8 || type == 3,
+              "gguf packed layout: Q4_K (12), Q6_K (14), Q8_0 (8) or Q4_1 (3), not ", type);
+  return type == 12 ? kQ4KPacked : type == 14 ? kQ6KPacked : type == 8 ? kQ80Packed : kQ41Packed;
 }
 
-int64_t stored_bytes(int64_t type) { return type == 12 ? 144 : type == 14 ? 210 : 34; }
-int64_t block_weights(int64_t type) { return type == 8 ? 32 : 256; }
+int64_t stored_bytes(int64_t type) {
+  return type == 12 ? 144 : type == 14 ? 210 : type == 8 ? 34 : 20;
+}
+int64_t block_weights(int64_t type) { return type == 8 || type == 3 ? 32 : 256; }
 
 at::Tensor gguf_repack(const at::Tensor& blocks, int64_t type) {
   const int64_t per = packed_bytes(type), N = blocks.size(0), bytes = stored_bytes(type);
@@ -1114,11 +1231,10 @@ at::Tensor gguf_repack(const at::Tensor& blocks, int64_t type) {
               blocks.size(1) % bytes == 0, "gguf_repack: contiguous uint8 [N, K / 256 * ", bytes, "]");
   const int64_t SB = blocks.size(1) / bytes;
   auto out = at::zeros({(N + kGroup - 1) / kGroup, SB * per}, blocks.options());
-  TORCH_CHECK(SB * block_weights(type) % 256 == 0, "gguf_repack: K=", SB * block_weights(type),
-              " is not a multiple of 256");
   if (type == 12) repack_q4k(blocks.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), N, SB);
   else if (type == 14) repack_q6k(blocks.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), N, SB, false);
-  else repack_q80(blocks.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), N, SB, false);
+  else if (type == 8) repack_q80(blocks.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), N, SB, false);
+  else repack_q41(blocks.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), N, SB, false);
   return out;
 }
 
@@ -1135,7 +1251,8 @@ at::Tensor gguf_unrepack(const at::Tensor& packed, int64_t type, int64_t N) {
   auto out = at::empty({N, SB * stored_bytes(type)}, packed.options());
   if (type == 12) unrepack_q4k(packed.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), N, SB);
   else if (type == 14) repack_q6k(out.data_ptr<uint8_t>(), packed.data_ptr<uint8_t>(), N, SB, true);
-  else repack_q80(out.data_ptr<uint8_t>(), packed.data_ptr<uint8_t>(), N, SB, true);
+  else if (type == 8) repack_q80(out.data_ptr<uint8_t>(), packed.data_ptr<uint8_t>(), N, SB, true);
+  else repack_q41(out.data_ptr<uint8_t>(), packed.data_ptr<uint8_t>(), N, SB, true);
   return out;
 }
 
@@ -1149,10 +1266,22 @@ at::Tensor gguf_matmul_packed(const at::Tensor& x_in, const at::Tensor& packed, 
   const auto x = x_in.contiguous();
   auto y = at::empty({x.size(0), N}, x.options());
   if (x.size(0) == 0 || N == 0) return y;
-  const QuantK xq = quantize_k(x.data_ptr<float>(), x.size(0), K, false);
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const int64_t group_bytes = packed.size(1), M = x.size(0);
   float* yp = y.data_ptr<float>();
+  if (type == 3 || (type == 8 && K % 256 != 0)) {
+    const Quant32 xq = quantize_32(x.data_ptr<float>(), M, K);
+    if (type == 3)
+      matmul_packed(wp, group_bytes, M, N, [&](auto R, const uint8_t* p, int64_t m0, int64_t g) {
+        q41_group<decltype(R)::value>(p, xq, m0, yp, N, g);
+      });
+    else
+      matmul_packed(wp, group_bytes, M, N, [&](auto R, const uint8_t* p, int64_t m0, int64_t g) {
+        q80_group32<decltype(R)::value>(p, xq, m0, yp, N, g);
+      });
+    return y;
+  }
+  const QuantK xq = quantize_k(x.data_ptr<float>(), M, K, false);
   if (type == 12)
     matmul_packed(wp, group_bytes, M, N, [&](auto R, const uint8_t* p, int64_t m0, int64_t g) {
       q4k_group<decltype(R)::value>(p, xq, m0, yp, N, g);

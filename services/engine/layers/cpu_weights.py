@@ -254,13 +254,13 @@ def keep_many_rows_copies(layers: dict[str, Callable[..., torch.Tensor]]) -> str
 
 def gguf_summary(layers: dict[str, Callable[..., torch.Tensor]]) -> str:
     """'Q4_K x 97, Q6_K x 25, ...': which block kernels a GGUF's layers got (the start line)."""
-    from shoal.services.engine.layers.gguf_weights import BLOCK_TYPES, GGUFBlockLinear
+    from shoal.services.engine.layers.gguf_weights import TYPE_NAMES, GGUFBlockLinear
 
     counts: dict[str, int] = {}
     for kernel in layers.values():
         if isinstance(kernel, GGUFBlockLinear):
             for ggml_type, _ in kernel.parts:
-                counts[BLOCK_TYPES[ggml_type]] = counts.get(BLOCK_TYPES[ggml_type], 0) + 1
+                counts[TYPE_NAMES[ggml_type]] = counts.get(TYPE_NAMES[ggml_type], 0) + 1
         elif isinstance(kernel, Int4Linear):
             counts["Q4_1 as int4"] = counts.get("Q4_1 as int4", 0) + 1
     return ", ".join(f"{k} x {v}" for k, v in sorted(counts.items())) or "no quantised layers"

@@ -15,10 +15,13 @@ for a .gguf model on one CPU rank).
   GEMM as the bf16 model's prefill does, where those copies take under an eighth of memory;
   else each weight is unpacked for the step into bf16 (fp32 without a bf16 GEMM) first.
 - Q4_1 stores each row in blocks of 32 weights: an fp16 step d, an fp16 minimum m and 32 4-bit
-  codes q, w = d * q + m. torch's int4 CPU layout is group-wise affine over groups of 32 along the
-  input (w = scale * (q - 8) + zero), so a block maps onto a group with the same codes, scale = d
-  and zero = m + 8 d: the codes are the file's, only the scales and zeros are rounded (to bf16,
-  the kernel's dtype), and it runs as `Int4Linear`.
+  codes q, w = d * q + m. Where the packed kernels are built (AVX-512 VNNI) it is repacked at
+  load as Q4_K / Q6_K / Q8_0 are (16 rows interleaved, activations int8 per 32: K need only be
+  a multiple of 32, SmolLM2's 576) and runs as a `GGUFBlockLinear`. Elsewhere it runs as
+  `Int4Linear`: torch's int4 CPU layout is group-wise affine over groups of 32 along the input
+  (w = scale * (q - 8) + zero), so a block maps onto a group with the same codes, scale = d and
+  zero = m + 8 d: the codes are the file's, only the scales and zeros are rounded (to bf16, the
+  kernel's dtype).
 The file's q/k rows are in llama.cpp's rotary order; transformers' own GGUF processor, applied to
 row numbers, says where each row goes, and every layer is checked against the weights the engine
 loaded from the converted folder before it replaces them. A packed layer (q/k/v, gate/up) whose
@@ -55,6 +58,8 @@ FLOAT_FEW_ROWS = {Q8_0}
 is built (see GGUFBlockLinear._few_rows)."""
 BLOCK_TYPES = {2: "Q4_0", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 """ggml type ids the C++ ops run as stored (kernels/csrc/cpu_gguf.cpp), by name."""
+TYPE_NAMES = BLOCK_TYPES | {Q4_1: "Q4_1"}
+"""Every type a GGUFBlockLinear holds (Q4_1 where it is packed), by name."""
 FLOAT_TYPES = {0: "F32", 1: "F16", 30: "BF16"}
 """Unquantised tensors: their layers run the dense fp32 kernels."""
 
@@ -288,12 +293,13 @@ def _module(model: nn.Module, name: str) -> nn.Module:
 
 def _kernel(module: nn.Module, parts: Parts) -> Kernel:
     bias = getattr(module, "bias", None)
-    if parts[0][0] == Q4_1:  # (then every part is: see _checked_parts)
+    cols = module.weight.shape[1]
+    if parts[0][0] == Q4_1 and not cpu_ops.packed_available(Q4_1, cols):  # (then every part is)
         raw = torch.cat([b for _, b in parts]).numpy()
         codes, d, m = q4_1_blocks(raw, raw.shape[0],
                                   raw.shape[1] // Q4_1_BLOCK_BYTES * INT4_GROUP)
         return Int4Linear.from_codes(codes, d, m, bias)
-    return GGUFBlockLinear(parts, module.weight.shape[1], bias)
+    return GGUFBlockLinear(parts, cols, bias)
 
 
 def _hf_names(model: nn.Module) -> dict[str, list[str]]:

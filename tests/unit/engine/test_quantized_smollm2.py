@@ -36,13 +36,16 @@ def test_q4_1_blocks_are_the_gguf_packages_dequantisation_exactly(gguf) -> None:
 
 @pytest.mark.parametrize("quantization", ["int8", "int4", "gguf"])
 def test_greedy_chat_is_sane_with_each_quantization(gguf, quantization) -> None:
+    from shoal.kernels import cpu_ops
     from shoal.services.engine.frontend.llm import LLM
 
     llm = LLM(gguf, device="cpu", dtype="float32", num_kv_blocks=64, num_threads=1,
               quantization=quantization)
     if quantization == "gguf":  # every Linear of the 30 layers from the file's own blocks,
         # the LM head (the tied embedding table, Q8_0 in this file) too
-        assert "own blocks (Q4_1 as int4 x 120, Q8_0 x 1;" in llm.engine.runner.settings
+        # (packed for the int8-activation kernels where VNNI is built, torch's int4 elsewhere)
+        q4_1 = "Q4_1" if cpu_ops.packed_available(3, 576) else "Q4_1 as int4"
+        assert f"own blocks ({q4_1} x 120, Q8_0 x 1;" in llm.engine.runner.settings
     params = SamplingParams(temperature=0, max_tokens=16)
     outs = llm.chat([QUESTION, [{"role": "user", "content": "List three colours."}]] * 2,
                     params, use_tqdm=False)  # prefills of > 8 rows, decodes of 4: both kernels
@@ -83,12 +86,14 @@ def test_gguf_quantization_needs_a_gguf_file_on_one_rank(tmp_path) -> None:
 def test_gguf_layers_are_the_converted_weights_in_int4(gguf) -> None:
     """Every Linear's Q4_1 blocks (q/k rows reordered, q/k/v and gate/up stacked) against the
     fp32 weights transformers converted from the same file: the check inside the extraction
-    passes for all 120, and one layer's int4 kernel reproduces its fp32 matmul."""
+    passes for all 120, and one layer's kernel (the packed Q4_1 blocks where AVX-512 VNNI is
+    built, torch's int4 elsewhere) reproduces its fp32 matmul."""
     from transformers import AutoConfig
 
-    from shoal.kernels import select_ops
+    from shoal.kernels import cpu_ops, select_ops
     from shoal.services.engine.layers.cpu_weights import Int4Linear
-    from shoal.services.engine.layers.gguf_weights import Q4_1, _checked_parts, _kernel
+    from shoal.services.engine.layers.gguf_weights import (Q4_1, GGUFBlockLinear, _checked_parts,
+                                                           _kernel)
     from shoal.services.engine.runner.loader import load_weights
     from shoal.services.engine.model_prep import prepare_model
     from shoal.services.engine.models.registry import model_class
@@ -103,8 +108,17 @@ def test_gguf_layers_are_the_converted_weights_in_int4(gguf) -> None:
     name = "model.layers.3.self_attn.qkv_proj"
     assert [t for t, _ in blocks[name]] == [Q4_1] * 3  # q, k and v, stacked
     layer = _kernel(model.get_submodule(name), blocks[name])
-    assert isinstance(layer, Int4Linear)
+    packed = cpu_ops.packed_available(Q4_1, hf_config.hidden_size)
+    assert isinstance(layer, GGUFBlockLinear if packed else Int4Linear)
+    if packed:
+        assert layer.packed == [True] and layer.rows == [ref_rows(hf_config)]  # one matmul
     x = torch.randn(1, hf_config.hidden_size)
     ref = torch.nn.functional.linear(x, model.get_submodule(name).weight)
-    # the same weights; bf16 activations, scales and zeros: 2 % of the output's range
+    # the same weights; int8 (bf16) activations: 2 % of the output's range
     torch.testing.assert_close(layer(x), ref, atol=0.02 * ref.abs().max().item(), rtol=0.02)
+
+
+def ref_rows(config) -> int:
+    """q/k/v's output rows stacked."""
+    head_dim = config.hidden_size // config.num_attention_heads
+    return (config.num_attention_heads + 2 * config.num_key_value_heads) * head_dim

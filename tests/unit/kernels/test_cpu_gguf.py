@@ -235,16 +235,64 @@ def test_packed_round_trips_and_is_exact_on_int8_activations(threads: int, ggml_
 
 
 @pytest.mark.skipif(not packed_built(), reason="needs AVX-512 VNNI")
+@pytest.mark.parametrize("ggml_type", [3, 8], ids=lambda t: NAMES[t])
+@pytest.mark.parametrize("shape", [(37, 96), (16, 576), (5, 1536), (1, 32), (49, 608)], ids=str)
+def test_packed_per_32_round_trips_and_is_the_dequantised_matmul(
+        threads: int, ggml_type: int, shape: tuple[int, int]) -> None:
+    """Q4_1 packed 16 rows at a time, activations int8 per 32 (K a multiple of 32 only: SmolLM2's
+    576), and Q8_0 of a K no multiple of 256 (SmolLM2's LM head) the same way: the stored bytes
+    come back bit for bit; on activations int8 holds exactly (each block of 32 reaching 127) it
+    is the dequantised matmul for 1..8 rows of x and N not a multiple of 16; on random
+    activations within int8's error."""
+    rows, cols = shape
+    raw = random_blocks(ggml_type, rows, cols, seed=rows)
+    blocks = torch.from_numpy(raw)
+    packed = torch.ops.shoal_cpu.gguf_repack(blocks, ggml_type)
+    assert packed.shape == ((rows + 15) // 16, cols // 32 * {3: 320, 8: 544}[ggml_type])
+    assert torch.equal(torch.ops.shoal_cpu.gguf_unrepack(packed, ggml_type, rows), blocks)
+    dense = theirs(raw, ggml_type, rows, cols).double()
+    for m in range(1, 9):
+        x = torch.randint(-127, 128, (m, cols), generator=torch.Generator().manual_seed(m)).float()
+        x[:, ::32] = 127.0
+        ref = x.double() @ dense.t()
+        ours = torch.ops.shoal_cpu.gguf_matmul_packed(x, packed, ggml_type, rows)
+        torch.testing.assert_close(ours.double(), ref, rtol=1e-5,
+                                   atol=1e-5 * ref.abs().max().item())
+    x = torch.randn(3, cols, generator=torch.Generator().manual_seed(0))
+    ref = x @ dense.float().t()
+    torch.testing.assert_close(torch.ops.shoal_cpu.gguf_matmul_packed(x, packed, ggml_type, rows),
+                               ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+@pytest.mark.skipif(not packed_built(), reason="needs AVX-512 VNNI")
+def test_q4_1_layers_run_packed_with_every_path_the_files() -> None:
+    """A Q4_1 layer (SmolLM2's q/k/v stacked, K = 576) runs as a packed GGUFBlockLinear: few
+    rows through the packed kernel, many through the unpacked GEMM, both the file's weight."""
+    from shoal.services.engine.layers.gguf_weights import GGUFBlockLinear
+
+    q, kv = random_blocks(3, 64, 576), random_blocks(3, 40, 576, seed=1)
+    layer = GGUFBlockLinear([(3, torch.from_numpy(q)), (3, torch.from_numpy(kv))], 576, None)
+    assert layer.packed == [True] and layer.rows == [104]  # one matmul for both parts
+    dense = torch.cat([theirs(q, 3, 64, 576), theirs(kv, 3, 40, 576)])
+    assert torch.equal(layer.dequantized(), dense)
+    for m in (1, 4, 9, 40):
+        x = torch.randn(m, 576, generator=torch.Generator().manual_seed(m))
+        ref = x @ dense.t()
+        torch.testing.assert_close(layer(x), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+@pytest.mark.skipif(not packed_built(), reason="needs AVX-512 VNNI")
 def test_packed_refuses_a_mismatched_shape() -> None:
     packed = torch.ops.shoal_cpu.gguf_repack(torch.from_numpy(random_blocks(12, 20, 512)), 12)
     with pytest.raises(RuntimeError, match="ceil\\(N / 16\\)"):
         torch.ops.shoal_cpu.gguf_matmul_packed(torch.randn(1, 512), packed, 12, 40)
     with pytest.raises(RuntimeError, match="K the packed weight's"):
         torch.ops.shoal_cpu.gguf_matmul_packed(torch.randn(1, 256), packed, 12, 20)
-    with pytest.raises(RuntimeError, match="Q4_K \\(12\\), Q6_K \\(14\\) or Q8_0"):
+    with pytest.raises(RuntimeError, match="Q4_K \\(12\\), Q6_K \\(14\\), Q8_0 \\(8\\) or Q4_1"):
         torch.ops.shoal_cpu.gguf_repack(torch.from_numpy(random_blocks(2, 4, 256)), 2)
-    with pytest.raises(RuntimeError, match="not a multiple of 256"):  # Q8_0 of K = 96
-        torch.ops.shoal_cpu.gguf_repack(torch.from_numpy(random_blocks(8, 4, 96)), 8)
+    packed = torch.ops.shoal_cpu.gguf_repack(torch.from_numpy(random_blocks(3, 4, 96)), 3)
+    with pytest.raises(RuntimeError, match="K the packed weight's"):  # Q4_1: K = 96
+        torch.ops.shoal_cpu.gguf_matmul_packed(torch.randn(1, 64), packed, 3, 4)
 
 
 @pytest.mark.skipif(not packed_built(), reason="needs AVX-512 VNNI")
@@ -265,8 +313,8 @@ def test_block_linear_keeps_packed_parts_only() -> None:
                        theirs(q80, 8, 3, 512), theirs(q5k, 13, 4, 512)])
     assert torch.equal(layer.dequantized(), dense)
     assert layer.dense_numel() == 33 * 512
-    small = GGUFBlockLinear([(8, torch.from_numpy(random_blocks(8, 3, 96)))], 96, None)
-    assert small.packed == [False]  # K not a multiple of 256: stored, the float path
+    small = GGUFBlockLinear([(13, torch.from_numpy(random_blocks(13, 3, 256)))], 256, None)
+    assert small.packed == [False]  # Q5_K: stored, the int8 path
     for m in (1, 9, 40):
         x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m))
         ref = x @ dense.t()

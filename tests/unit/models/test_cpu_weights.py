@@ -140,8 +140,11 @@ def test_prepare_refuses_gguf_without_a_file() -> None:
 
 def test_gguf_blocks_cache_round_trip(tmp_path) -> None:
     """What the cache keeps (each layer's parts as stored, which layers are unquantised) comes
-    back as it went in, and a Q4_1 layer from it is the int4 layer of the same codes."""
-    from shoal.services.engine.layers.gguf_weights import _kernel, _read_cache, _write_cache
+    back as it went in, and a Q4_1 layer from it is the layer of the same blocks: packed where
+    AVX-512 VNNI is built, else the int4 layer of the same codes."""
+    from shoal.kernels import cpu_ops
+    from shoal.services.engine.layers.gguf_weights import (GGUFBlockLinear, _kernel, _read_cache,
+                                                           _write_cache)
 
     gen = fresh_generator()
     model = torch.nn.Sequential(Linear(64, 16, bias=True))
@@ -160,8 +163,16 @@ def test_gguf_blocks_cache_round_trip(tmp_path) -> None:
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(back["0"], parts["0"], strict=True))
     layer = _kernel(model[0], back["0"][:1])
     x = torch.randn(3, 64, generator=gen)
-    torch.testing.assert_close(layer(x), Int4Linear.from_codes(
-        codes, d.half().float(), m.half().float(), model[0].bias)(x), atol=0, rtol=0)
+    if cpu_ops.packed_available(3, 64):
+        assert isinstance(layer, GGUFBlockLinear)
+        torch.testing.assert_close(layer(x), _kernel(model[0], parts["0"][:1])(x), atol=0, rtol=0)
+        w = (d.half().float().repeat_interleave(32, 1) * codes.float()
+             + m.half().float().repeat_interleave(32, 1))
+        ref = torch.nn.functional.linear(x, w, model[0].bias)  # within int8 activations' error
+        torch.testing.assert_close(layer(x), ref, atol=0.02 * ref.abs().max().item(), rtol=0.02)
+    else:
+        torch.testing.assert_close(layer(x), Int4Linear.from_codes(
+            codes, d.half().float(), m.half().float(), model[0].bias)(x), atol=0, rtol=0)
 
 
 def test_dynamic_int8_gemm_matches_the_dequantised_matmul() -> None:

@@ -37,12 +37,16 @@ import os
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from shoal.kernels import cpu_ops
 from shoal.services.engine.config import QUANTIZATIONS, ConfigError
+
+if TYPE_CHECKING:
+    from shoal.services.engine.layers.gguf_weights import GGUFSource
 
 
 def onednn_available() -> bool:
@@ -267,10 +271,11 @@ def gguf_summary(layers: dict[str, Callable[..., torch.Tensor]]) -> str:
 
 
 def prepare_cpu_weights(model: nn.Module, quantization: str | None,
-                        gguf: Path | None = None, gguf_cache: Path | None = None,
+                        gguf: Path | GGUFSource | None = None, gguf_cache: Path | None = None,
                         cpu_gemv: bool | None = None, check_gguf: bool = True) -> str:
     """Give every Linear and the LM head its CPU kernel; returns what was used (for the log).
-    `gguf`: the file the model was converted from (quantization "gguf" reads its blocks);
+    `gguf`: the file the model was converted from (quantization "gguf" reads its blocks), or
+    that file already parsed;
     `gguf_cache`: where those blocks are kept once extracted (gguf_weights.py); `cpu_gemv`:
     EngineConfig's (whether the Linears keep plain weights for the GEMV); `check_gguf`: compare
     the blocks with the loaded weights (false for a GGUF blocks folder, which loaded none)."""

@@ -248,8 +248,13 @@ Parts = list[tuple[int, torch.Tensor]]
 """A layer's stored parts: (ggml type, bytes [rows, row bytes]) each, stacked by rows."""
 
 
-def gguf_layers(model: nn.Module, path: Path, cache: Path | None = None, check: bool = True
-                ) -> tuple[dict[str, Kernel], set[str]]:
+def open_source(gguf: Path | GGUFSource) -> GGUFSource:
+    """`gguf` parsed (a caller that needs the file twice parses it once and passes the source)."""
+    return gguf if isinstance(gguf, GGUFSource) else GGUFSource(gguf)
+
+
+def gguf_layers(model: nn.Module, path: Path | GGUFSource, cache: Path | None = None,
+                check: bool = True) -> tuple[dict[str, Kernel], set[str]]:
     """The file's own blocks for every Linear of `model` (and the LM head) whose checkpoint
     tensors are stored in Q4_1 or a BLOCK_TYPES type (packed q/k/v and gate/up: their parts
     stacked by rows), keyed by module name, and the names of the Linears stored unquantised
@@ -268,15 +273,16 @@ def gguf_layers(model: nn.Module, path: Path, cache: Path | None = None, check: 
     return {name: _kernel(_module(model, name), parts.pop(name)) for name in list(parts)}, dense
 
 
-def block_weight_names(model: nn.Module, path: Path, cache: Path | None = None
+def block_weight_names(model: nn.Module, path: Path | GGUFSource, cache: Path | None = None
                        ) -> frozenset[str]:
     """The Hugging Face weight names gguf_layers will run as blocks (their dense parameters
-    need no loading)."""
+    need no loading). Give gguf_layers the same GGUFSource: a first start from a blocks folder
+    then parses the file's metadata once."""
     names = _hf_names(model)
     if cache is not None and cache.is_file():
         modules = set(_read_cache(cache)[0])
     else:
-        source = GGUFSource(path)
+        source = open_source(path)
         modules = {name for name, hf in names.items()
                    if _as_blocks([source.tensor_type(h) for h in hf])}
     return frozenset(hf for name in modules for hf in names[name])
@@ -322,9 +328,9 @@ def _hf_names(model: nn.Module) -> dict[str, list[str]]:
     return names
 
 
-def _checked_parts(model: nn.Module, path: Path, check: bool = True
+def _checked_parts(model: nn.Module, path: Path | GGUFSource, check: bool = True
                    ) -> tuple[dict[str, Parts], set[str]]:
-    source = GGUFSource(path)
+    source = open_source(path)
     layers: dict[str, Parts] = {}
     dense: set[str] = set()
     for name, hf_names in _hf_names(model).items():

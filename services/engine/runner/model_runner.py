@@ -34,7 +34,7 @@ from shoal.services.engine.layers.cpu_weights import (gguf_source, prepare_cpu_w
                                                       resolve_quantization)
 from shoal.services.engine.runner.loader import building_in, load_model_weights
 from shoal.services.engine.gguf_folder import omitted_weights
-from shoal.services.engine.layers.gguf_weights import block_weight_names
+from shoal.services.engine.layers.gguf_weights import GGUFSource, block_weight_names
 from shoal.services.engine.runner.lora_manager import LoRAManager
 from shoal.services.engine.lora_request import LoRARequest
 from shoal.services.engine.model_limits import context_limit, resolve_max_model_len
@@ -79,11 +79,14 @@ class ModelRunner:
                                                   self.parallel.world_size)
                              if self.device.type == "cpu" else config.quantization)
         blocks_folder = omitted_weights(model_dir) is not None
-        gguf = gguf_source(config.model)
+        gguf_path = gguf_source(config.model)
+        gguf: Path | GGUFSource | None = gguf_path
         gguf_cache = model_dir / "gguf-blocks" / "blocks.safetensors"
-        supplied = (block_weight_names(self.model, gguf, gguf_cache)
-                    if blocks_folder and gguf is not None and self.quantization == "gguf"
-                    else frozenset())  # (their blocks, not a dense copy, are what runs)
+        supplied: frozenset[str] = frozenset()  # (their blocks, not a dense copy, are what runs)
+        if blocks_folder and gguf_path is not None and self.quantization == "gguf":
+            if not gguf_cache.is_file():  # both steps read the file: its metadata parsed once
+                gguf = GGUFSource(gguf_path)
+            supplied = block_weight_names(self.model, gguf, gguf_cache)
         load_model_weights(self.model, model_dir, config.load_format, supplied)
         for param in self.model.parameters():  # (a no-op unless a loader swapped the tensor)
             param.data = param.data.to(device=self.device, dtype=self.dtype)

@@ -92,8 +92,9 @@ def test_gguf_layers_are_the_converted_weights_in_int4(gguf) -> None:
 
     from shoal.kernels import cpu_ops, select_ops
     from shoal.services.engine.layers.cpu_weights import Int4Linear
-    from shoal.services.engine.layers.gguf_weights import (Q4_1, GGUFBlockLinear, _checked_parts,
-                                                           _kernel)
+    from shoal.services.engine.layers.gguf_weights import (Q4_1, GGUFBlockLinear, GGUFSource,
+                                                           _checked_parts, _kernel,
+                                                           block_weight_names, open_source)
     from shoal.services.engine.runner.loader import load_weights
     from shoal.services.engine.model_prep import prepare_model
     from shoal.services.engine.models.registry import model_class
@@ -104,6 +105,10 @@ def test_gguf_layers_are_the_converted_weights_in_int4(gguf) -> None:
     load_weights(model, folder)
     blocks, dense = _checked_parts(model, Path(gguf))  # raises on a layer that differs
     assert len(blocks) == 4 * hf_config.num_hidden_layers + 1 and not dense  # + the LM head
+    source = GGUFSource(Path(gguf))  # parsed once, for both steps of a blocks folder's start
+    assert open_source(source) is source
+    assert block_weight_names(model, source) == block_weight_names(model, Path(gguf))
+    assert set(_checked_parts(model, source, check=False)[0]) == set(blocks)
     assert [t for t, _ in blocks["lm_head"]] == [8]  # Q8_0: the tied embedding table
     name = "model.layers.3.self_attn.qkv_proj"
     assert [t for t, _ in blocks[name]] == [Q4_1] * 3  # q, k and v, stacked

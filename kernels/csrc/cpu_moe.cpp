@@ -170,6 +170,20 @@ void panel_rows(const float* x, int64_t n, int64_t ldx, const float* w, int64_t 
   }
 }
 
+// Panel b of active expert a in a stack packed `nb` panels of `size` floats an expert, and the
+// panel read after it (`panel`'s prefetch): the expert's next panel, else the next active
+// expert's first, else none.
+struct Panel {
+  const float* w;
+  const float* next;
+};
+inline Panel unit_panel(const float* stack, const std::vector<int64_t>& active, int64_t a,
+                        int64_t b, int64_t nb, int64_t size) {
+  const float* w = stack + (active[a] * nb + b) * size;
+  const int64_t na = static_cast<int64_t>(active.size());
+  return {w, b + 1 < nb ? w + size : a + 1 < na ? stack + active[a + 1] * nb * size : nullptr};
+}
+
 // x [T, K] -> [T, K]: sum over the top_k experts e of token t of weight(t, e) * expert_e(x[t]),
 // expert_e(v) = w2[e] . act(w13[e] . v + b13[e]) + b2[e], over the packed stacks (see the top):
 // w13p [E, ceil(I / 16), K, 32], w2p [E, ceil(K / 32), I, 32]; b13 [E, 2I] (gate, then up),
@@ -275,11 +289,8 @@ at::Tensor moe_forward(const at::Tensor& x_in, const at::Tensor& router_w,
     for (int64_t unit = u0; unit < u1; ++unit) {
       const int64_t a = unit / nb1, e = active[a], b = unit % nb1, n0 = b * 16;
       const int64_t len = std::min<int64_t>(16, I - n0), s = start[e], n = start[e + 1] - s;
-      const float* w = w13p + (e * nb1 + b) * panel1;
-      const float* next = b + 1 < nb1 ? w + panel1
-                          : a + 1 < na ? w13p + active[a + 1] * nb1 * panel1
-                                       : nullptr;
-      panel_rows(xs.data() + s * K, n, K, w, K, g.data(), next);
+      const Panel pw13 = unit_panel(w13p, active, a, b, nb1, panel1);
+      panel_rows(xs.data() + s * K, n, K, pw13.w, K, g.data(), pw13.next);
       const float* bg = b13p ? b13p + e * I2 + n0 : nullptr;
       const float* bu = b13p ? b13p + e * I2 + I + n0 : nullptr;
       for (int64_t i = 0; i < n; ++i) {
@@ -300,11 +311,8 @@ at::Tensor moe_forward(const at::Tensor& x_in, const at::Tensor& router_w,
     for (int64_t unit = u0; unit < u1; ++unit) {
       const int64_t a = unit / nb2, e = active[a], b = unit % nb2, n0 = b * kPanel;
       const int64_t len = std::min(kPanel, H - n0), s = start[e], n = start[e + 1] - s;
-      const float* w = w2p + (e * nb2 + b) * panel2;
-      const float* next = b + 1 < nb2 ? w + panel2
-                          : a + 1 < na ? w2p + active[a + 1] * nb2 * panel2
-                                       : nullptr;
-      panel_rows(h.data() + s * I, n, I, w, I, part.data(), next);
+      const Panel pw2 = unit_panel(w2p, active, a, b, nb2, panel2);
+      panel_rows(h.data() + s * I, n, I, pw2.w, I, part.data(), pw2.next);
       const float* be = b2p ? b2p + e * H + n0 : nullptr;
       for (int64_t i = 0; i < n; ++i)
         for (int64_t r = 0; r < len; ++r)

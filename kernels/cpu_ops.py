@@ -1,9 +1,11 @@
 """The CPU op set: paged attention and the KV write as a C++ op that reads the paged cache in
 place (csrc/cpu_attention.cpp), instead of gathering K/V into a padded copy first; RMSNorm (with
-its residual add) and rotary embedding as one pass each (csrc/cpu_norm_rotary.cpp); the fp32
-matmul of a step of one or two tokens (csrc/cpu_gemv.cpp, used by layers/cpu_weights.py), and
-a whole MoE layer of a small step, router to combined output, in one call over expert stacks
-packed at load (`moe_pack`, `moe_forward`, csrc/cpu_moe.cpp; layers/moe.py).
+its residual add) and rotary embedding as one pass each (csrc/cpu_norm_rotary.cpp); a whole MoE
+layer of a small step, router to combined output, in one call over expert stacks packed at load
+(`moe_pack`, `moe_forward`, csrc/cpu_moe.cpp; layers/moe.py), and with the same panels the fp32
+matmul of a small step of a dense Linear (`dense_pack`, `panel_matmul`; layers/cpu_weights.py);
+the plain-layout GEMV of one or two rows (csrc/cpu_gemv.cpp) it replaced stays as the
+benchmarks' reference (benchmarks/cpu_gemv.py, gguf_kernels.py).
 
 The op is compiled by torch.utils.cpp_extension with the machine's g++ (-O3 -march=native) at
 first use, or by `make install`, and cached in the environment that runs it
@@ -146,8 +148,8 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
 
 
 GEMV_MAX_ROWS = 2
-"""Steps of up to this many tokens run `gemv`; from three rows oneDNN's packed GEMM was faster
-(docs/figures.md)."""
+"""`gemv` takes up to this many rows (from three oneDNN's packed GEMM was faster; the Linears now
+run `panel_matmul` instead, faster at one row too: docs/figures.md "dense16")."""
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -240,3 +242,24 @@ def moe_forward(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor 
     alpha, limit = swiglu or (0.0, 0.0)
     return op("moe_forward")(x, router_w, router_b, w13, b13, w2, b2, top_k, renormalize,
                              0 if swiglu is None else 1, alpha, limit)
+
+
+PANEL_MAX_ROWS = 32
+"""fp32 Linears run steps of up to this many tokens through `panel_matmul` over their weight
+packed by `dense_pack`; from there oneDNN's packed GEMM (docs/figures.md "dense16")."""
+
+
+def dense_pack(weight: torch.Tensor) -> torch.Tensor:
+    """A Linear's weight [N, K] -> `panel_matmul`'s [ceil(N / 32), K, 32] float32: k-major panels
+    of 32 output rows, rows past N zero (`moe_pack`'s w2 layout for one expert). The same bytes
+    plus that padding: it replaces the plain copy the GEMV read."""
+    n, k = weight.shape
+    nb = -(-n // 32)
+    padded = F.pad(weight.detach().float(), (0, 0, 0, nb * 32 - n))
+    return padded.view(nb, 32, k).transpose(1, 2).contiguous()
+
+
+def panel_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                 n: int) -> torch.Tensor:
+    """x [M, K] @ W^T + bias -> [M, n] float32, W [n, K] packed by `dense_pack`."""
+    return op("panel_matmul")(x, packed, bias, n)

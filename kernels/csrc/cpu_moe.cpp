@@ -327,6 +327,40 @@ at::Tensor moe_forward(const at::Tensor& x_in, const at::Tensor& router_w,
   return y;
 }
 
+// y [M, N] = x [M, K] . W^T (+ bias [N]), W [N, K] packed by cpu_ops.dense_pack into the w2
+// layout above: [ceil(N / 32), K, 32], k-major panels of 32 output rows (rows past N zero). A
+// dense Linear is one expert with every row routed to it: at 2-16 rows each weight vector
+// loaded serves up to 8 rows in registers, where oneDNN's fp32 GEMM read the same weights about
+// 2x slower per byte (docs/figures.md "dense16"). One panel per unit of parallel work.
+at::Tensor panel_matmul(const at::Tensor& x_in, const at::Tensor& wp,
+                        const c10::optional<at::Tensor>& bias_in, int64_t N) {
+  TORCH_CHECK(wp.dim() == 3 && wp.is_contiguous() && wp.scalar_type() == at::kFloat &&
+                  wp.size(2) == kPanel && wp.size(0) == (N + kPanel - 1) / kPanel,
+              "panel_matmul takes the packed float32 weight of cpu_ops.dense_pack");
+  const int64_t nb = wp.size(0), K = wp.size(1), size = K * kPanel;
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K, "x must be [M, K]");
+  const auto x = x_in.to(at::kFloat).contiguous();
+  const auto bias = opt_float(bias_in, N, -1, "bias");
+  const int64_t M = x.size(0);
+  auto y = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+  const float* xp = x.data_ptr<float>();
+  const float* w = wp.data_ptr<float>();
+  const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, nb, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> part(M * kPanel);
+    for (int64_t b = b0; b < b1; ++b) {
+      panel_rows(xp, M, K, w + b * size, K, part.data(), b + 1 < b1 ? w + (b + 1) * size : nullptr);
+      const int64_t n0 = b * kPanel, len = std::min(kPanel, N - n0);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t r = 0; r < len; ++r)
+          yp[m * N + n0 + r] = part[m * kPanel + r] + (bp ? bp[n0 + r] : 0.f);
+    }
+  });
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(shoal_cpu, m) {
@@ -334,6 +368,10 @@ TORCH_LIBRARY_FRAGMENT(shoal_cpu, m) {
       "moe_forward(Tensor x, Tensor router_w, Tensor? router_b, Tensor w13, Tensor? b13, "
       "Tensor w2, Tensor? b2, int top_k, bool renormalize, int act, float alpha, float limit) "
       "-> Tensor");
+  m.def("panel_matmul(Tensor x, Tensor wp, Tensor? bias, int n) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(shoal_cpu, CPU, m) { m.impl("moe_forward", moe_forward); }
+TORCH_LIBRARY_IMPL(shoal_cpu, CPU, m) {
+  m.impl("moe_forward", moe_forward);
+  m.impl("panel_matmul", panel_matmul);
+}

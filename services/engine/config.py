@@ -91,10 +91,10 @@ class EngineConfig:
     enforce_eager: bool = False
     """Disable CUDA graphs (CUDA path only)."""
     cpu_gemv: bool | None = None
-    """CPU, float32: steps of one or two tokens run a C++ GEMV over each Linear's plain weight,
-    kept beside oneDNN's packed copy (one more copy of the weights). None: on when that copy
-    takes under an eighth of the machine's memory; False saves the memory
-    (layers/cpu_weights.py)."""
+    """CPU, float32: steps of up to 32 tokens run a C++ matmul over each Linear's weight packed
+    into panels (cpu_ops.panel_matmul), kept beside oneDNN's packed copy (one more copy of the
+    weights; the name is from the GEMV it replaced). None: on when that copy takes under an
+    eighth of the machine's memory; False saves the memory (layers/cpu_weights.py)."""
     quantization: str | None = None
     """vLLM's arg (CPU path): "int8" = int8 weights, one scale per output row; "int4" = 4-bit
     weights in groups of 32 (both quantised at load); "gguf" = a .gguf model's own blocks (Q8_0,

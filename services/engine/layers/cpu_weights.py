@@ -4,12 +4,16 @@ torch's `F.linear` on CPU calls MKL's sgemm, which runs at less than half of wha
 kernels reach for the same fp32 matmuls (docs/figures.md). So on CPU every Linear and the LM head
 get their weight reordered once into oneDNN's blocked layout and run through
 `torch.ops.mkldnn._linear_pointwise` (the op inductor's CPU freezing pass emits). oneDNN's kernels
-are built for many rows: a step of one or two tokens (a single stream's decode) instead streams
-the weight in its plain layout through the C++ GEMV (kernels/csrc/cpu_gemv.cpp), 1.24x
-faster per token here. That needs the plain weight kept beside the packed one: free for the
-LM head (a tied one's is the embedding table, an untied one keeps its own), one more copy of
-every Linear's weight, so `cpu_gemv` (EngineConfig) decides: None keeps it when it takes under
-an eighth of the machine's memory; False releases it (and runs every step through oneDNN).
+are built for many rows: a step of up to `cpu_ops.PANEL_MAX_ROWS` tokens (decode, a single
+stream's or a batch's) instead runs `cpu_ops.panel_matmul` over the weight packed at load into
+the MoE experts' k-major panels of 32 output rows (kernels/csrc/cpu_moe.cpp: a dense Linear is
+one expert with every row routed to it), 0.5-0.8x oneDNN's time at 1-32 rows and 0.6-0.9x the
+plain-layout C++ GEMV's at one row (docs/figures.md "dense16"). That copy beside oneDNN's is one
+more copy of every Linear's weight (it replaced the GEMV's plain one), so `cpu_gemv`
+(EngineConfig) decides: None keeps it when it takes under an eighth of the machine's memory;
+False releases it (and runs every step through oneDNN). The LM head keeps the panels alone
+(`PanelLinear`): they took 0.96-1.03x oneDNN's time from 64 rows to 512, so the head needs no
+second copy (a tied one's plain weight is the embedding table anyway).
 
 An MoE's experts (layers/moe.py) get the same kernels, one pair per expert, from their slices
 of the stacked weights (the router stays a plain fp32 matmul).
@@ -54,28 +58,43 @@ def onednn_available() -> bool:
                                                               "_linear_pointwise")
 
 
-class OneDNNLinear:
-    """y = x W^T + b with W reordered for oneDNN (fp32 or bf16); with `plain` (float32 only),
-    steps of up to GEMV_MAX_ROWS rows run the C++ GEMV over the weight as given instead."""
+class PanelLinear:
+    """y = x W^T + b, float32, every step through `cpu_ops.panel_matmul` over W packed by
+    `cpu_ops.dense_pack` (the LM head's kernel; OneDNNLinear's for small steps)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 plain: bool = False) -> None:
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-        self.bias = None if bias is None else bias.detach()
-        self.plain = weight.detach().contiguous() if plain else None
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.panels = cpu_ops.dense_pack(weight)
+        self.out_features = weight.shape[0]
+        self.bias = None if bias is None else bias.detach().float()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.plain is not None and x.shape[0] <= cpu_ops.GEMV_MAX_ROWS:
-            return cpu_ops.gemv(x, self.plain, self.bias)
+        return cpu_ops.panel_matmul(x, self.panels, self.bias, self.out_features)
+
+
+class OneDNNLinear:
+    """y = x W^T + b with W reordered for oneDNN (fp32 or bf16); with `panels` (float32 only),
+    steps of up to PANEL_MAX_ROWS rows run `PanelLinear` over W's packed panels instead."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 panels: bool = False) -> None:
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+        self.bias = None if bias is None else bias.detach()
+        self.small = PanelLinear(weight, bias) if panels else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.small is not None and x.shape[0] <= cpu_ops.PANEL_MAX_ROWS:
+            return self.small(x)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
 def gemv_available(dtype: torch.dtype) -> bool:
+    """Whether weights of `dtype` can have the small-rows panel kernel (float32, C++ ops built)."""
     return dtype == torch.float32 and onednn_available() and cpu_ops.load()
 
 
 def keep_plain_weights(extra_bytes: int, cpu_gemv: bool | None) -> bool:
-    """Whether the Linears keep a plain copy of their weights for the GEMV (see the docstring)."""
+    """Whether the Linears keep a second copy of their weights for the small-rows kernel (the
+    panels; a plain copy for the GEMV before them; see the docstring)."""
     if cpu_gemv is not None:
         return cpu_gemv
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -319,7 +338,7 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
         for name in dense:
             module = model.get_submodule(name)
             layers[name] = OneDNNLinear(module.weight, getattr(module, "bias", None),
-                                        plain=gemv_available(module.weight.dtype))
+                                        panels=gemv_available(module.weight.dtype))
     elif onednn_available():
         make = head = OneDNNLinear
         used = "oneDNN packed weights"
@@ -327,14 +346,14 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
         weights += [w for m in model.modules() if isinstance(m, StackedExperts)
                     for w in (m.w13, m.w2)]
         if gemv_available(weights[0].dtype if weights else torch.float32):
-            head = partial(OneDNNLinear, plain=True)  # the LM head's weight stays anyway
+            head = PanelLinear  # instead of oneDNN's copy, not beside it
             extra = sum(w.numel() * w.element_size() for w in weights)
             if keep_plain_weights(extra, cpu_gemv):
-                make = head
-                used += (f"; steps of up to {cpu_ops.GEMV_MAX_ROWS} tokens: C++ GEMV over plain "
-                         f"weights (+{extra / 2**20:.0f} MiB kept for it)")
+                make = partial(OneDNNLinear, panels=True)
+                used += (f"; steps of up to {cpu_ops.PANEL_MAX_ROWS} tokens: packed panels "
+                         f"(+{extra / 2**20:.0f} MiB kept for them); LM head: panels")
             else:
-                used += (f"; C++ GEMV for the LM head only (the Linears' plain weights, "
+                used += (f"; packed panels for the LM head only (the Linears' second copy, "
                          f"{extra / 2**20:.0f} MiB, released: cpu_gemv false, or over an "
                          "eighth of memory)")
     else:
@@ -348,8 +367,8 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
             module.kernel = layers[name] if name in layers else head(module.weight, None)
         elif isinstance(module, StackedExperts):  # each expert's two matmuls, as a Linear's
             b13, b2 = module.w13_bias, module.w2_bias  # (gpt-oss's biases: None elsewhere)
-            plain = isinstance(make, partial) and make.keywords.get("plain", False)
-            # Where the Linears keep plain fp32 weights for the GEMV, the experts keep theirs
+            plain = isinstance(make, partial) and make.keywords.get("panels", False)
+            # Where the Linears keep a panel copy of their fp32 weights, the experts keep theirs
             # packed for moe_forward instead (the same bytes); their own kernels, for larger
             # steps, are oneDNN's alone.
             expert_make = OneDNNLinear if plain else make

@@ -13,10 +13,12 @@ import torch.nn.functional as F
 from shoal.services.engine.config import ConfigError
 from shoal.kernels import cpu_ops
 from shoal.services.engine.layers.cpu_weights import (INT4_GROUP, Int4Linear, Int8Linear,
-                                                      OneDNNLinear, _per_row_int8,
+                                                      OneDNNLinear, PanelLinear,
+                                                      _per_row_int8,
                                                       dynamic_int8_mm, gemv_available,
                                                       int4_dequantize, keep_plain_weights,
                                                       onednn_available, prepare_cpu_weights)
+from shoal.services.engine.layers.embedding import LMHead
 from shoal.services.engine.layers.linear import Linear
 
 
@@ -47,27 +49,37 @@ def test_prepare_moves_dense_weights_to_the_kernel_and_refuses_unknown_quantizat
     model = torch.nn.Sequential(Linear(16, 8, bias=True))
     model[0].weight.data.normal_()
     model[0].bias.data.normal_()
-    x = torch.randn(3, 16)
-    expected = model(x)
+    weight = model[0].weight.detach().clone()
     used = prepare_cpu_weights(model, None, cpu_gemv=cpu_gemv)
     kernel = model[0].kernel
     assert isinstance(kernel, OneDNNLinear) and model[0].weight.numel() == 0
-    assert (kernel.plain is not None) == (cpu_gemv and gemv_available(torch.float32))
-    assert ("C++ GEMV over plain weights" in used) == (kernel.plain is not None)
-    for rows in (1, 2, 3):  # 1-2 rows: the GEMV when kept; 3: oneDNN
+    assert (kernel.small is not None) == (cpu_gemv and gemv_available(torch.float32))
+    assert ("packed panels (+" in used) == (kernel.small is not None)
+    x = torch.randn(cpu_ops.PANEL_MAX_ROWS + 1, 16)
+    expected = F.linear(x, weight, model[0].bias)
+    for rows in (1, 2, 3, cpu_ops.PANEL_MAX_ROWS, cpu_ops.PANEL_MAX_ROWS + 1):  # panels, oneDNN
         torch.testing.assert_close(model(x[:rows]), expected[:rows], atol=1e-4, rtol=1e-4)
     with pytest.raises(ConfigError):
         prepare_cpu_weights(torch.nn.Sequential(Linear(4, 4)), "fp4")
 
 
 @pytest.mark.skipif(not gemv_available(torch.float32), reason="no oneDNN or no C++ compiler")
-def test_onednn_linear_runs_one_or_two_rows_through_the_gemv() -> None:
+def test_onednn_linear_runs_small_steps_through_the_panels_and_the_head_has_only_them() -> None:
     gen = fresh_generator()
     w, b = torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
-    layer = OneDNNLinear(w, b, plain=True)
-    for rows in (1, 2):
+    layer = OneDNNLinear(w, b, panels=True)
+    panels = cpu_ops.dense_pack(w)
+    for rows in (1, 2, 8, cpu_ops.PANEL_MAX_ROWS):
         x = torch.randn(rows, 24, generator=gen)
-        assert torch.equal(layer(x), cpu_ops.gemv(x, w, b))
+        assert torch.equal(layer(x), cpu_ops.panel_matmul(x, panels, b, 40))
+    model = torch.nn.Sequential(Linear(24, 40))
+    model.append(LMHead(40, 24, None))
+    model[1].weight.data.normal_()
+    prepare_cpu_weights(model, None, cpu_gemv=False)
+    head = model[1].kernel
+    assert isinstance(head, PanelLinear) and not hasattr(head, "packed")
+    x = torch.randn(70, 24, generator=gen)  # many rows too (prompt logprobs)
+    torch.testing.assert_close(head(x), F.linear(x, model[1].weight), atol=1e-4, rtol=1e-4)
 
 
 def test_plain_weights_are_kept_when_asked_or_when_they_fit_an_eighth_of_memory() -> None:

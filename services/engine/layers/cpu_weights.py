@@ -7,7 +7,7 @@ get their weight reordered once into oneDNN's blocked layout and run through
 are built for many rows: a step of up to `cpu_ops.PANEL_MAX_ROWS` tokens (decode, a single
 stream's or a batch's) instead runs `cpu_ops.panel_matmul` over the weight packed at load into
 the MoE experts' k-major panels of 32 output rows (kernels/csrc/cpu_moe.cpp: a dense Linear is
-one expert with every row routed to it), 0.5-0.8x oneDNN's time at 1-32 rows and 0.6-0.9x the
+one expert with every row routed to it), 0.56-0.87x oneDNN's time at 1-32 rows and 0.7x the
 plain-layout C++ GEMV's at one row (docs/figures.md "dense16"). That copy beside oneDNN's is one
 more copy of every Linear's weight (it replaced the GEMV's plain one), so `cpu_gemv`
 (EngineConfig) decides: None keeps it when it takes under an eighth of the machine's memory;

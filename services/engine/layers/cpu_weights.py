@@ -296,8 +296,9 @@ def prepare_cpu_weights(model: nn.Module, quantization: str | None,
     `gguf`: the file the model was converted from (quantization "gguf" reads its blocks), or
     that file already parsed;
     `gguf_cache`: where those blocks are kept once extracted (gguf_weights.py); `cpu_gemv`:
-    EngineConfig's (whether the Linears keep plain weights for the GEMV); `check_gguf`: compare
-    the blocks with the loaded weights (false for a GGUF blocks folder, which loaded none)."""
+    EngineConfig's (whether the Linears keep a panel copy of their weights for small steps);
+    `check_gguf`: compare the blocks with the loaded weights (false for a GGUF blocks folder,
+    which loaded none)."""
     from shoal.services.engine.layers.embedding import LMHead
     from shoal.services.engine.layers.linear import Linear
     from shoal.services.engine.layers.moe import StackedExperts

@@ -3,12 +3,12 @@ for a .gguf model on one CPU rank).
 
 - Q8_0, Q4_0, Q5_0, Q5_1 and the K-quants Q4_K, Q5_K, Q6_K (what Q8_0 / Q4_K_M / Q5_K_M / Q6_K
   files hold) stay as the file's bytes, one row of blocks per output row, and run the C++ ops of
-  kernels/csrc/cpu_gguf.cpp (`GGUFBlockLinear`): below `cpu_ops.Q8_MAX_ROWS` tokens a step,
-  where AVX-512 VNNI is built, the step's rows are quantised to int8 blocks of 32 and each
-  weight block's codes meet them in integer dot products (`gguf_matmul_q8`, llama.cpp's way;
-  Q8_0 below `MANY_ROWS` stays on the float path, as fast there and exact; Q4_K / Q6_K up to
-  `cpu_ops.Q8K_MAX_ROWS` rows quantise per 256 and scale in integers, `gguf_matmul_q8k`,
-  2-2.5x the per-32 kernel at one row); without VNNI, below
+  kernels/csrc/cpu_gguf.cpp (`GGUFBlockLinear`): where AVX-512 VNNI is built, Q4_K / Q6_K /
+  Q8_0 (and Q4_1, below) are repacked at load into 16 interleaved rows and, below
+  `cpu_ops.Q8_MAX_ROWS` tokens a step, meet the step's rows quantised to int8 (per 256, or per
+  32 where K is no multiple of 256) in integer dot products (`gguf_matmul_packed`, llama.cpp's
+  way); the other types (or a K the packing does not take) quantise per 32 (`gguf_matmul_q8`;
+  Q8_0 below `MANY_ROWS` then keeps the exact float path, as fast there); without VNNI, below
   `MANY_ROWS` a matmul that unpacks each block to floats in L1 as it streams past
   (`gguf_matmul`, exact: the tests' reference). Either reads the weight at its stored size.
   From there a copy of the weight unpacked once (bf16, packed for oneDNN: `ManyRows`) runs the

@@ -25,6 +25,8 @@ from shoal.services.engine.sampling_params import SamplingParams
 from shoal.shared.errors import InvalidRequest, ShoalError, Unavailable
 
 log = logging.getLogger(__name__)
+HANDOVER_S = 0.002
+"""The longest the loop waits for an idle engine thread to take a request (it takes ~0.1 ms)."""
 
 
 class AsyncEngine:
@@ -40,6 +42,10 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._commands: list[EngineRequest | str] = []  # a request to add, or an id to abort
         self._wakeup = threading.Event()
+        self._idle = False
+        """The engine thread waits for work (set and read under _lock)."""
+        self._taken = threading.Event()
+        """Set when the engine thread has taken the queued commands (see _send)."""
         self._streams: dict[str, OutputCollector] = {}
         self._error: BaseException | None = None
         self._stopping = False
@@ -154,9 +160,18 @@ class AsyncEngine:
             del self._streams[request_id]
 
     def _send(self, command: EngineRequest | str) -> None:
+        """Queue a command. To an idle engine thread, also hand the GIL: the caller (the event
+        loop) blocks until the thread has taken the command, at most HANDOVER_S, so the step
+        starts before the loop goes on with its own Python (publishing the accepted chunk, ~0.7
+        ms that the woken thread otherwise waited for; docs/figures.md, issue 31 item 6)."""
         with self._lock:
             self._commands.append(command)
+            idle = self._idle
+            if idle:
+                self._taken.clear()
         self._wakeup.set()
+        if idle:
+            self._taken.wait(HANDOVER_S)
 
     def _check_alive(self) -> None:
         if self._error is not None:
@@ -171,6 +186,8 @@ class AsyncEngine:
             while not self._stopping:
                 self._apply_commands()
                 if not self.core.has_unfinished():
+                    with self._lock:
+                        self._idle = not self._commands
                     self._wakeup.wait()
                     self._wakeup.clear()
                     continue
@@ -188,6 +205,8 @@ class AsyncEngine:
     def _apply_commands(self) -> None:
         with self._lock:
             commands, self._commands = self._commands, []
+            self._idle = False
+        self._taken.set()
         items: list[tuple[str, RequestOutput | BaseException]] = []
         for command in commands:
             if isinstance(command, str):

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.unit.engine.engine_helpers import CharTokenizer, FakeRunner
+from shoal.services.engine.frontend import async_engine
 from shoal.services.engine.frontend.async_engine import AsyncEngine
 from shoal.services.engine.config import EngineConfig
 from shoal.services.engine.core.engine_core import EngineCore
@@ -89,6 +90,25 @@ async def test_event_loop_keeps_ticking_while_the_engine_steps():
         assert threading.get_ident() not in step_threads and len(step_threads) == 1
     finally:
         task.cancel()
+        engine.shutdown()
+
+
+async def test_an_idle_engine_thread_takes_a_request_before_open_returns(monkeypatch):
+    """Issue 31 item 6: open() hands an idle engine thread the GIL, so its step starts before the
+    loop goes on (to publish the accepted chunk); a busy engine thread is not waited for."""
+    monkeypatch.setattr(async_engine, "HANDOVER_S", 5.0)
+    engine, runner = make_engine(step_seconds=0.05)
+    try:
+        await wait_until(lambda: engine._idle)
+        first = engine.open("a", [1, 2, 3], SamplingParams(max_tokens=20))
+        assert engine._commands == []  # taken by the engine thread before open() returned
+        await first.__anext__()  # stepping now: the next open() must not wait for it
+        began = time.monotonic()
+        second = engine.open("b", [1, 2, 3], SamplingParams(max_tokens=1))
+        assert time.monotonic() - began < 0.04
+        assert [o.finished async for o in second][-1]
+        first.close()
+    finally:
         engine.shutdown()
 
 

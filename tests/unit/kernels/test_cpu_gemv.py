@@ -14,14 +14,6 @@ from shoal.kernels import cpu_ops
 pytestmark = pytest.mark.skipif(not cpu_ops.load(), reason="no C++ compiler")
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request: pytest.FixtureRequest):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("rows", [1, 2])
 @pytest.mark.parametrize(("n", "k"), [(96, 40), (3072, 576), (5, 3), (577, 1537)])
 @pytest.mark.parametrize("bias", [False, True])

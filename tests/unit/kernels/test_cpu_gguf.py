@@ -41,14 +41,6 @@ def theirs(raw: np.ndarray, ggml_type: int, rows: int, cols: int) -> torch.Tenso
     return torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32).reshape(rows, cols))
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request: pytest.FixtureRequest):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 def cols_for(ggml_type: int) -> int:
     return 768 if LAYOUTS[ggml_type][0] == 256 else 96  # three blocks of each kind
 

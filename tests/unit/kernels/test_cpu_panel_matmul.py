@@ -15,14 +15,6 @@ from shoal.kernels import cpu_ops
 pytestmark = pytest.mark.skipif(not cpu_ops.load(), reason="no C++ compiler")
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request: pytest.FixtureRequest):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     return F.linear(x.double(), w.double(), None if b is None else b.double()).float()
 

@@ -37,14 +37,6 @@ def check(ours: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, block: int 
     assert ((ours.double() - exact).norm() / exact.norm()).item() < 2e-2
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request: pytest.FixtureRequest):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("ggml_type", sorted(LAYOUTS), ids=lambda t: NAMES[t])
 @pytest.mark.parametrize("m", [1, 3, 4, 6, 17])
 def test_gguf_q8_matches_the_quantised_activations(threads: int, ggml_type: int, m: int) -> None:

@@ -147,6 +147,12 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
     return op("apply_rotary")(q, k, positions, cos_sin)
 
 
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """[..., 2 * inter] -> SiLU(gate) * up, [..., inter]: torch's kernels in one call (the same
+    bits as the chunk / silu / mul chain, layers/activation.py)."""
+    return op("silu_and_mul")(x)
+
+
 GEMV_MAX_ROWS = 2
 """`gemv` takes up to this many rows (from three oneDNN's packed GEMM was faster; the Linears now
 run `panel_matmul` instead, faster at one row too: docs/figures.md "dense16")."""

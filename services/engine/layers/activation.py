@@ -1,6 +1,7 @@
 """The gated activations over the packed gate_up output: act(gate) * up, act from the config's
 `hidden_activation` (Gemma) or `hidden_act`: SiLU (SwiGLU: Llama, Qwen, Phi-3, Granite) or GELU
-(GeGLU: Gemma's gelu_pytorch_tanh, the tanh approximation)."""
+(GeGLU: Gemma's gelu_pytorch_tanh, the tanh approximation). On CPU SiLU's chain is one call
+into the C++ library (`cpu_ops.silu_and_mul`: torch's own kernels, so the same bits)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shoal.kernels import cpu_ops
+
 
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, 2 * inter] -> [n, inter]
+        if x.is_cpu and cpu_ops.load():  # the same kernels, one dispatch (issue 31)
+            return cpu_ops.silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 

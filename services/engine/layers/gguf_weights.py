@@ -128,9 +128,21 @@ class GGUFBlockLinear:
         self.gemm_dtype = torch.bfloat16 if bf16_gemm_available() else torch.float32
         self.q8 = cpu_ops.q8_available(in_features)
         self.many: ManyRows | None = None  # (keep_many_rows)
+        self.packed_below = cpu_ops.Q8_MAX_ROWS if self.q8 else MANY_ROWS
+        """Steps of fewer rows run `gguf_matmul_packed` on a packed part (`_few_rows`)."""
+        self.one_packed = ((cpu_ops.op("gguf_matmul_packed"), *self.parts[0], self.rows[0])
+                           if self.packed == [True] else None)
+        """A single packed part: (op, ggml type, blocks, rows), called straight from __call__
+        at few rows (a decode step makes 121 such calls on SmolLM2: the routing below and
+        `torch.ops`' Python layers cost ~3 us of a ~9 us call)."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
+        if self.one_packed is not None and rows < self.packed_below and (
+                x.dtype == torch.float32):  # `_few_rows`' packed path, without the routing
+            matmul, ggml_type, blocks, n = self.one_packed
+            out = matmul(x, blocks, ggml_type, n)
+            return out if self.bias is None else out + self.bias
         if self.many is not None and rows >= KEPT_FROM_ROWS:
             outs = [self.many(x)]
         elif rows < MANY_ROWS or (self.q8 and rows < cpu_ops.Q8_MAX_ROWS):
@@ -178,6 +190,7 @@ class GGUFBlockLinear:
         """Keep the weight unpacked once for the many-rows GEMM (layers/cpu_weights.py,
         `keep_many_rows_copies`): prefill then runs at the bf16 model's speed."""
         self.many = ManyRows(self.dequantized())
+        self.packed_below = min(self.packed_below, KEPT_FROM_ROWS)
 
 
 class GGUFSource:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from tests.seeding import fresh_generator
 
 from shoal.kernels import cpu_ops
@@ -54,3 +55,18 @@ def test_rotary_names_a_position_outside_its_cache() -> None:
     q = torch.randn(1, 2, 16)
     with pytest.raises(RuntimeError, match="position out of the rotary cache"):
         cpu_ops.apply_rotary(q, q, torch.tensor([8]), cos_sin)
+
+
+@pytest.mark.parametrize("tokens", [1, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("inter", [1536, 37])  # (37: a vector tail)
+def test_silu_and_mul_equals_the_torch_chain(tokens: int, dtype: torch.dtype, inter: int,
+                                             threads: int) -> None:
+    gen = fresh_generator()
+    x = (torch.randn(tokens, 2 * inter, generator=gen) * 4).to(dtype)
+    gate, up = x.chunk(2, dim=-1)
+    out = cpu_ops.silu_and_mul(x)
+    assert out.shape == (tokens, inter) and out.dtype == dtype
+    assert torch.equal(out, F.silu(gate) * up)  # torch's kernels on the same views: same bits
+    with pytest.raises(RuntimeError, match="2 \\* inter"):
+        cpu_ops.silu_and_mul(x[:, 1:])

@@ -48,6 +48,9 @@ class Result:
     prompt_tokens: int = 0
     output_tokens: int = 0
     error: str = ""
+    engine_ttft: float = 0.0
+    """The engine's own queue + prefill for this request (arrival -> first token, its
+    RequestMetrics), where known: ttft - engine_ttft is what the path around the engine adds."""
 
 
 def synthetic_sharegpt(num: int, seed: int, max_input: int, max_output: int,
@@ -166,6 +169,9 @@ def run_offline(model_path: str, samples: list[Sample], max_concurrency: int | N
             if out.num_generated_tokens:
                 if res.output_tokens == 0:
                     res.ttft = now - began
+                    m = out.metrics
+                    if m is not None and m.first_token_time is not None:
+                        res.engine_ttft = m.first_token_time - m.arrival_time
                 else:
                     res.itl.append(now - began - res.e2e)
                 res.e2e = now - began
@@ -189,6 +195,9 @@ def summarize(results: list[Result], duration: float) -> dict[str, float]:
     series = {"ttft": [r.ttft for r in ok], "e2el": [r.e2e for r in ok],
               "tpot": [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1],
               "itl": [gap for r in ok for gap in r.itl]}
+    if ok and all(r.engine_ttft > 0 for r in ok):  # TTFT less the engine's queue + prefill
+        series["overhead"] = [r.ttft - r.engine_ttft for r in ok]
+        series["engine_ttft"] = [r.engine_ttft for r in ok]
     for name, values in series.items():
         ms = sorted(v * 1000 for v in values) or [0.0]
         report[f"mean_{name}_ms"] = statistics.fmean(ms)

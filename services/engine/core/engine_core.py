@@ -213,6 +213,11 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self.grammar_gate)
 
+    def has_requests(self) -> bool:
+        """Requests left to run or report (has_unfinished() less the runner's clean-up of
+        finished sequences, which the next step does along with its batch)."""
+        return self.scheduler.has_requests() or bool(self.grammar_gate)
+
     def step(self) -> list[RequestOutput]:
         failed = self._admit_compiled()
         out = self.scheduler.schedule()

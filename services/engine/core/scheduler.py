@@ -65,8 +65,12 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         """Work left, including finished sequences the runner has not been told about."""
-        return bool(self.waiting or self.running or self._finished_in_schedule
-                    or self._finished_seq_ids)
+        return bool(self.has_requests() or self._finished_seq_ids)
+
+    def has_requests(self) -> bool:
+        """Sequences to run or to report: has_unfinished() less the finished sequences whose
+        runner state a step has yet to drop (any later step drops it, with its own batch)."""
+        return bool(self.waiting or self.running or self._finished_in_schedule)
 
     def check_request(self, prompt_len: int, params: SamplingParams) -> None:
         """Refuse (InvalidRequest) a request that could never run; never truncate it."""

@@ -43,7 +43,8 @@ class AsyncEngine:
         self._commands: list[EngineRequest | str] = []  # a request to add, or an id to abort
         self._wakeup = threading.Event()
         self._idle = False
-        """The engine thread waits for work (set and read under _lock)."""
+        """The engine thread has nothing to run: it waits for work, or is about to (delivering
+        the outputs of a step that left nothing running). Set and read under _lock."""
         self._taken = threading.Event()
         """Set when the engine thread has taken the queued commands (see _send)."""
         self._streams: dict[str, OutputCollector] = {}
@@ -163,7 +164,9 @@ class AsyncEngine:
         """Queue a command. To an idle engine thread, also hand the GIL: the caller (the event
         loop) blocks until the thread has taken the command, at most HANDOVER_S, so the step
         starts before the loop goes on with its own Python (publishing the accepted chunk, ~0.7
-        ms that the woken thread otherwise waited for; docs/figures.md, issue 31 item 6)."""
+        ms that the woken thread otherwise waited for; docs/figures.md, issue 31 item 6). Idle
+        counts from the end of a step that left nothing running, not only once the thread
+        waits: before, a request sent meanwhile (1 in 4 at concurrency 1) went without."""
         with self._lock:
             self._commands.append(command)
             idle = self._idle
@@ -185,14 +188,15 @@ class AsyncEngine:
         try:
             while not self._stopping:
                 self._apply_commands()
-                if not self.core.has_unfinished():
-                    with self._lock:
-                        self._idle = not self._commands
+                if not self.core.has_requests():  # finished sequences' runner state is
+                    self._mark_idle()  # dropped by the next step, not by a step of its own
                     self._wakeup.wait()
                     self._wakeup.clear()
                     continue
                 outputs = self.core.step()
                 self._stats = self.core.stats()  # before delivery: a reader sees them together
+                if not self.core.has_requests():  # before delivery: the reader's next request
+                    self._mark_idle()  # gets the hand-off (see _send)
                 self._deliver_all([(output.request_id, output.error or output)
                                    for output in outputs])
         except BaseException as exc:  # fail every stream instead of leaving it hanging
@@ -201,6 +205,11 @@ class AsyncEngine:
             error = Unavailable(f"the engine failed: {exc!r}")
             error.__cause__ = exc
             self._fail_all(error)
+
+    def _mark_idle(self) -> None:
+        """Nothing left to run: a request sent from now on waits for this thread to take it."""
+        with self._lock:
+            self._idle = not self._commands
 
     def _apply_commands(self) -> None:
         with self._lock:

@@ -112,6 +112,26 @@ async def test_an_idle_engine_thread_takes_a_request_before_open_returns(monkeyp
         engine.shutdown()
 
 
+async def test_the_request_after_one_that_left_nothing_running_gets_the_hand_off(monkeypatch):
+    """Idle counts from the end of the step that left nothing running (the reader's next request
+    may come while the thread still delivers), and the runner's clean-up of finished sequences
+    rides on the next step instead of a step of its own competing with that request."""
+    monkeypatch.setattr(async_engine, "HANDOVER_S", 5.0)
+    engine, runner = make_engine()
+    try:
+        await wait_until(lambda: engine._idle)
+        for i in range(3):
+            stream = engine.open(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=1))
+            assert engine._commands == []  # taken before open() returned
+            assert [o.finished async for o in stream][-1]
+            assert engine._idle  # set before the last output was delivered
+        assert all(step.scheduled for step in runner.steps)  # no step for clean-up alone
+        assert [len(step.finished_seq_ids) for step in runner.steps] == [0, 1, 1]
+        assert engine.core.has_unfinished() and not engine.core.has_requests()
+    finally:
+        engine.shutdown()
+
+
 async def test_cancelling_the_consumer_aborts_the_request():
     engine, runner = make_engine(step_seconds=0.01)
     got_one = asyncio.Event()
@@ -126,7 +146,7 @@ async def test_cancelling_the_consumer_aborts_the_request():
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await wait_until(lambda: not engine.core.has_unfinished())
+        await wait_until(lambda: not engine.core.has_requests())
         assert engine.core.scheduler.block_manager.num_free_blocks == 64
         assert len(runner.steps) < 200
     finally:
@@ -140,7 +160,7 @@ async def test_leaving_the_loop_early_aborts_the_request():
         async for _ in stream:
             break
         await stream.aclose()
-        await wait_until(lambda: not engine.core.has_unfinished())
+        await wait_until(lambda: not engine.core.has_requests())
         assert engine.stats().num_running == 0
     finally:
         engine.shutdown()

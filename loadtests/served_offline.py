@@ -109,14 +109,52 @@ def engine_seconds(text: str) -> float:
     return total
 
 
-async def run_single_served(url: str, metrics_url: str, work: list[Sample]
+def stack_cpu_seconds(root_pid: int) -> tuple[float, float]:
+    """(CPU seconds of the stack's processes but its engine, plus this process's (the client);
+    the engine's): what the engine's contention guard counts as other processes on a machine
+    with nothing else running, and the engine's own."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents, cpu, engines = {}, {}, set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_bytes()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        rest = stat[stat.rindex(b")") + 2:].split()
+        pid = int(entry.name)
+        parents[pid] = int(rest[1])
+        cpu[pid] = (int(rest[11]) + int(rest[12])) / tick
+        if cmdline[1:4] == [b"-m", b"shoal", b"engine"]:
+            engines.add(pid)
+
+    def in_stack(pid: int) -> bool:
+        while pid > 1:
+            if pid == root_pid:
+                return True
+            pid = parents.get(pid, 0)
+        return False
+
+    stack = [pid for pid in cpu if in_stack(pid)]
+    own = sum(os.times()[:2])
+    return (own + sum(cpu[p] for p in stack if p not in engines),
+            sum(cpu[p] for p in stack if p in engines))
+
+
+async def run_single_served(url: str, metrics_url: str, work: list[Sample], stack_pid: int = 0
                             ) -> tuple[list[Result], float]:
     """One request at a time; after each, the engine's queue + prefill sums, whose growth is
-    that request's own (nothing else runs). The seconds returned leave the scrapes out."""
+    that request's own (nothing else runs). The seconds returned leave the scrapes out. With
+    stack_pid, prints the cores the rest of the stack and the client kept busy meanwhile
+    (the engine's contention guard gives a thread up only for 0.75 of a core)."""
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
     results, seconds = [], 0.0
+    cpu_before, wall_before = (stack_cpu_seconds(stack_pid) if stack_pid else (0.0, 0.0),
+                               time.perf_counter())
     async with aiohttp.ClientSession(timeout=timeout) as session:
         async def scrape() -> float:
             async with session.get(metrics_url) as resp:
@@ -130,6 +168,11 @@ async def run_single_served(url: str, metrics_url: str, work: list[Sample]
             after = await scrape()
             res.engine_ttft, before = after - before, after
             results.append(res)
+    if stack_pid:
+        wall, (others, engine) = time.perf_counter() - wall_before, stack_cpu_seconds(stack_pid)
+        print(f"  the stack but its engine, and the client, kept "
+              f"{(others - cpu_before[0]) / wall:.2f} cores busy over {wall:.1f} s (the engine "
+              f"{(engine - cpu_before[1]) / wall:.2f})", flush=True)
     return results, seconds
 
 
@@ -188,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, (batch, conc) in work.items():
                 for side in sides:
                     if side == "served" and conc == 1:
-                        results, seconds = asyncio.run(run_single_served(url, metrics_url, batch))
+                        results, seconds = asyncio.run(run_single_served(url, metrics_url, batch,
+                                                                           proc.pid))
                     elif side == "served":
                         results, seconds = asyncio.run(run_served(
                             url, NAME, batch, float("inf"), "fixed", conc, 0))

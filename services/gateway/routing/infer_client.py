@@ -191,8 +191,9 @@ class InferClient:
 
     async def _next(self, queue: asyncio.Queue[object], timeout: float, started: bool,
                     inst: LiveInstance) -> Msg:
-        try:
-            item = await asyncio.wait_for(queue.get(), timeout)
+        try:  # asyncio.timeout, not wait_for: no task (and loop turns) per reply on the path
+            async with asyncio.timeout(timeout):  # of every token (issue 31 item 6)
+                item = await queue.get()
         except TimeoutError:
             if not started:
                 raise _NotStarted(Timeout(f"instance {inst.id} did not accept within "

@@ -166,7 +166,8 @@ class AsyncEngine:
         starts before the loop goes on with its own Python (publishing the accepted chunk, ~0.7
         ms that the woken thread otherwise waited for; docs/figures.md, issue 31 item 6). Idle
         counts from the end of a step that left nothing running, not only once the thread
-        waits: before, a request sent meanwhile (1 in 4 at concurrency 1) went without."""
+        waits: before, a request sent meanwhile (during the clean-up step a 1-token request
+        left, say) went without."""
         with self._lock:
             self._commands.append(command)
             idle = self._idle

@@ -56,12 +56,13 @@ class GemmaDecoderLayer(LlamaDecoderLayer):
         """Returns (the MLP's normed output, the residual before it): the next layer's input
         norm (or the final one) adds the two, as the Llama layer's contract."""
         if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
+            residual, hidden = hidden, self.input_layernorm.forward(hidden)
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.post_attention_layernorm(self.self_attn(positions, hidden, meta))
-        hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
-        return self.post_feedforward_layernorm(self.mlp(hidden)), residual
+            hidden, residual = self.input_layernorm.forward(hidden, residual)
+        hidden = self.self_attn.forward(positions, hidden, meta)
+        hidden = self.post_attention_layernorm.forward(hidden)
+        hidden, residual = self.pre_feedforward_layernorm.forward(hidden, residual)
+        return self.post_feedforward_layernorm.forward(self.mlp.forward(hidden)), residual
 
 
 def gemma_options(cfg: Any, layer: int) -> dict[str, Any]:

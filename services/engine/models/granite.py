@@ -22,12 +22,12 @@ class GraniteDecoderLayer(LlamaDecoderLayer):
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """The Llama layer's, each block's output scaled before the fused residual add."""
         if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
+            residual, hidden = hidden, self.input_layernorm.forward(hidden)
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, meta) * self.residual_multiplier
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden) * self.residual_multiplier, residual
+            hidden, residual = self.input_layernorm.forward(hidden, residual)
+        hidden = self.self_attn.forward(positions, hidden, meta) * self.residual_multiplier
+        hidden, residual = self.post_attention_layernorm.forward(hidden, residual)
+        return self.mlp.forward(hidden) * self.residual_multiplier, residual
 
 
 def granite_options(cfg: Any, layer: int) -> dict[str, Any]:

@@ -81,16 +81,15 @@ class LlamaAttention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj.forward(hidden).split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [num_tokens, num_heads, head_dim]
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [.., num_kv_heads, head_dim]
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        # [num_tokens, heads + 2 * kv_heads, head_dim] -> q [.., num_heads, ..], k and v
+        # [.., num_kv_heads, ..]: strided views of the packed output (one view, one split)
+        q, k, v = self.qkv_proj.forward(hidden).view(num_tokens, -1, self.head_dim).split(
+            [self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm.forward(q), self.k_norm.forward(k)
         q, k = self.rotary_emb.forward(positions, q, k)
         out = self.attn.forward(q, k, v, meta)  # [num_tokens, num_heads, head_dim]
-        return self.o_proj.forward(out.view(num_tokens, q_size))
+        return self.o_proj.forward(out.view(num_tokens, self.num_heads * self.head_dim))
 
 
 class LlamaMLP(nn.Module):

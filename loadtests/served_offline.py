@@ -100,13 +100,14 @@ async def engine_metrics_url(url: str) -> str:
     return f"http://{engines[0]}/metrics"
 
 
-def engine_seconds(text: str) -> float:
-    """The engine's queue + prefill seconds over every request so far (its histograms' sums)."""
-    total = 0.0
+def engine_seconds(text: str) -> tuple[float, float]:
+    """The engine's (queue, prefill) seconds over every request so far (its histograms' sums)."""
+    sums = [0.0, 0.0]
     for line in text.splitlines():
-        if line.startswith(ENGINE_TIMES):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+        for i, name in enumerate(ENGINE_TIMES):
+            if line.startswith(name):
+                sums[i] += float(line.rsplit(" ", 1)[1])
+    return sums[0], sums[1]
 
 
 def stack_cpu_seconds(root_pid: int) -> tuple[float, float]:
@@ -156,7 +157,7 @@ async def run_single_served(url: str, metrics_url: str, work: list[Sample], stac
     cpu_before, wall_before = (stack_cpu_seconds(stack_pid) if stack_pid else (0.0, 0.0),
                                time.perf_counter())
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        async def scrape() -> float:
+        async def scrape() -> tuple[float, float]:
             async with session.get(metrics_url) as resp:
                 return engine_seconds(await resp.text())
 
@@ -166,7 +167,8 @@ async def run_single_served(url: str, metrics_url: str, work: list[Sample], stac
             res = await one_request(session, url, NAME, sample)
             seconds += time.perf_counter() - began
             after = await scrape()
-            res.engine_ttft, before = after - before, after
+            res.engine_queue = after[0] - before[0]
+            res.engine_ttft, before = sum(after) - sum(before), after
             results.append(res)
     if stack_pid:
         wall, (others, engine) = time.perf_counter() - wall_before, stack_cpu_seconds(stack_pid)
@@ -245,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                     runs[name].setdefault(side, []).append(metrics)
                     extra = (f", less the engine's queue + prefill "
                              f"{metrics['median_overhead_ms']:.2f} ms (engine "
-                             f"{metrics['median_engine_ttft_ms']:.1f})"
+                             f"{metrics['median_engine_ttft_ms']:.1f}, of which queue "
+                             f"{metrics['median_engine_queue_ms']:.2f})"
                              if "median_overhead_ms" in metrics else "")
                     print(f"round {rnd + 1} {name:6s} {side:7s} "
                           f"{metrics['output_throughput']:7.1f} tok/s, median TTFT "

@@ -51,6 +51,8 @@ class Result:
     engine_ttft: float = 0.0
     """The engine's own queue + prefill for this request (arrival -> first token, its
     RequestMetrics), where known: ttft - engine_ttft is what the path around the engine adds."""
+    engine_queue: float = 0.0
+    """Of which in the engine's queue (arrival -> first scheduled)."""
 
 
 def synthetic_sharegpt(num: int, seed: int, max_input: int, max_output: int,
@@ -172,6 +174,8 @@ def run_offline(model_path: str, samples: list[Sample], max_concurrency: int | N
                     m = out.metrics
                     if m is not None and m.first_token_time is not None:
                         res.engine_ttft = m.first_token_time - m.arrival_time
+                        res.engine_queue = (m.first_scheduled_time or m.arrival_time
+                                            ) - m.arrival_time
                 else:
                     res.itl.append(now - began - res.e2e)
                 res.e2e = now - began
@@ -198,6 +202,7 @@ def summarize(results: list[Result], duration: float) -> dict[str, float]:
     if ok and all(r.engine_ttft > 0 for r in ok):  # TTFT less the engine's queue + prefill
         series["overhead"] = [r.ttft - r.engine_ttft for r in ok]
         series["engine_ttft"] = [r.engine_ttft for r in ok]
+        series["engine_queue"] = [r.engine_queue for r in ok]
     for name, values in series.items():
         ms = sorted(v * 1000 for v in values) or [0.0]
         report[f"mean_{name}_ms"] = statistics.fmean(ms)

